@@ -1,0 +1,20 @@
+# Warning flags for the project's own targets (not for third-party code).
+add_library(vgpu_warnings INTERFACE)
+target_compile_options(vgpu_warnings INTERFACE
+  -Wall -Wextra -Werror -Wshadow -Wnon-virtual-dtor -Wcast-align -Wunused
+  -Wno-missing-field-initializers)
+
+# Code that is injected into other people's processes: hidden by default,
+# only the symbols named in a version script are exported.
+function(vgpu_hidden_shared_library target version_script)
+  set_target_properties(${target} PROPERTIES
+    CXX_VISIBILITY_PRESET hidden
+    C_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
+  target_link_options(${target} PRIVATE
+    -Wl,--version-script=${version_script}
+    -Wl,--no-undefined
+    -Wl,-z,defs
+    -static-libstdc++ -static-libgcc)
+  set_property(TARGET ${target} APPEND PROPERTY LINK_DEPENDS ${version_script})
+endfunction()

@@ -1,0 +1,547 @@
+// The shared timeline: kernel cost, stream queues, time-slicing/MPS scheduling, NVML windows, memory
+// charges and crash repair. Everything here runs under the machine's lock with the time passed in.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "fakecuda/model/model.h"
+
+namespace fakecuda::model {
+namespace {
+
+constexpr double kDoneEpsilonNs = 0.5;
+
+// Streams of `device` whose head is a kernel, and which slots they belong to.
+struct Runnable {
+  std::uint32_t count = 0;
+  std::uint32_t streams[kMaxStreams];
+};
+
+bool StreamInUse(const Stream& s) { return s.state == StreamState::live || s.state == StreamState::draining; }
+
+bool TargetPassed(const Machine& m, const Op& op) {
+  if (op.wait_stream >= kMaxStreams) return true;
+  const Stream& target = m.streams[op.wait_stream];
+  if (!StreamInUse(target) || target.generation != op.wait_generation) return true;
+  return target.head > op.wait_seq;
+}
+
+void PopHead(Stream& s, std::uint64_t t) {
+  Op& op = s.ring[s.head % kStreamDepth];
+  op.end_ns = t;
+  s.last_end_ns = t;
+  ++s.head;
+}
+
+void FreeStream(Stream& s) {
+  s.state = StreamState::free;
+  ++s.generation;
+  s.head = s.tail = 0;
+}
+
+// Completes zero-time operations at stream heads (markers, open gates, satisfied waits) and frees drained
+// streams, until nothing changes.
+void ResolveInstantOps(Machine& m, std::uint32_t device, std::uint64_t t) {
+  const std::uint32_t high = m.devices[device].stream_high_water;
+  for (std::uint32_t pass = 0; pass < kMaxStreams; ++pass) {
+    bool changed = false;
+    for (std::uint32_t i = 0; i < high; ++i) {
+      Stream& s = m.streams[i];
+      if (!StreamInUse(s) || s.device != device) continue;
+      while (s.head < s.tail) {
+        const Op& op = s.ring[s.head % kStreamDepth];
+        const bool done = op.kind == OpKind::marker || (op.kind == OpKind::gate && op.gate_open != 0) ||
+                          (op.kind == OpKind::wait && TargetPassed(m, op));
+        if (!done) break;
+        PopHead(s, t);
+        changed = true;
+      }
+      if (s.state == StreamState::draining && s.head >= s.tail) {
+        FreeStream(s);
+        changed = true;
+      }
+    }
+    if (!changed) return;
+  }
+}
+
+void GatherRunnable(const Machine& m, std::uint32_t device, Runnable& out) {
+  out.count = 0;
+  const std::uint32_t high = m.devices[device].stream_high_water;
+  for (std::uint32_t i = 0; i < high; ++i) {
+    const Stream& s = m.streams[i];
+    if (!StreamInUse(s) || s.device != device || s.head >= s.tail) continue;
+    if (s.ring[s.head % kStreamDepth].kind == OpKind::kernel) out.streams[out.count++] = i;
+  }
+}
+
+void CloseWindow(Machine& m, std::uint32_t device) {
+  DeviceTimeline& d = m.devices[device];
+  const std::uint64_t window = m.config.nvml_window_ns;
+  const std::uint64_t end = d.window_start_ns + window;
+  const auto percent = static_cast<std::uint32_t>(std::min<std::uint64_t>(100, (d.window_busy_ns * 100 + window / 2) / window));
+  UtilWindow& w = d.windows[d.window_count % kWindowHistory];
+  w.end_ns = end;
+  w.percent = percent;
+  ++d.window_count;
+  // Under time-slicing NVML names one process per sample: the one that held the device longest.
+  std::uint32_t best = kNoSlot;
+  std::uint64_t best_busy = 0;
+  for (std::uint32_t i = 0; i < kMaxProcesses; ++i) {
+    ProcessSlot& slot = m.slots[i];
+    if (slot.window_busy_ns[device] > best_busy) {
+      best_busy = slot.window_busy_ns[device];
+      best = i;
+    }
+    slot.window_busy_ns[device] = 0;
+  }
+  if (best != kNoSlot) {
+    NvmlSample& sample = m.slots[best].latest_sample[device];
+    sample.timestamp_us = static_cast<std::uint64_t>(static_cast<std::int64_t>(end / 1000) + m.realtime_offset_us);
+    sample.sm_percent = percent;
+    sample.valid = 1;
+  }
+  d.window_busy_ns = 0;
+  d.window_start_ns = end;
+}
+
+// Skips whole idle windows quickly: records at most kWindowHistory of them.
+void SkipIdleWindows(Machine& m, std::uint32_t device, std::uint64_t now_ns) {
+  DeviceTimeline& d = m.devices[device];
+  const std::uint64_t window = m.config.nvml_window_ns;
+  if (now_ns < d.window_start_ns + window) return;
+  const std::uint64_t whole = (now_ns - d.window_start_ns) / window;
+  if (whole > kWindowHistory) {
+    d.window_start_ns += (whole - kWindowHistory) * window;
+    d.window_count += static_cast<std::uint32_t>(whole - kWindowHistory);
+  }
+}
+
+}  // namespace
+
+std::uint32_t ResidentBlocksPerSm(const DeviceSpec& spec, const LaunchShape& shape) {
+  const std::uint64_t threads =
+      static_cast<std::uint64_t>(shape.block[0]) * shape.block[1] * shape.block[2];
+  if (threads == 0 || threads > spec.max_threads_per_block) return 0;
+  if (shape.shared_bytes > spec.shared_bytes_per_sm) return 0;
+  // Threads are allocated per warp.
+  const std::uint64_t warps_threads = (threads + spec.warp_size - 1) / spec.warp_size * spec.warp_size;
+  std::uint64_t resident = std::min<std::uint64_t>(spec.max_blocks_per_sm, spec.max_threads_per_sm / warps_threads);
+  if (shape.shared_bytes > 0) resident = std::min<std::uint64_t>(resident, spec.shared_bytes_per_sm / shape.shared_bytes);
+  return static_cast<std::uint32_t>(std::max<std::uint64_t>(resident, 1));
+}
+
+KernelCost CostKernel(const DeviceSpec& spec, std::uint32_t sm_count, const LaunchShape& shape,
+                      std::uint64_t per_wave_ns) {
+  KernelCost cost{};
+  const std::uint64_t blocks = static_cast<std::uint64_t>(shape.grid[0]) * shape.grid[1] * shape.grid[2];
+  const std::uint32_t resident = ResidentBlocksPerSm(spec, shape);
+  if (sm_count == 0 || sm_count > spec.sm_count) sm_count = spec.sm_count;
+  if (blocks == 0 || resident == 0) return cost;
+  const std::uint64_t slots = static_cast<std::uint64_t>(sm_count) * resident;
+  const std::uint64_t waves = (blocks + slots - 1) / slots;
+  cost.alone_ns = std::max<std::uint64_t>(1, waves * per_wave_ns);
+  const double own_fraction = std::min(1.0, static_cast<double>(blocks) / static_cast<double>(slots));
+  cost.sm_fraction = own_fraction * static_cast<double>(sm_count) / static_cast<double>(spec.sm_count);
+  return cost;
+}
+
+void InitMachine(Machine& m, const MachineConfig& config, std::uint64_t now_ns, std::int64_t realtime_offset_us) {
+  m.magic = kMagic;
+  m.layout_version = kLayoutVersion;
+  m.machine_bytes = sizeof(Machine);
+  m.created_ns = now_ns;
+  m.realtime_offset_us = realtime_offset_us;
+  m.next_generation = 1;
+  m.config = config;
+  for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
+    DeviceTimeline& d = m.devices[i];
+    d.advanced_to_ns = now_ns;
+    d.window_start_ns = now_ns;
+    d.active_slot = kNoSlot;
+  }
+}
+
+void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineListener* listener) {
+  if (device >= m.config.device_count) return;
+  DeviceTimeline& d = m.devices[device];
+  if (now_ns <= d.advanced_to_ns) return;
+  const bool mps = m.config.mode == SchedulingMode::mps;
+  const std::uint64_t window = m.config.nvml_window_ns;
+  std::uint64_t t = d.advanced_to_ns;
+  static thread_local Runnable runnable;
+  static thread_local double rates[kMaxStreams];
+
+  while (t < now_ns) {
+    ResolveInstantOps(m, device, t);
+    GatherRunnable(m, device, runnable);
+
+    if (runnable.count == 0) {
+      // Idle until `now_ns`: close the windows in between.
+      SkipIdleWindows(m, device, now_ns);
+      while (d.window_start_ns + window <= now_ns) {
+        t = d.window_start_ns + window;
+        CloseWindow(m, device);
+      }
+      t = now_ns;
+      d.active_slot = kNoSlot;
+      break;
+    }
+
+    // Which process(es) run now.
+    bool contended = false;
+    if (!mps) {
+      bool active_has_work = false;
+      for (std::uint32_t k = 0; k < runnable.count; ++k) {
+        const std::uint32_t slot = m.streams[runnable.streams[k]].slot;
+        if (slot == d.active_slot) active_has_work = true;
+        else contended = true;
+      }
+      if (!active_has_work || (t >= d.slice_end_ns && contended)) {
+        // Round robin: the next slot after the active one that has work.
+        std::uint32_t next = kNoSlot;
+        std::uint32_t best_distance = kMaxProcesses + 1;
+        const std::uint32_t from = d.active_slot == kNoSlot ? kMaxProcesses - 1 : d.active_slot;
+        for (std::uint32_t k = 0; k < runnable.count; ++k) {
+          const std::uint32_t slot = m.streams[runnable.streams[k]].slot;
+          const std::uint32_t distance = (slot + kMaxProcesses - from - 1) % kMaxProcesses;
+          if (distance < best_distance && !(slot == d.active_slot && contended)) {
+            best_distance = distance;
+            next = slot;
+          }
+        }
+        d.active_slot = next;
+        d.slice_end_ns = t + m.config.timeslice_ns;
+        contended = false;
+        for (std::uint32_t k = 0; k < runnable.count; ++k) {
+          if (m.streams[runnable.streams[k]].slot != next) contended = true;
+        }
+      } else if (t >= d.slice_end_ns) {
+        d.slice_end_ns = t + m.config.timeslice_ns;
+      }
+    }
+
+    // Speeds: kernels of one process share its SMs; under MPS all processes share the device.
+    double demand = 0;
+    for (std::uint32_t k = 0; k < runnable.count; ++k) {
+      const Stream& s = m.streams[runnable.streams[k]];
+      const bool runs = mps || s.slot == d.active_slot;
+      rates[k] = runs ? 1.0 : 0.0;
+      if (runs) demand += s.ring[s.head % kStreamDepth].sm_fraction;
+    }
+    if (mps) {
+      // A process may not use more than its own SM share.
+      for (std::uint32_t k = 0; k < runnable.count; ++k) {
+        const Stream& s = m.streams[runnable.streams[k]];
+        const std::uint32_t limit = m.slots[s.slot].mps_sm_count[device];
+        if (limit == 0) continue;
+        double own = 0;
+        for (std::uint32_t j = 0; j < runnable.count; ++j) {
+          const Stream& o = m.streams[runnable.streams[j]];
+          if (o.slot == s.slot) own += o.ring[o.head % kStreamDepth].sm_fraction;
+        }
+        const double cap = static_cast<double>(limit) / m.config.devices[device].sm_count;
+        if (own > cap + 1e-12) rates[k] *= cap / own;
+      }
+    }
+    if (demand > 1.0) {
+      for (std::uint32_t k = 0; k < runnable.count; ++k) rates[k] /= demand;
+    }
+
+    // The next event: a completion, a slice end (if someone waits), a window end, or now.
+    std::uint64_t next_t = std::min(now_ns, d.window_start_ns + window);
+    if (!mps && contended) next_t = std::min(next_t, std::max(d.slice_end_ns, t + 1));
+    for (std::uint32_t k = 0; k < runnable.count; ++k) {
+      if (rates[k] <= 0) continue;
+      const Op& op = m.streams[runnable.streams[k]].ring[m.streams[runnable.streams[k]].head % kStreamDepth];
+      const double until = std::ceil(std::max(0.0, op.remaining_ns) / rates[k]);
+      next_t = std::min<std::uint64_t>(next_t, t + std::max<std::uint64_t>(1, static_cast<std::uint64_t>(until)));
+    }
+    const std::uint64_t dt = next_t - t;
+
+    bool any_running = false;
+    std::uint32_t last_slot_charged = kNoSlot;
+    for (std::uint32_t k = 0; k < runnable.count; ++k) {
+      if (rates[k] <= 0) continue;
+      Stream& s = m.streams[runnable.streams[k]];
+      Op& op = s.ring[s.head % kStreamDepth];
+      if (op.start_ns == 0) op.start_ns = t;
+      op.remaining_ns -= static_cast<double>(dt) * rates[k];
+      any_running = true;
+      if (s.slot != last_slot_charged) {
+        // Charge each running process once per step (its streams are usually adjacent).
+        bool seen = false;
+        for (std::uint32_t j = 0; j < k; ++j) {
+          if (rates[j] > 0 && m.streams[runnable.streams[j]].slot == s.slot) seen = true;
+        }
+        if (!seen) {
+          m.slots[s.slot].window_busy_ns[device] += dt;
+          m.slots[s.slot].busy_total_ns[device] += dt;
+        }
+        last_slot_charged = s.slot;
+      }
+    }
+    if (any_running) {
+      d.window_busy_ns += dt;
+      d.busy_total_ns += dt;
+    }
+    t = next_t;
+
+    for (std::uint32_t k = 0; k < runnable.count; ++k) {
+      if (rates[k] <= 0) continue;
+      Stream& s = m.streams[runnable.streams[k]];
+      Op& op = s.ring[s.head % kStreamDepth];
+      if (op.remaining_ns > kDoneEpsilonNs) continue;
+      op.remaining_ns = 0;
+      PopHead(s, t);
+      ++d.kernels_completed;
+      if (listener != nullptr) listener->OnKernelComplete(m, device, runnable.streams[k], op);
+    }
+    if (t >= d.window_start_ns + window) CloseWindow(m, device);
+  }
+  ResolveInstantOps(m, device, t);
+  d.advanced_to_ns = now_ns;
+}
+
+std::uint32_t ClaimSlot(Machine& m, std::int32_t pid, std::uint64_t now_ns) {
+  for (std::uint32_t i = 0; i < kMaxProcesses; ++i) {
+    ProcessSlot& slot = m.slots[i];
+    if (slot.state != SlotState::free) continue;
+    std::memset(&slot, 0, sizeof slot);
+    slot.state = SlotState::claiming;  // a crash from here on is undone by RepairMachine
+    slot.pid = pid;
+    slot.generation = m.next_generation++;
+    slot.started_ns = now_ns;
+    slot.state = SlotState::live;
+    return i;
+  }
+  return kNoSlot;
+}
+
+void ReleaseSlot(Machine& m, std::uint32_t slot_index, std::uint64_t returned_bytes[kMaxDevices]) {
+  if (slot_index >= kMaxProcesses) return;
+  ProcessSlot& slot = m.slots[slot_index];
+  for (std::uint32_t dev = 0; dev < kMaxDevices; ++dev) {
+    const std::uint64_t bytes = slot.memory_bytes[dev];
+    if (returned_bytes != nullptr) returned_bytes[dev] = bytes;
+    DeviceTimeline& d = m.devices[dev];
+    d.memory_used_bytes -= std::min(d.memory_used_bytes, bytes);
+    if (d.active_slot == slot_index) d.active_slot = kNoSlot;
+  }
+  for (Stream& s : m.streams) {
+    if (StreamInUse(s) && s.slot == slot_index) FreeStream(s);
+  }
+  std::memset(&slot, 0, sizeof slot);
+  slot.state = SlotState::free;
+}
+
+std::uint32_t CreateStream(Machine& m, std::uint32_t slot, std::uint32_t device, std::uint32_t flags,
+                           std::int32_t priority) {
+  for (std::uint32_t i = 0; i < kMaxStreams; ++i) {
+    Stream& s = m.streams[i];
+    if (s.state != StreamState::free) continue;
+    s.slot = slot;
+    s.device = device;
+    s.flags = flags;
+    s.priority = priority;
+    s.head = s.tail = 0;
+    s.last_end_ns = 0;
+    s.generation = m.next_generation++;
+    s.state = StreamState::live;
+    DeviceTimeline& d = m.devices[device];
+    d.stream_high_water = std::max(d.stream_high_water, i + 1);
+    return i;
+  }
+  return kNoSlot;
+}
+
+void DestroyStream(Machine& m, std::uint32_t stream) {
+  if (stream >= kMaxStreams) return;
+  Stream& s = m.streams[stream];
+  if (s.state != StreamState::live) return;
+  if (s.head >= s.tail) FreeStream(s);
+  else s.state = StreamState::draining;
+}
+
+namespace {
+
+EnqueueResult Push(Machine& m, std::uint32_t stream, const Op& op, std::uint64_t* seq_out) {
+  Stream& s = m.streams[stream];
+  if (s.tail - s.head >= kStreamDepth) return EnqueueResult::queue_full;
+  Op& slot = s.ring[s.tail % kStreamDepth];
+  slot = op;
+  slot.seq = s.tail;
+  if (seq_out != nullptr) *seq_out = s.tail;
+  ++s.tail;  // published last: a crash before this leaves the op invisible
+  return EnqueueResult::ok;
+}
+
+}  // namespace
+
+EnqueueResult EnqueueKernel(Machine& m, std::uint32_t stream, const KernelLaunch& launch, std::uint64_t now_ns,
+                            std::uint64_t* seq_out) {
+  const Stream& s = m.streams[stream];
+  const DeviceSpec& spec = m.config.devices[s.device];
+  const KernelCost cost = CostKernel(spec, m.slots[s.slot].mps_sm_count[s.device], launch.shape, launch.per_wave_ns);
+  Op op{};
+  op.kind = OpKind::kernel;
+  op.alone_ns = cost.alone_ns;
+  op.remaining_ns = static_cast<double>(cost.alone_ns);
+  op.sm_fraction = cost.sm_fraction > 0 ? cost.sm_fraction : 1.0 / spec.sm_count;
+  op.queued_ns = now_ns;
+  std::memcpy(op.grid, launch.shape.grid, sizeof op.grid);
+  std::memcpy(op.block, launch.shape.block, sizeof op.block);
+  std::snprintf(op.name, sizeof op.name, "%s", launch.name != nullptr ? launch.name : "");
+  return Push(m, stream, op, seq_out);
+}
+
+EnqueueResult EnqueueMarker(Machine& m, std::uint32_t stream, std::uint64_t now_ns, std::uint64_t* seq_out) {
+  Op op{};
+  op.kind = OpKind::marker;
+  op.queued_ns = now_ns;
+  return Push(m, stream, op, seq_out);
+}
+
+EnqueueResult EnqueueGate(Machine& m, std::uint32_t stream, std::uint64_t now_ns, std::uint64_t* seq_out) {
+  Op op{};
+  op.kind = OpKind::gate;
+  op.queued_ns = now_ns;
+  return Push(m, stream, op, seq_out);
+}
+
+EnqueueResult EnqueueWait(Machine& m, std::uint32_t stream, std::uint32_t target_stream,
+                          std::uint64_t target_generation, std::uint64_t target_seq, std::uint64_t now_ns) {
+  Op op{};
+  op.kind = OpKind::wait;
+  op.queued_ns = now_ns;
+  op.wait_stream = target_stream;
+  op.wait_generation = target_generation;
+  op.wait_seq = target_seq;
+  return Push(m, stream, op, nullptr);
+}
+
+void OpenGate(Machine& m, std::uint32_t stream, std::uint64_t seq) {
+  if (stream >= kMaxStreams) return;
+  Stream& s = m.streams[stream];
+  if (!StreamInUse(s) || seq < s.head || seq >= s.tail) return;
+  Op& op = s.ring[seq % kStreamDepth];
+  if (op.kind == OpKind::gate && op.seq == seq) op.gate_open = 1;
+}
+
+bool OpDone(const Machine& m, std::uint32_t stream, std::uint64_t generation, std::uint64_t seq) {
+  if (stream >= kMaxStreams) return true;
+  const Stream& s = m.streams[stream];
+  if (!StreamInUse(s) || s.generation != generation) return true;
+  return s.head > seq;
+}
+
+std::uint64_t OpEndNs(const Machine& m, std::uint32_t stream, std::uint64_t seq) {
+  if (stream >= kMaxStreams) return 0;
+  const Stream& s = m.streams[stream];
+  const Op& op = s.ring[seq % kStreamDepth];
+  return op.seq == seq && s.head > seq ? op.end_ns : 0;
+}
+
+std::uint64_t LowerBoundRemainingNs(const Machine& m, std::uint32_t stream, std::uint64_t seq) {
+  if (stream >= kMaxStreams) return 0;
+  const Stream& s = m.streams[stream];
+  double total = 0;
+  for (std::uint64_t i = s.head; i < s.tail && i <= seq; ++i) {
+    const Op& op = s.ring[i % kStreamDepth];
+    if (op.kind == OpKind::kernel) total += std::max(0.0, op.remaining_ns);
+  }
+  return static_cast<std::uint64_t>(total);
+}
+
+std::uint64_t CudaTotalBytes(const DeviceSpec& spec) { return spec.memory_bytes - spec.reserved_bytes; }
+
+std::uint64_t CudaFreeBytes(const Machine& m, std::uint32_t device) {
+  const std::uint64_t total = CudaTotalBytes(m.config.devices[device]);
+  const std::uint64_t used = m.devices[device].memory_used_bytes;
+  return used >= total ? 0 : total - used;
+}
+
+bool Charge(Machine& m, std::uint32_t device, std::uint32_t slot, std::uint64_t bytes) {
+  if (device >= m.config.device_count || slot >= kMaxProcesses) return false;
+  if (bytes > CudaFreeBytes(m, device)) return false;
+  m.slots[slot].memory_bytes[device] += bytes;
+  m.devices[device].memory_used_bytes += bytes;
+  return true;
+}
+
+void Uncharge(Machine& m, std::uint32_t device, std::uint32_t slot, std::uint64_t bytes) {
+  if (device >= m.config.device_count || slot >= kMaxProcesses) return;
+  std::uint64_t& own = m.slots[slot].memory_bytes[device];
+  bytes = std::min(bytes, own);
+  own -= bytes;
+  DeviceTimeline& d = m.devices[device];
+  d.memory_used_bytes -= std::min(d.memory_used_bytes, bytes);
+}
+
+std::uint32_t PublishedUtilizationPercent(const Machine& m, std::uint32_t device, std::uint64_t now_ns) {
+  if (device >= m.config.device_count) return 0;
+  const DeviceTimeline& d = m.devices[device];
+  const std::uint32_t available = std::min<std::uint32_t>(d.window_count, kWindowHistory);
+  for (std::uint32_t back = 1; back <= available; ++back) {
+    const UtilWindow& w = d.windows[(d.window_count - back) % kWindowHistory];
+    if (w.end_ns + m.config.nvml_publish_lag_ns <= now_ns) return w.percent;
+  }
+  return 0;
+}
+
+std::uint32_t RepairMachine(Machine& m) {
+  std::uint32_t fixes = 0;
+  if (m.config.device_count > kMaxDevices) {
+    m.config.device_count = kMaxDevices;
+    ++fixes;
+  }
+  for (ProcessSlot& slot : m.slots) {
+    if (slot.state == SlotState::claiming || static_cast<std::uint32_t>(slot.state) > 2) {
+      std::memset(&slot, 0, sizeof slot);
+      ++fixes;
+    }
+  }
+  for (std::uint32_t i = 0; i < kMaxStreams; ++i) {
+    Stream& s = m.streams[i];
+    if (s.state == StreamState::free) continue;
+    const bool bad_state = static_cast<std::uint32_t>(s.state) > 2;
+    const bool bad_owner = s.slot >= kMaxProcesses || m.slots[s.slot].state != SlotState::live ||
+                           s.device >= m.config.device_count;
+    if (bad_state || bad_owner) {
+      FreeStream(s);
+      ++fixes;
+      continue;
+    }
+    if (s.tail < s.head || s.tail - s.head > kStreamDepth) {
+      s.tail = s.head;
+      ++fixes;
+    }
+    DeviceTimeline& d = m.devices[s.device];
+    if (d.stream_high_water < i + 1) {
+      d.stream_high_water = i + 1;
+      ++fixes;
+    }
+  }
+  for (std::uint32_t dev = 0; dev < kMaxDevices; ++dev) {
+    std::uint64_t used = 0;
+    for (const ProcessSlot& slot : m.slots) {
+      if (slot.state == SlotState::live) used += slot.memory_bytes[dev];
+    }
+    DeviceTimeline& d = m.devices[dev];
+    if (d.memory_used_bytes != used) {
+      d.memory_used_bytes = used;
+      ++fixes;
+    }
+    if (d.active_slot != kNoSlot && d.active_slot >= kMaxProcesses) {
+      d.active_slot = kNoSlot;
+      ++fixes;
+    }
+    if (d.stream_high_water > kMaxStreams) {
+      d.stream_high_water = kMaxStreams;
+      ++fixes;
+    }
+  }
+  return fixes;
+}
+
+}  // namespace fakecuda::model
