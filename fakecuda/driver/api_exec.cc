@@ -1,0 +1,1188 @@
+// Fake libcuda.so.1: modules and functions, streams, events, kernel launches, host functions and graphs,
+// and the waits that synchronize with the shared timeline.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "internal.h"
+#include "ptx.h"
+
+namespace fakecuda::driver {
+namespace {
+
+constexpr std::uint64_t kMinSleepNs = 20'000;
+constexpr std::uint64_t kMaxSleepNs = 50'000'000;
+
+// The per-thread default stream of each context, created on first use.
+struct PerThreadStreams {
+  std::uint64_t epoch = 0;
+  std::vector<std::pair<Context*, Stream*>> streams;
+};
+thread_local PerThreadStreams t_per_thread;
+
+CUresult MachineGone() { return CUDA_ERROR_DEINITIALIZED; }
+
+std::uint64_t SleepFor(std::uint64_t lower_bound_ns) {
+  return std::clamp<std::uint64_t>(lower_bound_ns, kMinSleepNs, kMaxSleepNs);
+}
+
+Stream* PerThreadStream(Driver& d, Context* c) {
+  if (t_per_thread.epoch != reinterpret_cast<std::uintptr_t>(&d)) {
+    t_per_thread = PerThreadStreams{};
+    t_per_thread.epoch = reinterpret_cast<std::uintptr_t>(&d);
+  }
+  for (auto& [context, stream] : t_per_thread.streams) {
+    if (context == c && std::find(d.streams.begin(), d.streams.end(), stream) != d.streams.end()) return stream;
+  }
+  auto* s = new Stream();
+  s->context = c;
+  {
+    state::MachineLock lock(*d.attachment);
+    s->index = model::CreateStream(lock.machine(), d.attachment->slot, c->device, 0, 0);
+    if (s->index == model::kNoSlot) {
+      delete s;
+      return nullptr;
+    }
+    s->generation = lock.machine().streams[s->index].generation;
+  }
+  d.streams.push_back(s);  // not a handle: the application names it CU_STREAM_PER_THREAD
+  t_per_thread.streams.emplace_back(c, s);
+  return s;
+}
+
+// ---- host functions: one worker thread runs callbacks in order, then opens their gates ------------------
+
+struct HostCall {
+  std::uint32_t device, stream;
+  std::uint64_t generation, seq;
+  CUhostFn function;
+  void* data;
+};
+
+struct HostWorker {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<HostCall> queue;
+  bool started = false;
+  std::uint64_t epoch = 0;
+};
+HostWorker* g_host_worker = nullptr;
+
+void RunHostWorker(HostWorker* worker) {
+  for (;;) {
+    HostCall call{};
+    {
+      std::unique_lock<std::mutex> lock(worker->mutex);
+      worker->ready.wait(lock, [&] { return !worker->queue.empty(); });
+      call = worker->queue.front();
+      worker->queue.pop_front();
+    }
+    if (call.seq > 0) WaitForOp(call.device, call.stream, call.generation, call.seq - 1);
+    call.function(call.data);
+    Driver& d = TheDriver();
+    state::MachineLock lock(*d.attachment);
+    model::OpenGate(lock.machine(), call.stream, call.seq);
+  }
+}
+
+void SubmitHostCall(const HostCall& call) {
+  Driver& d = TheDriver();
+  const auto epoch = reinterpret_cast<std::uintptr_t>(&d) ^ reinterpret_cast<std::uintptr_t>(d.attachment);
+  if (g_host_worker == nullptr || g_host_worker->epoch != epoch) {
+    g_host_worker = new HostWorker();  // a fork child starts a new one; the parent's is not ours
+    g_host_worker->epoch = epoch;
+  }
+  HostWorker* worker = g_host_worker;
+  std::lock_guard<std::mutex> lock(worker->mutex);
+  if (!worker->started) {
+    std::thread(RunHostWorker, worker).detach();
+    worker->started = true;
+  }
+  worker->queue.push_back(call);
+  worker->ready.notify_one();
+}
+
+// ---- launches ----------------------------------------------------------------------------------------------
+
+struct LaunchRequest {
+  const char* symbol;
+  CUfunction function;
+  std::uint32_t grid[3];
+  std::uint32_t block[3];
+  std::uint32_t shared_bytes;
+  CUstream stream;
+  void** params;
+  void** extra;
+  bool per_thread;
+  bool cooperative;
+};
+
+// The spin kernel's first parameter, from kernelParams or the packed `extra` buffer.
+bool ReadFirstU64(const Function& f, void** params, void** extra, std::uint64_t& value) {
+  if (f.params.empty() || f.params[0].size != 8) return false;
+  if (params != nullptr && params[0] != nullptr) {
+    std::memcpy(&value, params[0], sizeof value);
+    return true;
+  }
+  if (extra != nullptr) {
+    const void* buffer = nullptr;
+    std::size_t size = 0;
+    for (std::size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1] != nullptr) size = *static_cast<std::size_t*>(extra[i + 1]);
+    }
+    if (buffer != nullptr && size >= f.params[0].offset + 8) {
+      std::memcpy(&value, static_cast<const char*>(buffer) + f.params[0].offset, sizeof value);
+      return true;
+    }
+  }
+  return false;
+}
+
+CUresult ValidateShape(const Driver& d, const Function& f, const Context& c, const LaunchRequest& r) {
+  const model::DeviceSpec& spec = Spec(d, c.device);
+  for (int i = 0; i < 3; ++i) {
+    if (r.grid[i] == 0 || r.block[i] == 0) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (r.block[0] > 1024 || r.block[1] > 1024 || r.block[2] > 64 || r.grid[1] > 65535 || r.grid[2] > 65535 ||
+      r.grid[0] > 2147483647u) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::uint64_t threads = static_cast<std::uint64_t>(r.block[0]) * r.block[1] * r.block[2];
+  if (threads > spec.max_threads_per_block) return CUDA_ERROR_INVALID_VALUE;
+  if (r.shared_bytes > static_cast<std::uint32_t>(f.max_dynamic_shared)) return CUDA_ERROR_INVALID_VALUE;
+  if (!f.params.empty() && r.params == nullptr && r.extra == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (r.cooperative) {
+    model::LaunchShape shape{{r.grid[0], r.grid[1], r.grid[2]}, {r.block[0], r.block[1], r.block[2]}, r.shared_bytes};
+    const std::uint64_t blocks = static_cast<std::uint64_t>(r.grid[0]) * r.grid[1] * r.grid[2];
+    if (blocks > static_cast<std::uint64_t>(spec.sm_count) * model::ResidentBlocksPerSm(spec, shape)) {
+      return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+// Queues kernels on a stream, waiting (outside every lock) while its queue is full. Caller holds d.mutex via
+// `guard`; the stream must stay valid: it is re-resolved after each wait.
+CUresult EnqueueKernels(Driver& d, std::unique_lock<std::mutex>& guard, CUstream handle, bool per_thread,
+                        const std::vector<KernelNode>& nodes) {
+  std::size_t next = 0;
+  while (next < nodes.size()) {
+    ResolvedStream rs;
+    if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+    std::uint64_t wait_ns = 0;
+    {
+      state::MachineLock lock(*d.attachment);
+      model::Machine& m = lock.machine();
+      const std::uint64_t now = state::MonotonicNs();
+      state::AdvanceToNow(*d.attachment, rs.context->device, now);
+      while (next < nodes.size()) {
+        QueueImplicitSync(d, m, rs, now);
+        const KernelNode& node = nodes[next];
+        model::KernelLaunch launch{node.shape, node.per_wave_ns, node.function->name.c_str()};
+        if (model::EnqueueKernel(m, rs.index, launch, now, nullptr) != model::EnqueueResult::ok) {
+          const model::Stream& s = m.streams[rs.index];
+          wait_ns = model::LowerBoundRemainingNs(m, rs.index, s.head);
+          break;
+        }
+        ++next;
+      }
+    }
+    if (next < nodes.size()) {
+      guard.unlock();
+      state::SleepNs(SleepFor(wait_ns));
+      guard.lock();
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Launch(const LaunchRequest& r) {
+  FAKECUDA_ENTER(r.symbol);
+  Driver& d = TheDriver();
+  std::unique_lock<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, r.function, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Context* c = CurrentContext(d);
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (const CUresult v = ValidateShape(d, *f, *c, r); v != CUDA_SUCCESS) return v;
+  KernelNode node;
+  node.function = f;
+  node.shape = model::LaunchShape{{r.grid[0], r.grid[1], r.grid[2]}, {r.block[0], r.block[1], r.block[2]}, r.shared_bytes};
+  node.per_wave_ns = f->per_wave_ns;
+  if (f->spin) {
+    std::uint64_t ns = 0;
+    if (!ReadFirstU64(*f, r.params, r.extra, ns)) return CUDA_ERROR_INVALID_VALUE;
+    node.per_wave_ns = ns;
+  }
+  ResolvedStream rs;
+  if (const CUresult s = ResolveStream(d, r.stream, r.per_thread, rs); s != CUDA_SUCCESS) return s;
+  if (rs.stream != nullptr && rs.stream->capture != nullptr) {
+    rs.stream->capture->nodes.push_back(node);
+    return CUDA_SUCCESS;
+  }
+  return EnqueueKernels(d, guard, r.stream, r.per_thread, {node});
+}
+
+CUresult LaunchEx(const char* symbol, const CUlaunchConfig* config, CUfunction f, void** params, void** extra,
+                  bool per_thread) {
+  if (config == nullptr) {
+    FAKECUDA_ENTER(symbol);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  bool cooperative = false;
+  if (config->numAttrs > 0 && config->attrs == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned int i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative != 0) cooperative = true;
+  }
+  return Launch({symbol, f, {config->gridDimX, config->gridDimY, config->gridDimZ},
+                 {config->blockDimX, config->blockDimY, config->blockDimZ}, config->sharedMemBytes, config->hStream,
+                 params, extra, per_thread, cooperative});
+}
+
+// ---- streams -----------------------------------------------------------------------------------------------
+
+CUresult CreateStreamCommon(CUstream* out, unsigned int flags, int priority) {
+  if (out == nullptr || (flags & ~static_cast<unsigned int>(CU_STREAM_NON_BLOCKING)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Context* c = CurrentContext(d);
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  auto* s = new Stream();
+  s->context = c;
+  s->flags = flags;
+  s->priority = std::clamp(priority, -5, 0);
+  {
+    state::MachineLock lock(*d.attachment);
+    s->index = model::CreateStream(lock.machine(), d.attachment->slot, c->device, flags, s->priority);
+    if (s->index == model::kNoSlot) {
+      delete s;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s->generation = lock.machine().streams[s->index].generation;
+  }
+  d.streams.push_back(Register(d, s));
+  *out = reinterpret_cast<CUstream>(s);
+  return CUDA_SUCCESS;
+}
+
+CUresult StreamQuery(CUstream handle, bool per_thread) {
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  state::MachineLock lock(*d.attachment);
+  state::AdvanceToNow(*d.attachment, rs.context->device, state::MonotonicNs());
+  const model::Stream& s = lock.machine().streams[rs.index];
+  return s.head >= s.tail ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult StreamSynchronize(CUstream handle, bool per_thread) {
+  Driver& d = TheDriver();
+  ResolvedStream rs;
+  {
+    std::lock_guard<std::mutex> guard(d.mutex);
+    if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+    if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  CUresult r = CUDA_SUCCESS;
+  if (rs.legacy) {
+    r = WaitContextIdle(rs.context);  // the legacy stream waits for the context's blocking streams
+  } else {
+    r = WaitStreamIdle(rs.context->device, rs.index, rs.generation);
+  }
+  std::lock_guard<std::mutex> guard(d.mutex);
+  TrimPoolsAtSync(d);
+  return r;
+}
+
+CUresult StreamWaitEvent(CUstream handle, CUevent event_handle, unsigned int flags, bool per_thread) {
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Event* e = Lookup<Event>(d, event_handle, Kind::event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags != 0 && flags != CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  if (!e->recorded || (rs.stream != nullptr && rs.stream->capture != nullptr)) return CUDA_SUCCESS;
+  state::MachineLock lock(*d.attachment);
+  const std::uint64_t now = state::MonotonicNs();
+  model::EnqueueWait(lock.machine(), rs.index, e->stream, e->generation, e->seq, now);
+  return CUDA_SUCCESS;
+}
+
+CUresult EventRecord(CUevent event_handle, CUstream handle, bool per_thread) {
+  Driver& d = TheDriver();
+  std::unique_lock<std::mutex> guard(d.mutex);
+  Event* e = Lookup<Event>(d, event_handle, Kind::event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  for (;;) {
+    ResolvedStream rs;
+    if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+    if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_SUCCESS;  // a capture dependency only
+    std::uint64_t wait_ns = 0;
+    {
+      state::MachineLock lock(*d.attachment);
+      model::Machine& m = lock.machine();
+      const std::uint64_t now = state::MonotonicNs();
+      state::AdvanceToNow(*d.attachment, rs.context->device, now);
+      QueueImplicitSync(d, m, rs, now);
+      std::uint64_t seq = 0;
+      if (model::EnqueueMarker(m, rs.index, now, &seq) == model::EnqueueResult::ok) {
+        e->recorded = true;
+        e->stream = rs.index;
+        e->generation = rs.generation;
+        e->seq = seq;
+        e->end_ns = 0;
+        e->context = rs.context;
+        return CUDA_SUCCESS;
+      }
+      wait_ns = model::LowerBoundRemainingNs(m, rs.index, m.streams[rs.index].head);
+    }
+    guard.unlock();
+    state::SleepNs(SleepFor(wait_ns));
+    guard.lock();
+    if (Lookup<Event>(d, event_handle, Kind::event) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  }
+}
+
+// Completion time of a recorded event if it has completed (caching it), else 0.
+std::uint64_t EventEndNs(Driver& d, Event& e) {
+  if (e.end_ns != 0) return e.end_ns;
+  state::MachineLock lock(*d.attachment);
+  model::Machine& m = lock.machine();
+  const std::uint64_t now = state::MonotonicNs();
+  state::AdvanceToNow(*d.attachment, m.streams[e.stream].device, now);
+  if (!model::OpDone(m, e.stream, e.generation, e.seq)) return 0;
+  std::uint64_t end = 0;
+  if (m.streams[e.stream].generation == e.generation) end = model::OpEndNs(m, e.stream, e.seq);
+  e.end_ns = end != 0 ? end : now;  // ring slot reused or stream gone: the time we saw it done
+  return e.end_ns;
+}
+
+std::uint64_t CostOf(const Driver& d, const std::string& name) {
+  const auto it = d.kernel_costs.find(name);
+  return it != d.kernel_costs.end() ? it->second : d.default_kernel_ns;
+}
+
+CUresult LoadModule(CUmodule* out, std::string_view image) {
+  Driver& d = TheDriver();
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Context* c = CurrentContext(d);
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  ptx::Module parsed;
+  std::string error;
+  if (!ptx::Parse(image, parsed, error)) {
+    if (state::LogLevel() >= 1) state::LogError("cuModuleLoadData: %s", error.c_str());
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  const model::DeviceSpec& spec = Spec(d, c->device);
+  if (parsed.target_sm > static_cast<int>(spec.cc_major * 10 + spec.cc_minor)) {
+    if (state::LogLevel() >= 1) state::LogError("cuModuleLoadData: PTX targets sm_%d, the device is sm_%u%u", parsed.target_sm, spec.cc_major, spec.cc_minor);
+    return CUDA_ERROR_INVALID_PTX;
+  }
+  auto* module = new Module();
+  module->context = c;
+  module->ptx_version = parsed.version;
+  module->target_sm = parsed.target_sm;
+  for (const ptx::Entry& entry : parsed.entries) {
+    auto* f = new Function();
+    f->module = module;
+    f->name = entry.name;
+    for (const ptx::Param& p : entry.params) f->params.push_back({p.offset, p.size});
+    f->param_bytes = entry.param_bytes;
+    f->spin = entry.name == "vgpu_spin" && !entry.params.empty() && entry.params[0].size == 8;
+    f->per_wave_ns = CostOf(d, entry.name);
+    module->functions[entry.name] = Register(d, f);
+  }
+  *out = reinterpret_cast<CUmodule>(Register(d, module));
+  return CUDA_SUCCESS;
+}
+
+void DestroyModule(Driver& d, Module* module) {
+  for (auto& [name, f] : module->functions) {
+    Unregister(d, f);
+    delete f;
+  }
+  Unregister(d, module);
+  delete module;
+}
+
+std::vector<KernelNode> NodesOf(const std::vector<KernelNode>& nodes, Driver& d) {
+  std::vector<KernelNode> live;
+  for (const KernelNode& n : nodes) {
+    if (Lookup<Function>(d, n.function, Kind::function) != nullptr) live.push_back(n);
+  }
+  return live;
+}
+
+}  // namespace
+
+CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStream& out) {
+  out = ResolvedStream{};
+  Context* c = CurrentContext(d);
+  Stream* s = nullptr;
+  if (handle == nullptr || handle == CU_STREAM_LEGACY) {
+    if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (per_thread && handle == nullptr) {
+      s = PerThreadStream(d, c);
+      if (s == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      out.context = c;
+      out.index = c->null_stream;
+      out.generation = c->null_stream_generation;
+      out.legacy = true;
+      out.blocking = true;
+      return CUDA_SUCCESS;
+    }
+  } else if (handle == CU_STREAM_PER_THREAD) {
+    if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    s = PerThreadStream(d, c);
+    if (s == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    s = Lookup<Stream>(d, handle, Kind::stream);
+    if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    out.stream = s;
+  }
+  out.context = s->context;
+  out.index = s->index;
+  out.generation = s->generation;
+  out.blocking = (s->flags & CU_STREAM_NON_BLOCKING) == 0;
+  return CUDA_SUCCESS;
+}
+
+void QueueImplicitSync(Driver& d, model::Machine& m, const ResolvedStream& target, std::uint64_t now) {
+  if (!target.blocking) return;
+  Context* c = target.context;
+  if (target.legacy) {
+    for (Stream* s : d.streams) {
+      if (s->context != c || (s->flags & CU_STREAM_NON_BLOCKING) != 0) continue;
+      const model::Stream& other = m.streams[s->index];
+      if (other.generation == s->generation && other.tail > other.head) {
+        model::EnqueueWait(m, target.index, s->index, s->generation, other.tail - 1, now);
+      }
+    }
+  } else {
+    const model::Stream& legacy = m.streams[c->null_stream];
+    if (legacy.generation == c->null_stream_generation && legacy.tail > legacy.head) {
+      model::EnqueueWait(m, target.index, c->null_stream, c->null_stream_generation, legacy.tail - 1, now);
+    }
+  }
+}
+
+CUresult WaitForOp(std::uint32_t device, std::uint32_t index, std::uint64_t generation, std::uint64_t seq) {
+  Driver& d = TheDriver();
+  state::Attachment* a = d.attachment;
+  if (a == nullptr) return MachineGone();
+  for (;;) {
+    std::uint64_t lower_bound = 0;
+    {
+      state::MachineLock lock(*a);
+      const std::uint64_t now = state::MonotonicNs();
+      state::ReapDeadProcesses(*a, now, false);
+      state::AdvanceToNow(*a, device, now);
+      if (model::OpDone(lock.machine(), index, generation, seq)) return CUDA_SUCCESS;
+      lower_bound = model::LowerBoundRemainingNs(lock.machine(), index, seq);
+    }
+    state::SleepNs(SleepFor(lower_bound));
+  }
+}
+
+CUresult WaitStreamIdle(std::uint32_t device, std::uint32_t index, std::uint64_t generation) {
+  Driver& d = TheDriver();
+  std::uint64_t last = 0;
+  {
+    state::MachineLock lock(*d.attachment);
+    const model::Stream& s = lock.machine().streams[index];
+    if (s.generation != generation || s.tail == 0 || s.head >= s.tail) return CUDA_SUCCESS;
+    last = s.tail - 1;
+  }
+  return WaitForOp(device, index, generation, last);
+}
+
+CUresult WaitContextIdle(Context* c) {
+  Driver& d = TheDriver();
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> streams;
+  std::uint32_t device = 0;
+  {
+    std::lock_guard<std::mutex> guard(d.mutex);
+    device = c->device;
+    streams.emplace_back(c->null_stream, c->null_stream_generation);
+    for (Stream* s : d.streams) {
+      if (s->context == c) streams.emplace_back(s->index, s->generation);
+    }
+  }
+  for (const auto& [index, generation] : streams) {
+    if (const CUresult r = WaitStreamIdle(device, index, generation); r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+void TearDownContextStreamsAndModules(Driver& d, Context* c) {
+  state::MachineLock lock(*d.attachment);
+  model::Machine& m = lock.machine();
+  for (auto it = d.streams.begin(); it != d.streams.end();) {
+    if ((*it)->context == c) {
+      model::DestroyStream(m, (*it)->index);
+      Unregister(d, *it);
+      delete *it;
+      it = d.streams.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  model::DestroyStream(m, c->null_stream);
+  std::vector<Module*> modules;
+  for (const auto& [handle, kind] : d.handles) {
+    if (kind == Kind::module && static_cast<const Module*>(handle)->context == c) {
+      modules.push_back(static_cast<Module*>(const_cast<void*>(handle)));
+    }
+  }
+  for (Module* module : modules) DestroyModule(d, module);
+}
+
+}  // namespace fakecuda::driver
+
+using namespace fakecuda::driver;
+namespace model = fakecuda::model;
+namespace state = fakecuda::state;
+
+// ---- modules and functions ---------------------------------------------------------------------------------
+
+FAKECUDA_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  FAKECUDA_ENTER("cuModuleLoadData");
+  if (image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return LoadModule(module, static_cast<const char*>(image));
+}
+
+FAKECUDA_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int count,
+                                            CUjit_option* options, void** values) {
+  FAKECUDA_ENTER("cuModuleLoadDataEx");
+  if (image == nullptr || (count > 0 && (options == nullptr || values == nullptr))) return CUDA_ERROR_INVALID_VALUE;
+  return LoadModule(module, static_cast<const char*>(image));  // JIT options do not change the cost model
+}
+
+FAKECUDA_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* path) {
+  FAKECUDA_ENTER("cuModuleLoad");
+  if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return CUDA_ERROR_FILE_NOT_FOUND;
+  std::stringstream text;
+  text << file.rdbuf();
+  return LoadModule(module, text.str());
+}
+
+FAKECUDA_EXPORT CUresult cuModuleUnload(CUmodule handle) {
+  FAKECUDA_ENTER("cuModuleUnload");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Module* module = Lookup<Module>(d, handle, Kind::module);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  DestroyModule(d, module);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule handle, const char* name) {
+  FAKECUDA_ENTER("cuModuleGetFunction");
+  if (function == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Module* module = Lookup<Module>(d, handle, Kind::module);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const auto it = module->functions.find(name);
+  if (it == module->functions.end()) return CUDA_ERROR_NOT_FOUND;
+  *function = reinterpret_cast<CUfunction>(it->second);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr* address, size_t* bytes, CUmodule handle, const char* name) {
+  FAKECUDA_ENTER("cuModuleGetGlobal_v2");
+  (void)address;
+  (void)bytes;
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  if (Lookup<Module>(d, handle, Kind::module) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_ERROR_NOT_FOUND;  // module globals are not modelled
+}
+
+FAKECUDA_EXPORT CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction handle) {
+  FAKECUDA_ENTER("cuFuncGetAttribute");
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, handle, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const model::DeviceSpec& spec = Spec(d, f->module->context->device);
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = static_cast<int>(spec.max_threads_per_block); break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = 32; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION: *value = f->module->ptx_version; break;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *value = static_cast<int>(spec.cc_major * 10 + spec.cc_minor); break;
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *value = f->max_dynamic_shared; break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *value = f->carveout; break;
+    default:
+      if (static_cast<int>(attribute) < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+      *value = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuFuncSetAttribute(CUfunction handle, CUfunction_attribute attribute, int value) {
+  FAKECUDA_ENTER("cuFuncSetAttribute");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, handle, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const model::DeviceSpec& spec = Spec(d, f->module->context->device);
+  if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    if (value < 0 || value > static_cast<int>(spec.shared_bytes_per_sm) - 1024) return CUDA_ERROR_INVALID_VALUE;
+    f->max_dynamic_shared = value;
+    return CUDA_SUCCESS;
+  }
+  if (attribute == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) {
+    if (value < -1 || value > 100) return CUDA_ERROR_INVALID_VALUE;
+    f->carveout = value;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+FAKECUDA_EXPORT CUresult cuFuncSetCacheConfig(CUfunction handle, CUfunc_cache config) {
+  FAKECUDA_ENTER("cuFuncSetCacheConfig");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  if (Lookup<Function>(d, handle, Kind::function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return static_cast<int>(config) < 0 || config > CU_FUNC_CACHE_PREFER_EQUAL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuFuncGetName(const char** name, CUfunction handle) {
+  FAKECUDA_ENTER("cuFuncGetName");
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, handle, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *name = f->name.c_str();
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction handle, int block_size,
+                                                                     size_t dynamic_shared) {
+  FAKECUDA_ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  if (blocks == nullptr || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, handle, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  model::LaunchShape shape{{1, 1, 1}, {static_cast<std::uint32_t>(block_size), 1, 1}, static_cast<std::uint32_t>(dynamic_shared)};
+  *blocks = static_cast<int>(model::ResidentBlocksPerSm(Spec(d, f->module->context->device), shape));
+  return CUDA_SUCCESS;
+}
+
+// ---- launches --------------------------------------------------------------------------------------------
+
+#define FAKECUDA_LAUNCH_KERNEL(symbol, per_thread, cooperative)                                               \
+  FAKECUDA_EXPORT CUresult symbol(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+                                  unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,        \
+                                  void** params, void** extra) {                                               \
+    return Launch({#symbol, f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, extra, per_thread, cooperative}); \
+  }
+FAKECUDA_LAUNCH_KERNEL(cuLaunchKernel, false, false)
+FAKECUDA_LAUNCH_KERNEL(cuLaunchKernel_ptsz, true, false)
+#undef FAKECUDA_LAUNCH_KERNEL
+
+FAKECUDA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                   unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                                                   CUstream stream, void** params) {
+  return Launch({"cuLaunchCooperativeKernel", f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, nullptr, false, true});
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuLaunchCooperativeKernel_ptsz(
+    CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
+    unsigned int shared, CUstream stream, void** params) {
+  return Launch({"cuLaunchCooperativeKernel_ptsz", f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, nullptr, true, true});
+}
+
+FAKECUDA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  return LaunchEx("cuLaunchKernelEx", config, f, params, extra, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
+                                                                              void** params, void** extra) {
+  return LaunchEx("cuLaunchKernelEx_ptsz", config, f, params, extra, true);
+}
+
+namespace {
+
+CUresult LaunchHostFunc(const char* symbol, CUstream handle, CUhostFn function, void* data, bool per_thread) {
+  FAKECUDA_ENTER(symbol);
+  if (function == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  std::uint64_t seq = 0;
+  {
+    state::MachineLock lock(*d.attachment);
+    const std::uint64_t now = state::MonotonicNs();
+    QueueImplicitSync(d, lock.machine(), rs, now);
+    if (model::EnqueueGate(lock.machine(), rs.index, now, &seq) != model::EnqueueResult::ok) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  SubmitHostCall({rs.context->device, rs.index, rs.generation, seq, function, data});
+  return CUDA_SUCCESS;
+}
+
+struct StreamCallbackData {
+  CUstreamCallback callback;
+  CUstream stream;
+  void* user_data;
+};
+
+void RunStreamCallback(void* raw) {
+  auto* data = static_cast<StreamCallbackData*>(raw);
+  data->callback(data->stream, CUDA_SUCCESS, data->user_data);
+  delete data;
+}
+
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn function, void* data) {
+  return LaunchHostFunc("cuLaunchHostFunc", stream, function, data, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn function, void* data) {
+  return LaunchHostFunc("cuLaunchHostFunc_ptsz", stream, function, data, true);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* data, unsigned int flags) {
+  if (callback == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto* wrapped = new StreamCallbackData{callback, stream, data};
+  const CUresult r = LaunchHostFunc("cuStreamAddCallback", stream, &RunStreamCallback, wrapped, false);
+  if (r != CUDA_SUCCESS) delete wrapped;
+  return r;
+}
+
+// ---- streams -----------------------------------------------------------------------------------------------
+
+FAKECUDA_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
+  FAKECUDA_ENTER("cuStreamCreate");
+  return CreateStreamCommon(stream, flags, 0);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+  FAKECUDA_ENTER("cuStreamCreateWithPriority");
+  return CreateStreamCommon(stream, flags, priority);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
+  FAKECUDA_ENTER("cuStreamDestroy_v2");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Stream* s = Lookup<Stream>(d, handle, Kind::stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  {
+    state::MachineLock lock(*d.attachment);
+    model::DestroyStream(lock.machine(), s->index);
+  }
+  d.streams.erase(std::remove(d.streams.begin(), d.streams.end(), s), d.streams.end());
+  Unregister(d, s);
+  delete s->capture;
+  delete s;
+  return CUDA_SUCCESS;
+}
+
+#undef cuStreamDestroy  // cuda.h maps the name to its newest version; this defines the older symbol
+FAKECUDA_EXPORT CUresult cuStreamDestroy(CUstream handle) { return cuStreamDestroy_v2(handle); }
+
+FAKECUDA_EXPORT CUresult cuStreamQuery(CUstream stream) {
+  FAKECUDA_ENTER("cuStreamQuery");
+  return StreamQuery(stream, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamQuery_ptsz(CUstream stream) {
+  FAKECUDA_ENTER("cuStreamQuery_ptsz");
+  return StreamQuery(stream, true);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+  FAKECUDA_ENTER("cuStreamSynchronize");
+  return StreamSynchronize(stream, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+  FAKECUDA_ENTER("cuStreamSynchronize_ptsz");
+  return StreamSynchronize(stream, true);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+  FAKECUDA_ENTER("cuStreamWaitEvent");
+  return StreamWaitEvent(stream, event, flags, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event,
+                                                                               unsigned int flags) {
+  FAKECUDA_ENTER("cuStreamWaitEvent_ptsz");
+  return StreamWaitEvent(stream, event, flags, true);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamGetPriority(CUstream handle, int* priority) {
+  FAKECUDA_ENTER("cuStreamGetPriority");
+  if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, false, rs); r != CUDA_SUCCESS) return r;
+  *priority = rs.stream != nullptr ? rs.stream->priority : 0;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuStreamGetFlags(CUstream handle, unsigned int* flags) {
+  FAKECUDA_ENTER("cuStreamGetFlags");
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, false, rs); r != CUDA_SUCCESS) return r;
+  *flags = rs.stream != nullptr ? rs.stream->flags : 0;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuStreamGetCtx(CUstream handle, CUcontext* context) {
+  FAKECUDA_ENTER("cuStreamGetCtx");
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, false, rs); r != CUDA_SUCCESS) return r;
+  *context = reinterpret_cast<CUcontext>(rs.context);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuStreamGetId(CUstream handle, unsigned long long* id) {
+  FAKECUDA_ENTER("cuStreamGetId");
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, false, rs); r != CUDA_SUCCESS) return r;
+  *id = rs.generation;
+  return CUDA_SUCCESS;
+}
+
+// ---- events ------------------------------------------------------------------------------------------------
+
+FAKECUDA_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
+  FAKECUDA_ENTER("cuEventCreate");
+  constexpr unsigned int kValid = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  if (event == nullptr || (flags & ~kValid) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  if (CurrentContext(d) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  auto* e = new Event();
+  e->flags = flags;
+  *event = reinterpret_cast<CUevent>(Register(d, e));
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
+  FAKECUDA_ENTER("cuEventDestroy_v2");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Event* e = Lookup<Event>(d, handle, Kind::event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Unregister(d, e);
+  delete e;
+  return CUDA_SUCCESS;
+}
+
+#undef cuEventDestroy  // cuda.h maps the name to its newest version; this defines the older symbol
+FAKECUDA_EXPORT CUresult cuEventDestroy(CUevent handle) { return cuEventDestroy_v2(handle); }
+
+FAKECUDA_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
+  FAKECUDA_ENTER("cuEventRecord");
+  return EventRecord(event, stream, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
+  FAKECUDA_ENTER("cuEventRecord_ptsz");
+  return EventRecord(event, stream, true);
+}
+
+FAKECUDA_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags) {
+  FAKECUDA_ENTER("cuEventRecordWithFlags");
+  if ((flags & ~static_cast<unsigned int>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return EventRecord(event, stream, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream,
+                                                                                    unsigned int flags) {
+  FAKECUDA_ENTER("cuEventRecordWithFlags_ptsz");
+  if ((flags & ~static_cast<unsigned int>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return EventRecord(event, stream, true);
+}
+
+FAKECUDA_EXPORT CUresult cuEventQuery(CUevent handle) {
+  FAKECUDA_ENTER("cuEventQuery");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Event* e = Lookup<Event>(d, handle, Kind::event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!e->recorded) return CUDA_SUCCESS;
+  return EventEndNs(d, *e) != 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+FAKECUDA_EXPORT CUresult cuEventSynchronize(CUevent handle) {
+  FAKECUDA_ENTER("cuEventSynchronize");
+  Driver& d = TheDriver();
+  std::uint32_t device = 0, stream = 0;
+  std::uint64_t generation = 0, seq = 0;
+  {
+    std::lock_guard<std::mutex> guard(d.mutex);
+    Event* e = Lookup<Event>(d, handle, Kind::event);
+    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (!e->recorded) return CUDA_SUCCESS;
+    device = e->context->device;
+    stream = e->stream;
+    generation = e->generation;
+    seq = e->seq;
+  }
+  const CUresult r = WaitForOp(device, stream, generation, seq);
+  std::lock_guard<std::mutex> guard(d.mutex);
+  if (Event* e = Lookup<Event>(d, handle, Kind::event); e != nullptr && e->recorded) EventEndNs(d, *e);
+  TrimPoolsAtSync(d);
+  return r;
+}
+
+FAKECUDA_EXPORT CUresult cuEventElapsedTime_v2(float* milliseconds, CUevent start_handle, CUevent end_handle) {
+  FAKECUDA_ENTER("cuEventElapsedTime_v2");
+  if (milliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Event* start = Lookup<Event>(d, start_handle, Kind::event);
+  Event* end = Lookup<Event>(d, end_handle, Kind::event);
+  if (start == nullptr || end == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if ((start->flags & CU_EVENT_DISABLE_TIMING) != 0 || (end->flags & CU_EVENT_DISABLE_TIMING) != 0) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (!start->recorded || !end->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  const std::uint64_t t0 = EventEndNs(d, *start);
+  const std::uint64_t t1 = EventEndNs(d, *end);
+  if (t0 == 0 || t1 == 0) return CUDA_ERROR_NOT_READY;
+  *milliseconds = static_cast<float>((static_cast<double>(t1) - static_cast<double>(t0)) / 1e6);
+  return CUDA_SUCCESS;
+}
+
+#undef cuEventElapsedTime  // cuda.h maps the name to its newest version; this defines the older symbol
+FAKECUDA_EXPORT CUresult cuEventElapsedTime(float* milliseconds, CUevent start, CUevent end) {
+  return cuEventElapsedTime_v2(milliseconds, start, end);
+}
+
+// ---- graphs ------------------------------------------------------------------------------------------------
+
+namespace {
+
+CUresult BeginCapture(CUstream handle, CUstreamCaptureMode mode, bool per_thread) {
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  if (rs.stream == nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // legacy/per-thread default streams
+  if (rs.stream->capture != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  if (static_cast<int>(mode) < 0 || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  rs.stream->capture = new Graph();
+  rs.stream->capture_mode = mode;
+  rs.stream->capture_id = d.next_capture_id++;
+  return CUDA_SUCCESS;
+}
+
+CUresult EndCapture(CUstream handle, CUgraph* graph, bool per_thread) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  if (rs.stream == nullptr || rs.stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  *graph = reinterpret_cast<CUgraph>(Register(d, rs.stream->capture));
+  rs.stream->capture = nullptr;
+  return CUDA_SUCCESS;
+}
+
+CUresult IsCapturing(CUstream handle, CUstreamCaptureStatus* status, bool per_thread) {
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  *status = rs.stream != nullptr && rs.stream->capture != nullptr ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                                                  : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult Instantiate(CUgraphExec* exec, CUgraph handle) {
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Graph* g = Lookup<Graph>(d, handle, Kind::graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* e = new GraphExec();
+  e->nodes = g->nodes;
+  *exec = reinterpret_cast<CUgraphExec>(Register(d, e));
+  return CUDA_SUCCESS;
+}
+
+CUresult GraphLaunch(CUgraphExec handle, CUstream stream, bool per_thread) {
+  Driver& d = TheDriver();
+  std::unique_lock<std::mutex> guard(d.mutex);
+  GraphExec* e = Lookup<GraphExec>(d, handle, Kind::graph_exec);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const std::vector<KernelNode> nodes = NodesOf(e->nodes, d);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, stream, per_thread, rs); r != CUDA_SUCCESS) return r;
+  if (rs.stream != nullptr && rs.stream->capture != nullptr) {
+    rs.stream->capture->nodes.insert(rs.stream->capture->nodes.end(), nodes.begin(), nodes.end());
+    return CUDA_SUCCESS;
+  }
+  return EnqueueKernels(d, guard, stream, per_thread, nodes);
+}
+
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  FAKECUDA_ENTER("cuStreamBeginCapture_v2");
+  return BeginCapture(stream, mode, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  FAKECUDA_ENTER("cuStreamBeginCapture_v2_ptsz");
+  return BeginCapture(stream, mode, true);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  FAKECUDA_ENTER("cuStreamEndCapture");
+  return EndCapture(stream, graph, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  FAKECUDA_ENTER("cuStreamEndCapture_ptsz");
+  return EndCapture(stream, graph, true);
+}
+
+FAKECUDA_EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  FAKECUDA_ENTER("cuStreamIsCapturing");
+  return IsCapturing(stream, status, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status) {
+  FAKECUDA_ENTER("cuStreamIsCapturing_ptsz");
+  return IsCapturing(stream, status, true);
+}
+
+FAKECUDA_EXPORT CUresult cuGraphCreate(CUgraph* graph, unsigned int flags) {
+  FAKECUDA_ENTER("cuGraphCreate");
+  if (graph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  *graph = reinterpret_cast<CUgraph>(Register(d, new Graph()));
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph handle, const CUgraphNode* dependencies,
+                                                 size_t count, const CUDA_KERNEL_NODE_PARAMS* params) {
+  FAKECUDA_ENTER("cuGraphAddKernelNode_v2");
+  if (node == nullptr || params == nullptr || (count > 0 && dependencies == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Graph* g = Lookup<Graph>(d, handle, Kind::graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Function* f = Lookup<Function>(d, params->func, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  KernelNode kernel;
+  kernel.function = f;
+  kernel.shape = model::LaunchShape{{params->gridDimX, params->gridDimY, params->gridDimZ},
+                                    {params->blockDimX, params->blockDimY, params->blockDimZ}, params->sharedMemBytes};
+  kernel.per_wave_ns = f->per_wave_ns;
+  if (f->spin && !ReadFirstU64(*f, params->kernelParams, params->extra, kernel.per_wave_ns)) return CUDA_ERROR_INVALID_VALUE;
+  g->nodes.push_back(kernel);
+  g->node_tokens.push_back(std::make_unique<std::uint32_t>(static_cast<std::uint32_t>(g->nodes.size() - 1)));
+  *node = reinterpret_cast<CUgraphNode>(g->node_tokens.back().get());
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuGraphGetNodes(CUgraph handle, CUgraphNode* nodes, size_t* count) {
+  FAKECUDA_ENTER("cuGraphGetNodes");
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Graph* g = Lookup<Graph>(d, handle, Kind::graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  while (g->node_tokens.size() < g->nodes.size()) {
+    g->node_tokens.push_back(std::make_unique<std::uint32_t>(static_cast<std::uint32_t>(g->node_tokens.size())));
+  }
+  if (nodes != nullptr) {
+    for (std::size_t i = 0; i < std::min(*count, g->nodes.size()); ++i) nodes[i] = reinterpret_cast<CUgraphNode>(g->node_tokens[i].get());
+  }
+  *count = g->nodes.size();
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  FAKECUDA_ENTER("cuGraphInstantiateWithFlags");
+  (void)flags;
+  return Instantiate(exec, graph);
+}
+
+FAKECUDA_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  FAKECUDA_ENTER("cuGraphInstantiateWithParams");
+  const CUresult r = Instantiate(exec, graph);
+  if (params != nullptr) params->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+  return r;
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec* exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  return cuGraphInstantiateWithParams(exec, graph, params);
+}
+
+FAKECUDA_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  FAKECUDA_ENTER("cuGraphLaunch");
+  return GraphLaunch(exec, stream, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+  FAKECUDA_ENTER("cuGraphLaunch_ptsz");
+  return GraphLaunch(exec, stream, true);
+}
+
+FAKECUDA_EXPORT CUresult cuGraphDestroy(CUgraph handle) {
+  FAKECUDA_ENTER("cuGraphDestroy");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Graph* g = Lookup<Graph>(d, handle, Kind::graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Unregister(d, g);
+  delete g;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuGraphExecDestroy(CUgraphExec handle) {
+  FAKECUDA_ENTER("cuGraphExecDestroy");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  GraphExec* e = Lookup<GraphExec>(d, handle, Kind::graph_exec);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Unregister(d, e);
+  delete e;
+  return CUDA_SUCCESS;
+}

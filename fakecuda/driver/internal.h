@@ -1,0 +1,286 @@
+// Process-local state of the fake libcuda.so.1 shared by its api_*.cc files: checked handles, contexts,
+// allocations, streams, and the helpers every entry point uses. Nothing here is exported.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fakecuda/model/model.h"
+#include "fakecuda/state/state.h"
+
+#define FAKECUDA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fakecuda::driver {
+
+// ---- every entry point starts here -------------------------------------------------------------------
+
+// Fault injection for `symbol`: returns CUDA_SUCCESS or the injected error.
+CUresult EnterCall(const char* symbol);
+// EnterCall plus: the driver must be initialised (cuInit succeeded).
+CUresult EnterInitialized(const char* symbol);
+
+#define FAKECUDA_ENTER(symbol)                                                 \
+  do {                                                                         \
+    const CUresult entry_status_ = ::fakecuda::driver::EnterInitialized(symbol); \
+    if (entry_status_ != CUDA_SUCCESS) return entry_status_;                   \
+  } while (0)
+
+// ---- checked handles ------------------------------------------------------------------------------------
+
+enum class Kind : std::uint32_t { context, stream, event, module, function, graph, graph_exec, pool, array, mipmapped_array };
+
+struct Context;
+struct Stream;
+
+// Every object a handle points to starts with this header; a handle is accepted only if it is registered
+// (so a stale or forged pointer is never dereferenced).
+struct Object {
+  explicit Object(Kind k) : kind(k) {}
+  Kind kind;
+};
+
+struct Context : Object {
+  Context() : Object(Kind::context) {}
+  std::uint32_t device = 0;           // physical (machine) index
+  std::uint32_t ordinal = 0;          // as the application numbers devices (after CUDA_VISIBLE_DEVICES)
+  unsigned int flags = 0;
+  bool primary = false;
+  std::uint64_t id = 0;
+  std::uint32_t null_stream = model::kNoSlot;       // shared index of the legacy default stream
+  std::uint64_t null_stream_generation = 0;
+  std::uint64_t charged_bytes = 0;                  // the context's own overhead
+  std::size_t limits[16] = {};
+};
+
+struct Stream : Object {
+  Stream() : Object(Kind::stream) {}
+  Context* context = nullptr;
+  std::uint32_t index = model::kNoSlot;     // in the machine's stream table
+  std::uint64_t generation = 0;
+  unsigned int flags = 0;
+  int priority = 0;
+  struct Graph* capture = nullptr;          // non-null while capturing
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::uint64_t capture_id = 0;
+};
+
+struct Event : Object {
+  Event() : Object(Kind::event) {}
+  unsigned int flags = 0;
+  bool recorded = false;
+  std::uint32_t stream = model::kNoSlot;
+  std::uint64_t generation = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t end_ns = 0;                 // cached once observed
+  Context* context = nullptr;
+};
+
+struct ParamInfo {
+  std::uint32_t offset;
+  std::uint32_t size;
+};
+
+struct Module;
+
+struct Function : Object {
+  Function() : Object(Kind::function) {}
+  Module* module = nullptr;
+  std::string name;
+  std::vector<ParamInfo> params;
+  std::uint32_t param_bytes = 0;
+  bool spin = false;                        // the built-in vgpu_spin(ns_per_block) cost model
+  std::uint64_t per_wave_ns = 5000;         // for other kernels
+  int max_dynamic_shared = 48 * 1024;
+  int carveout = -1;
+};
+
+struct Module : Object {
+  Module() : Object(Kind::module) {}
+  Context* context = nullptr;
+  int ptx_version = 0;                      // e.g. 88 for .version 8.8
+  int target_sm = 0;                        // e.g. 75 for .target sm_75
+  std::map<std::string, Function*> functions;
+};
+
+struct KernelNode {
+  Function* function = nullptr;
+  model::LaunchShape shape{};
+  std::uint64_t per_wave_ns = 0;
+};
+
+struct Graph : Object {
+  Graph() : Object(Kind::graph) {}
+  std::vector<KernelNode> nodes;
+  std::vector<std::unique_ptr<std::uint32_t>> node_tokens;   // CUgraphNode handles point at these
+};
+
+struct GraphExec : Object {
+  GraphExec() : Object(Kind::graph_exec) {}
+  std::vector<KernelNode> nodes;
+};
+
+struct PoolBlock {
+  std::uintptr_t address;
+  std::size_t bytes;
+};
+
+struct Pool : Object {
+  Pool() : Object(Kind::pool) {}
+  std::uint32_t device = 0;                 // physical
+  bool is_default = false;
+  std::uint64_t release_threshold = 0;
+  std::uint64_t reserved_bytes = 0;         // charged to the device: live + cached
+  std::uint64_t reserved_high = 0;
+  std::uint64_t used_bytes = 0;             // handed out to the application
+  std::uint64_t used_high = 0;
+  int reuse_follow_event = 1, reuse_opportunistic = 1, reuse_internal = 1;
+  std::multimap<std::size_t, std::uintptr_t> cached;   // freed blocks by size, still charged
+};
+
+struct Array : Object {
+  explicit Array(Kind k = Kind::array) : Object(k) {}
+  std::uint32_t device = 0;
+  std::uint64_t charged_bytes = 0;
+  CUDA_ARRAY3D_DESCRIPTOR descriptor{};
+  unsigned int levels = 1;
+};
+
+enum class AllocationKind : std::uint32_t { device, pitch, managed, pool, host };
+
+struct Allocation {
+  std::size_t bytes = 0;                    // what the caller asked for (pitch * height for pitch)
+  std::size_t mapped_bytes = 0;             // what was mmap'ed
+  std::uint64_t charged_bytes = 0;
+  std::uint32_t device = 0;
+  AllocationKind kind = AllocationKind::device;
+  Context* context = nullptr;
+  Pool* pool = nullptr;
+};
+
+struct VmmHandle {
+  int memfd = -1;
+  std::size_t bytes = 0;
+  std::uint32_t device = 0;
+  std::uint64_t charged_bytes = 0;
+  bool released = false;                    // cuMemRelease called; freed when the last mapping goes
+  std::uint32_t mappings = 0;
+  CUmemAllocationProp prop{};
+};
+
+struct VmmMapping {
+  std::size_t bytes = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  bool accessible = false;
+};
+
+// All process-local driver state. One instance; rebuilt in a fork child.
+struct Driver {
+  std::mutex mutex;                         // guards everything below; taken before the machine lock
+  bool initialized = false;
+  CUresult init_error = CUDA_SUCCESS;
+  state::Attachment* attachment = nullptr;
+  std::vector<std::uint32_t> visible;       // ordinal -> physical device
+  std::unordered_map<const void*, Kind> handles;
+  struct Primary {
+    Context* context = nullptr;
+    unsigned int retains = 0;
+    unsigned int flags = 0;
+  } primary[model::kMaxDevices];
+  Pool* default_pool[model::kMaxDevices] = {};
+  Pool* current_pool[model::kMaxDevices] = {};
+  std::vector<Stream*> streams;             // all live application streams (for ctx synchronize)
+  std::map<std::uintptr_t, Allocation> allocations;   // device, pitch, managed, pool blocks, host
+  std::map<std::uintptr_t, std::size_t> reservations; // VMM address ranges
+  std::map<std::uintptr_t, VmmMapping> mappings;      // VMM mapped ranges
+  std::unordered_map<CUmemGenericAllocationHandle, VmmHandle> vmm_handles;
+  CUmemGenericAllocationHandle next_vmm_handle = 0x1000;
+  std::uint64_t next_context_id = 1;
+  std::uint64_t next_capture_id = 1;
+  std::unordered_map<std::string, std::uint64_t> kernel_costs;   // FAKECUDA_KERNEL_COSTS
+  std::uint64_t default_kernel_ns = 5000;
+};
+
+Driver& TheDriver();
+
+template <typename T>
+T* Lookup(Driver& d, const void* handle, Kind kind) {
+  if (handle == nullptr) return nullptr;
+  const auto it = d.handles.find(handle);
+  if (it == d.handles.end() || it->second != kind) return nullptr;
+  return static_cast<T*>(const_cast<void*>(handle));
+}
+
+template <typename T>
+T* Register(Driver& d, T* object) {
+  d.handles.emplace(object, object->kind);
+  return object;
+}
+
+void Unregister(Driver& d, const void* handle);
+
+// ---- contexts and streams ---------------------------------------------------------------------------------
+
+// The calling thread's current context, or null.
+Context* CurrentContext(Driver& d);
+// The thread's context stack (top = current). Entries may have been destroyed: checked on use.
+std::vector<Context*>& ContextStack();
+
+// Resolves a CUstream handle (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or an application stream) to the
+// shared stream index for the current context. `per_thread` is true for _ptsz/_ptds entry points.
+struct ResolvedStream {
+  Context* context = nullptr;
+  Stream* stream = nullptr;                 // null for the built-in streams
+  std::uint32_t index = model::kNoSlot;
+  std::uint64_t generation = 0;
+  bool legacy = false;
+  bool blocking = true;
+};
+CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStream& out);
+
+// Queues the implicit waits of the legacy default stream (it waits for the context's blocking streams and
+// they wait for it). Caller holds the machine lock.
+void QueueImplicitSync(Driver& d, model::Machine& m, const ResolvedStream& target, std::uint64_t now);
+
+// Blocks until op `seq` of shared stream `index` (generation) completes, sleeping outside every lock.
+// Returns CUDA_SUCCESS, or an error if the machine went away.
+CUresult WaitForOp(std::uint32_t device, std::uint32_t index, std::uint64_t generation, std::uint64_t seq);
+// Waits until everything queued so far on the stream has completed.
+CUresult WaitStreamIdle(std::uint32_t device, std::uint32_t index, std::uint64_t generation);
+// Waits for every stream of the context (for cuCtxSynchronize and synchronous copies on the legacy stream).
+CUresult WaitContextIdle(Context* context);
+// Trims stream-ordered pools to their release thresholds (at synchronization points).
+void TrimPoolsAtSync(Driver& d);
+
+// Frees everything the context owns and returns its memory (context destroy, primary release/reset).
+void TearDownContext(Driver& d, Context* context);
+// Creates the shared state of a new context (charging its overhead). Caller holds d.mutex.
+CUresult SetUpContext(Driver& d, Context* context);
+
+// ---- memory ---------------------------------------------------------------------------------------------
+
+// Charges `bytes` on physical `device` for this process; false if out of memory (after reaping the dead).
+bool ChargeDevice(Driver& d, std::uint32_t device, std::uint64_t bytes);
+void UnchargeDevice(Driver& d, std::uint32_t device, std::uint64_t bytes);
+// True if [address, address + bytes) lies inside memory the device can address (allocations and VMM
+// mappings with access).
+bool DeviceRangeValid(Driver& d, std::uintptr_t address, std::size_t bytes);
+void TraceAllocation(const char* event, const char* api, std::uint32_t device, std::uint64_t bytes, std::uintptr_t address);
+
+// ---- misc -----------------------------------------------------------------------------------------------
+
+// Physical device for an application ordinal, or false.
+bool PhysicalDevice(const Driver& d, CUdevice ordinal, std::uint32_t& physical);
+const model::DeviceSpec& Spec(const Driver& d, std::uint32_t physical);
+
+// Error codes by name (for fault injection) and the name/description tables.
+int ErrorCodeOf(std::string_view name);
+
+}  // namespace fakecuda::driver

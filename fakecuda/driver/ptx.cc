@@ -1,0 +1,162 @@
+// PTX reader: strips comments, then scans directives. Not a validator: ptxas is the judge of real PTX.
+#include "ptx.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+namespace fakecuda::ptx {
+namespace {
+
+std::string StripComments(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      while (i < text.size() && text[i] != '\n') ++i;
+      if (i < text.size()) out.push_back('\n');
+    } else if (text[i] == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      i += 2;
+      while (i + 1 < text.size() && !(text[i] == '*' && text[i + 1] == '/')) {
+        if (text[i] == '\n') out.push_back('\n');
+        ++i;
+      }
+      ++i;
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
+bool IsIdentifierChar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '$' || c == '.' || c == '%';
+}
+
+// Splits into tokens: identifiers/directives, numbers, and single punctuation characters.
+std::vector<std::string_view> Tokenize(std::string_view s) {
+  std::vector<std::string_view> tokens;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const char c = s[i];
+    if (std::isspace(static_cast<unsigned char>(c)) != 0) {
+      ++i;
+    } else if (IsIdentifierChar(c)) {
+      std::size_t j = i;
+      // A directive like ".param" starts with '.', but ".u64" must stay separate from a following name.
+      if (c == '.') ++j;
+      while (j < s.size() && IsIdentifierChar(s[j]) && !(j > i && s[j] == '.' && s[i] == '.')) ++j;
+      if (j == i) ++j;
+      tokens.push_back(s.substr(i, j - i));
+      i = j;
+    } else {
+      tokens.push_back(s.substr(i, 1));
+      ++i;
+    }
+  }
+  return tokens;
+}
+
+std::uint32_t TypeSize(std::string_view type) {
+  if (type == ".pred") return 1;
+  if (type.size() < 3) return 0;
+  const char kind = type[1];
+  if (kind != 'u' && kind != 's' && kind != 'b' && kind != 'f') return 0;
+  std::uint32_t bits = 0;
+  const auto r = std::from_chars(type.data() + 2, type.data() + type.size(), bits);
+  if (r.ptr != type.data() + type.size() || bits % 8 != 0 || bits == 0 || bits > 128) return 0;
+  return bits / 8;
+}
+
+}  // namespace
+
+bool Parse(std::string_view text, Module& out, std::string& error) {
+  out = Module{};
+  if (text.size() >= 4 && static_cast<unsigned char>(text[0]) == 0x7f && text.substr(1, 3) == "ELF") {
+    error = "the image is an ELF cubin; fakecuda loads PTX text only";
+    return false;
+  }
+  const std::string clean = StripComments(text);
+  const std::vector<std::string_view> tokens = Tokenize(clean);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::string_view t = tokens[i];
+    if (t == ".version" && i + 1 < tokens.size()) {
+      // ".version 8.8" tokenizes as "8" "." "8" or "8" ".8".
+      std::string number;
+      for (std::size_t j = i + 1; j < tokens.size() && j < i + 4; ++j) {
+        const std::string_view part = tokens[j];
+        if (!part.empty() && (std::isdigit(static_cast<unsigned char>(part[0])) != 0 || part[0] == '.')) number += part;
+        else break;
+      }
+      const auto dot = number.find('.');
+      int major = 0, minor = 0;
+      if (dot == std::string::npos || std::from_chars(number.data(), number.data() + dot, major).ec != std::errc() ||
+          std::from_chars(number.data() + dot + 1, number.data() + number.size(), minor).ec != std::errc()) {
+        error = ".version is not followed by MAJOR.MINOR";
+        return false;
+      }
+      out.version = major * 10 + minor;
+    } else if (t == ".target" && i + 1 < tokens.size()) {
+      const std::string_view target = tokens[i + 1];
+      if (target.substr(0, 3) == "sm_") {
+        int sm = 0;
+        std::from_chars(target.data() + 3, target.data() + target.size(), sm);
+        out.target_sm = sm;
+      }
+    } else if (t == ".entry" && i + 1 < tokens.size()) {
+      Entry entry;
+      entry.name = std::string(tokens[i + 1]);
+      std::size_t j = i + 2;
+      if (j < tokens.size() && tokens[j] == "(") {
+        ++j;
+        while (j < tokens.size() && tokens[j] != ")") {
+          if (tokens[j] != ".param") {
+            ++j;
+            continue;
+          }
+          ++j;
+          std::uint32_t align = 0, size = 0, count = 1;
+          // Qualifiers in any order: .align N, a type, .ptr, state spaces; then the name and maybe [N].
+          while (j < tokens.size() && tokens[j] != "," && tokens[j] != ")") {
+            const std::string_view q = tokens[j];
+            if (q == ".align" && j + 1 < tokens.size()) {
+              std::from_chars(tokens[j + 1].data(), tokens[j + 1].data() + tokens[j + 1].size(), align);
+              j += 2;
+              continue;
+            }
+            if (q == "[" && j + 1 < tokens.size()) {
+              std::from_chars(tokens[j + 1].data(), tokens[j + 1].data() + tokens[j + 1].size(), count);
+              j += 2;
+              continue;
+            }
+            if (const std::uint32_t s = TypeSize(q); s != 0 && size == 0) size = s;
+            ++j;
+          }
+          if (size == 0) {
+            error = "parameter of .entry " + entry.name + " has no type fakecuda understands";
+            return false;
+          }
+          if (align == 0) align = size;
+          const std::uint32_t offset = (entry.param_bytes + align - 1) / align * align;
+          const std::uint32_t bytes = size * std::max<std::uint32_t>(count, 1);
+          entry.params.push_back({offset, bytes});
+          entry.param_bytes = offset + bytes;
+          if (j < tokens.size() && tokens[j] == ",") ++j;
+        }
+      }
+      out.entries.push_back(std::move(entry));
+      i = j;
+    }
+  }
+  if (out.version == 0) {
+    error = "no .version directive: not PTX text";
+    return false;
+  }
+  if (out.target_sm == 0) {
+    error = "no .target sm_XX directive";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace fakecuda::ptx

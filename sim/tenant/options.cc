@@ -1,0 +1,406 @@
+// Strict parsing of vgpu-tenant's command line: a value that does not read exactly as documented is refused.
+#include "options.h"
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <system_error>
+
+namespace vgpu::tenant {
+namespace {
+
+// Bounds keep every derived quantity (nanoseconds, deadlines, ring sizes)
+// far from overflow and every resource the program creates small.
+constexpr std::uint64_t kMaxDevice = 1023;
+constexpr std::uint64_t kMaxKernelUs = 3'600'000'000;  // one hour
+constexpr std::uint64_t kMaxBlocks = 2'147'483'647;    // gridDim.x limit of every GPU since Kepler
+constexpr std::uint64_t kMaxThreads = 1024;            // blockDim limit of every GPU since Fermi
+constexpr std::uint64_t kMaxKernelCount = 1'000'000'000'000;
+constexpr double kMaxSeconds = 1'000'000;  // eleven and a half days
+constexpr double kMinRateHz = 0.001;
+constexpr double kMaxRateHz = 1'000'000;
+constexpr std::uint64_t kMaxDepth = 1024;
+constexpr std::uint64_t kMaxStreams = 64;
+
+// Quotes a value for a message, so that an empty or odd value stays visible.
+std::string Quoted(std::string_view text)
+{
+    std::string quoted = "\"";
+    for (const char character : text) {
+        const auto byte = static_cast<unsigned char>(character);
+        if (character == '"' || character == '\\') {
+            quoted += '\\';
+            quoted += character;
+        } else if (byte < 0x20 || byte == 0x7f) {
+            constexpr std::string_view kHexDigits = "0123456789abcdef";
+            quoted += "\\x";
+            quoted += kHexDigits[byte >> 4];
+            quoted += kHexDigits[byte & 0xf];
+        } else {
+            quoted += character;
+        }
+    }
+    quoted += '"';
+    return quoted;
+}
+
+bool IsDigit(char character) { return character >= '0' && character <= '9'; }
+
+// "010" is 8 to C's strtol and 10 to from_chars; refusing it means nobody gets the one they did not mean.
+bool HasLeadingZero(std::string_view text) { return text.size() > 1 && text[0] == '0' && IsDigit(text[1]); }
+
+struct FlagSpec {
+    std::string_view name;
+    std::string_view value_name;
+    std::string_view example_value;
+    std::string_view help;
+    // Parses value into options; returns "" or what was wrong with the value
+    // (the caller adds the flag, the value and the example).
+    std::string (*apply)(std::string_view value, Options& options);
+};
+
+// Parses a whole number in [minimum, maximum]; "" or the problem.
+std::string ReadWholeNumber(std::string_view value, std::uint64_t minimum, std::uint64_t maximum,
+                            std::uint64_t* result)
+{
+    std::string problem;
+    const std::optional<std::uint64_t> number = ParseWholeNumber(value, &problem);
+    if (!number) {
+        return problem + "; expected a whole number from " + std::to_string(minimum) + " to " +
+               std::to_string(maximum);
+    }
+    if (*number < minimum || *number > maximum) {
+        return "is out of range; expected a whole number from " + std::to_string(minimum) + " to " +
+               std::to_string(maximum);
+    }
+    *result = *number;
+    return {};
+}
+
+std::string FormatDecimal(double value)
+{
+    std::array<char, 32> buffer{};
+    const auto [end, error] =
+        std::to_chars(buffer.data(), buffer.data() + buffer.size(), value, std::chars_format::fixed);
+    return error == std::errc{} ? std::string(buffer.data(), end) : std::string("?");
+}
+
+// Parses a decimal number in (0, maximum] or [minimum, maximum]; "" or the problem.
+std::string ReadPositiveDecimal(std::string_view value, double minimum, double maximum, double* result)
+{
+    const std::string expected =
+        minimum > 0 ? "; expected a number from " + FormatDecimal(minimum) + " to " + FormatDecimal(maximum)
+                    : "; expected a number above 0, up to " + FormatDecimal(maximum);
+    std::string problem;
+    const std::optional<double> number = ParseDecimal(value, &problem);
+    if (!number) {
+        return problem + expected;
+    }
+    if (!(*number > 0) || *number < minimum || *number > maximum) {
+        return "is out of range" + expected;
+    }
+    *result = *number;
+    return {};
+}
+
+template <typename Integer>
+std::string ReadInto(std::string_view value, std::uint64_t minimum, std::uint64_t maximum, Integer* field)
+{
+    static_assert(std::numeric_limits<Integer>::is_integer);
+    std::uint64_t number = 0;
+    std::string problem = ReadWholeNumber(value, minimum, maximum, &number);
+    if (problem.empty()) {
+        *field = static_cast<Integer>(number);  // maximum fits Integer: checked by the table's bounds
+    }
+    return problem;
+}
+
+constexpr std::array kFlags = {
+    FlagSpec{"--device", "N", "0", "device ordinal, as cuDeviceGet numbers them (default 0)",
+             [](std::string_view value, Options& options) {
+                 return ReadInto(value, 0, kMaxDevice, &options.device);
+             }},
+    FlagSpec{"--alloc", "BYTES", "2g",
+             "allocate and zero this much device memory before launching (default 0); bytes or a\n"
+             "        suffix k, m, g, t or Ki, Mi, Gi, Ti, all powers of 1024 (1g = 1024m = 1Gi)",
+             [](std::string_view value, Options& options) {
+                 std::string problem;
+                 const std::optional<std::uint64_t> bytes = ParseSizeBytes(value, &problem);
+                 if (!bytes) {
+                     return problem + "; expected bytes or a whole number with a suffix k, m, g, t, Ki, Mi, Gi, Ti";
+                 }
+                 options.alloc_bytes = *bytes;
+                 return std::string();
+             }},
+    FlagSpec{"--kernel-us", "D", "1000",
+             "run time of each kernel in microseconds, if it had the GPU to itself (default 1000)",
+             [](std::string_view value, Options& options) {
+                 return ReadInto(value, 0, kMaxKernelUs, &options.kernel_us);
+             }},
+    FlagSpec{"--blocks", "B", "132", "blocks per kernel (default 1)",
+             [](std::string_view value, Options& options) {
+                 return ReadInto(value, 1, kMaxBlocks, &options.blocks);
+             }},
+    FlagSpec{"--threads", "T", "128", "threads per block (default 32: one warp)",
+             [](std::string_view value, Options& options) {
+                 return ReadInto(value, 1, kMaxThreads, &options.threads);
+             }},
+    FlagSpec{"--kernels", "K", "1000",
+             "launch K kernels, then wait for them and stop (default 1000 when --seconds is absent)",
+             [](std::string_view value, Options& options) {
+                 std::uint64_t count = 0;
+                 std::string problem = ReadWholeNumber(value, 0, kMaxKernelCount, &count);
+                 if (problem.empty()) {
+                     options.kernel_count = count;
+                 }
+                 return problem;
+             }},
+    FlagSpec{"--seconds", "S", "2.5", "launch for S seconds, then wait for what is in flight and stop",
+             [](std::string_view value, Options& options) {
+                 double seconds = 0;
+                 std::string problem = ReadPositiveDecimal(value, 0, kMaxSeconds, &seconds);
+                 if (problem.empty()) {
+                     options.seconds = seconds;
+                 }
+                 return problem;
+             }},
+    FlagSpec{"--rate", "HZ", "200",
+             "open loop: launch at HZ kernels per second on a fixed schedule; a launch that finds\n"
+             "        its stream full (see --depth) waits, and later ones catch up with the schedule\n"
+             "        (default: closed loop, launch whenever a stream has room)",
+             [](std::string_view value, Options& options) {
+                 double rate_hz = 0;
+                 std::string problem = ReadPositiveDecimal(value, kMinRateHz, kMaxRateHz, &rate_hz);
+                 if (problem.empty()) {
+                     options.rate_hz = rate_hz;
+                 }
+                 return problem;
+             }},
+    FlagSpec{"--depth", "Q", "2", "at most Q kernels in flight per stream (default 2)",
+             [](std::string_view value, Options& options) {
+                 return ReadInto(value, 1, kMaxDepth, &options.depth);
+             }},
+    FlagSpec{"--streams", "N", "4", "streams to launch on, round robin (default 1)",
+             [](std::string_view value, Options& options) {
+                 return ReadInto(value, 1, kMaxStreams, &options.streams);
+             }},
+    FlagSpec{"--ptx", "FILE", "spin.ptx",
+             "load the kernel vgpu_spin from this PTX file instead of the embedded one",
+             [](std::string_view value, Options& options) {
+                 if (value.empty()) {
+                     return std::string("is empty; expected the path of a PTX file");
+                 }
+                 options.ptx_path = std::string(value);
+                 return std::string();
+             }},
+};
+
+const FlagSpec* FindFlag(std::string_view name)
+{
+    for (const FlagSpec& flag : kFlags) {
+        if (flag.name == name) {
+            return &flag;
+        }
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> ParseWholeNumber(std::string_view text, std::string* problem)
+{
+    if (text.empty()) {
+        *problem = "is empty";
+        return std::nullopt;
+    }
+    if (text[0] == '-') {
+        *problem = "is negative";
+        return std::nullopt;
+    }
+    if (HasLeadingZero(text)) {
+        *problem = "has a leading zero (octal to some tools, decimal to others, so refused)";
+        return std::nullopt;
+    }
+    std::uint64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, 10);
+    if (error == std::errc::invalid_argument) {
+        *problem = "is not a whole number";
+        return std::nullopt;
+    }
+    if (error == std::errc::result_out_of_range) {
+        *problem = "is too large (more than 18446744073709551615)";
+        return std::nullopt;
+    }
+    if (end != text.data() + text.size()) {
+        *problem = "has trailing characters " + Quoted(std::string_view(end, text.data() + text.size() - end));
+        return std::nullopt;
+    }
+    return value;
+}
+
+std::optional<std::uint64_t> ParseSizeBytes(std::string_view text, std::string* problem)
+{
+    std::size_t digit_count = 0;
+    while (digit_count < text.size() && IsDigit(text[digit_count])) {
+        ++digit_count;
+    }
+    const std::string_view digits = text.substr(0, digit_count);
+    const std::string_view suffix = text.substr(digit_count);
+    if (digits.empty()) {
+        // Let the number parser say what is wrong with the start ("is negative", "is empty", ...).
+        const std::optional<std::uint64_t> ignored = ParseWholeNumber(text, problem);
+        if (ignored) {
+            *problem = "is not a size";  // unreachable: a number starts with a digit
+        }
+        return std::nullopt;
+    }
+    const std::optional<std::uint64_t> count = ParseWholeNumber(digits, problem);
+    if (!count) {
+        return std::nullopt;
+    }
+    struct Suffix {
+        std::string_view text;
+        unsigned shift;
+    };
+    constexpr std::array kSuffixes = {
+        Suffix{"", 0},   Suffix{"k", 10},  Suffix{"K", 10},  Suffix{"Ki", 10}, Suffix{"m", 20},
+        Suffix{"M", 20}, Suffix{"Mi", 20}, Suffix{"g", 30},  Suffix{"G", 30},  Suffix{"Gi", 30},
+        Suffix{"t", 40}, Suffix{"T", 40},  Suffix{"Ti", 40},
+    };
+    for (const Suffix& candidate : kSuffixes) {
+        if (candidate.text == suffix) {
+            if (*count > (std::numeric_limits<std::uint64_t>::max() >> candidate.shift)) {
+                *problem = "is too large (more than 18446744073709551615 bytes)";
+                return std::nullopt;
+            }
+            return *count << candidate.shift;
+        }
+    }
+    *problem = "has an unknown suffix " + Quoted(suffix);
+    return std::nullopt;
+}
+
+std::optional<double> ParseDecimal(std::string_view text, std::string* problem)
+{
+    if (text.empty()) {
+        *problem = "is empty";
+        return std::nullopt;
+    }
+    if (text[0] == '-') {
+        *problem = "is negative";
+        return std::nullopt;
+    }
+    if (HasLeadingZero(text)) {
+        *problem = "has a leading zero (octal to some tools, decimal to others, so refused)";
+        return std::nullopt;
+    }
+    double value = 0;
+    const auto [end, error] =
+        std::from_chars(text.data(), text.data() + text.size(), value, std::chars_format::general);
+    if (error == std::errc::invalid_argument) {
+        *problem = "is not a number";
+        return std::nullopt;
+    }
+    if (error == std::errc::result_out_of_range) {
+        *problem = "is out of the range of a double";
+        return std::nullopt;
+    }
+    if (end != text.data() + text.size()) {
+        *problem = "has trailing characters " + Quoted(std::string_view(end, text.data() + text.size() - end));
+        return std::nullopt;
+    }
+    if (!std::isfinite(value)) {
+        *problem = "is not a finite number";
+        return std::nullopt;
+    }
+    return value;
+}
+
+CommandLine ParseCommandLine(std::span<const char* const> args)
+{
+    CommandLine command_line;
+    std::array<bool, kFlags.size()> seen{};
+    for (std::size_t index = 0; index < args.size(); ++index) {
+        const std::string_view argument = args[index] != nullptr ? args[index] : "";
+        if (argument == "--help" || argument == "-h") {
+            command_line.help_requested = true;
+            return command_line;
+        }
+        if (!argument.starts_with("--")) {
+            command_line.error = "unexpected argument " + Quoted(argument) + "; options start with --";
+            return command_line;
+        }
+        const std::size_t equals = argument.find('=');
+        const std::string_view name = argument.substr(0, equals);
+        const FlagSpec* flag = FindFlag(name);
+        if (flag == nullptr) {
+            command_line.error = "unknown option " + Quoted(name);
+            return command_line;
+        }
+        const std::size_t flag_index = static_cast<std::size_t>(flag - kFlags.data());
+        if (seen[flag_index]) {
+            command_line.error = std::string(flag->name) + " is given twice; give it once, e.g. " +
+                                 std::string(flag->name) + " " + std::string(flag->example_value);
+            return command_line;
+        }
+        seen[flag_index] = true;
+        std::string_view value;
+        if (equals != std::string_view::npos) {
+            value = argument.substr(equals + 1);
+        } else if (index + 1 < args.size() && args[index + 1] != nullptr &&
+                   !std::string_view(args[index + 1]).starts_with("--")) {
+            value = args[++index];
+        } else {
+            command_line.error = std::string(flag->name) + " needs a value " + std::string(flag->value_name) +
+                                 ", e.g. " + std::string(flag->name) + " " + std::string(flag->example_value);
+            return command_line;
+        }
+        const std::string problem = flag->apply(value, command_line.options);
+        if (!problem.empty()) {
+            command_line.error = std::string(flag->name) + " " + Quoted(value) + " " + problem + ", e.g. " +
+                                 std::string(flag->name) + " " + std::string(flag->example_value);
+            return command_line;
+        }
+    }
+    if (command_line.options.kernel_count && command_line.options.seconds) {
+        command_line.error = "--kernels and --seconds exclude each other; give one, e.g. --seconds 2.5";
+    }
+    return command_line;
+}
+
+std::string UsageText()
+{
+    std::string usage =
+        "usage: vgpu-tenant [--device N] [--alloc BYTES] [--kernel-us D] [--blocks B] [--threads T]\n"
+        "                   [--kernels K | --seconds S] [--rate HZ] [--depth Q] [--streams N] [--ptx FILE]\n"
+        "\n"
+        "A GPU workload on the CUDA Driver API: launches the spin kernel vgpu_spin, each launch\n"
+        "taking D microseconds of GPU time (the blocks spin for D divided by the number of waves\n"
+        "in which the GPU can run B blocks), and prints one JSON line on stdout:\n"
+        "  {\"pid\":..,\"device\":..,\"kernels\":..,\"kernel_us\":..,\"blocks\":..,\"elapsed_s\":..,\n"
+        "   \"kernels_per_s\":..,\"busy_fraction\":..,\"alloc_bytes\":..,\"status\":\"ok\"}\n"
+        "elapsed_s runs from the first launch until the last kernel has finished; busy_fraction\n"
+        "is kernels x D / elapsed (above 1 when kernels on several streams overlap).\n"
+        "\n"
+        "options (--name VALUE or --name=VALUE):\n";
+    for (const FlagSpec& flag : kFlags) {
+        usage += "  ";
+        usage += flag.name;
+        usage += ' ';
+        usage += flag.value_name;
+        usage += "\n        ";
+        usage += flag.help;
+        usage += '\n';
+    }
+    usage +=
+        "  --help\n"
+        "        print this text\n"
+        "\n"
+        "exit status: 0 done; 2 bad arguments (message on stderr); 3 a CUDA call failed (the JSON\n"
+        "line then has \"status\":\"error\" with \"error\", the CUresult name, and \"call\", the function).\n";
+    return usage;
+}
+
+}  // namespace vgpu::tenant
