@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <string>
 
 namespace fakecuda::bench {
 namespace {

@@ -417,6 +417,7 @@ FAKECUDA_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute att
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = static_cast<int>(s.clock_khz); break;
     case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; break;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: v = 32; break;
     case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = static_cast<int>(s.sm_count); break;
     case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; break;
@@ -543,8 +544,9 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   if (!PhysicalDevice(d, device, physical)) return CUDA_ERROR_INVALID_DEVICE;
   std::unique_lock<std::mutex> guard(d.mutex);
   Driver::Primary& p = d.primary[physical];
-  if (p.retains == 0 || p.context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (--p.retains == 0) {
+  if (p.retains == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  // After a reset the context may be gone while retains remain: releasing them is still allowed.
+  if (--p.retains == 0 && p.context != nullptr) {
     Context* c = p.context;
     p.context = nullptr;
     guard.unlock();
@@ -598,8 +600,7 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
   Driver::Primary& p = d.primary[physical];
   if (p.context != nullptr) {
     Context* c = p.context;
-    p.context = nullptr;
-    p.retains = 0;
+    p.context = nullptr;  // retains stay: "resetting the primary context does not release it"
     guard.unlock();
     WaitContextIdle(c);
     guard.lock();
@@ -616,10 +617,15 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) { return cuDev
 
 namespace {
 
+constexpr unsigned int kContextFlags = CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX |
+                                       CU_CTX_COREDUMP_ENABLE | CU_CTX_USER_COREDUMP_ENABLE | CU_CTX_SYNC_MEMOPS;
+
 CUresult CreateContext(CUcontext* out, unsigned int flags, CUdevice device) {
   Driver& d = TheDriver();
   std::uint32_t physical = 0;
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (out == nullptr || (flags & ~kContextFlags) != 0 || (flags & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_MASK) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   if (!PhysicalDevice(d, device, physical)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> guard(d.mutex);
   auto* c = new Context();
@@ -728,6 +734,17 @@ FAKECUDA_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
+FAKECUDA_EXPORT CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext handle) {
+  FAKECUDA_ENTER("cuCtxGetDevice_v2");
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Context* c = handle == nullptr ? CurrentContext(d) : Lookup<Context>(d, handle, Kind::context);
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = static_cast<CUdevice>(c->ordinal);
+  return CUDA_SUCCESS;
+}
+
 FAKECUDA_EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
   FAKECUDA_ENTER("cuCtxGetFlags");
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -768,6 +785,21 @@ FAKECUDA_EXPORT CUresult cuCtxSynchronize() {
   {
     std::lock_guard<std::mutex> guard(d.mutex);
     c = CurrentContext(d);
+  }
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const CUresult r = WaitContextIdle(c);
+  std::lock_guard<std::mutex> guard(d.mutex);
+  TrimPoolsAtSync(d);
+  return r;
+}
+
+FAKECUDA_EXPORT CUresult cuCtxSynchronize_v2(CUcontext handle) {
+  FAKECUDA_ENTER("cuCtxSynchronize_v2");
+  Driver& d = TheDriver();
+  Context* c = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(d.mutex);
+    c = handle == nullptr ? CurrentContext(d) : Lookup<Context>(d, handle, Kind::context);
   }
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   const CUresult r = WaitContextIdle(c);

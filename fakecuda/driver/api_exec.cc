@@ -287,7 +287,10 @@ CUresult StreamSynchronize(CUstream handle, bool per_thread) {
   {
     std::lock_guard<std::mutex> guard(d.mutex);
     if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
-    if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (rs.stream != nullptr && rs.stream->capture != nullptr) {
+      rs.stream->capture_invalidated = true;  // synchronizing a capturing stream ends the capture in error
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
   }
   CUresult r = CUDA_SUCCESS;
   if (rs.legacy) {
@@ -379,7 +382,7 @@ CUresult LoadModule(CUmodule* out, std::string_view image) {
   std::string error;
   if (!ptx::Parse(image, parsed, error)) {
     if (state::LogLevel() >= 1) state::LogError("cuModuleLoadData: %s", error.c_str());
-    return CUDA_ERROR_INVALID_IMAGE;
+    return ptx::LooksLikePtx(image) ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
   }
   const model::DeviceSpec& spec = Spec(d, c->device);
   if (parsed.target_sm > static_cast<int>(spec.cc_major * 10 + spec.cc_minor)) {
@@ -1014,8 +1017,20 @@ CUresult EndCapture(CUstream handle, CUgraph* graph, bool per_thread) {
   ResolvedStream rs;
   if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
   if (rs.stream == nullptr || rs.stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
-  *graph = reinterpret_cast<CUgraph>(Register(d, rs.stream->capture));
+  if (rs.stream->capture_invalidated) {
+    delete rs.stream->capture;
+    rs.stream->capture = nullptr;
+    rs.stream->capture_invalidated = false;
+    *graph = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  Graph* g = Register(d, rs.stream->capture);
   rs.stream->capture = nullptr;
+  for (std::size_t i = 0; i < g->nodes.size(); ++i) {
+    g->node_tokens.push_back(std::make_unique<std::uint32_t>(static_cast<std::uint32_t>(i)));
+    d.handles.emplace(g->node_tokens.back().get(), Kind::graph_node);
+  }
+  *graph = reinterpret_cast<CUgraph>(g);
   return CUDA_SUCCESS;
 }
 
@@ -1116,6 +1131,7 @@ FAKECUDA_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph hand
   if (f->spin && !ReadFirstU64(*f, params->kernelParams, params->extra, kernel.per_wave_ns)) return CUDA_ERROR_INVALID_VALUE;
   g->nodes.push_back(kernel);
   g->node_tokens.push_back(std::make_unique<std::uint32_t>(static_cast<std::uint32_t>(g->nodes.size() - 1)));
+  d.handles.emplace(g->node_tokens.back().get(), Kind::graph_node);
   *node = reinterpret_cast<CUgraphNode>(g->node_tokens.back().get());
   return CUDA_SUCCESS;
 }
@@ -1127,9 +1143,6 @@ FAKECUDA_EXPORT CUresult cuGraphGetNodes(CUgraph handle, CUgraphNode* nodes, siz
   std::lock_guard<std::mutex> guard(d.mutex);
   Graph* g = Lookup<Graph>(d, handle, Kind::graph);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  while (g->node_tokens.size() < g->nodes.size()) {
-    g->node_tokens.push_back(std::make_unique<std::uint32_t>(static_cast<std::uint32_t>(g->node_tokens.size())));
-  }
   if (nodes != nullptr) {
     for (std::size_t i = 0; i < std::min(*count, g->nodes.size()); ++i) nodes[i] = reinterpret_cast<CUgraphNode>(g->node_tokens[i].get());
   }
@@ -1171,6 +1184,7 @@ FAKECUDA_EXPORT CUresult cuGraphDestroy(CUgraph handle) {
   std::lock_guard<std::mutex> guard(d.mutex);
   Graph* g = Lookup<Graph>(d, handle, Kind::graph);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& token : g->node_tokens) Unregister(d, token.get());
   Unregister(d, g);
   delete g;
   return CUDA_SUCCESS;
@@ -1184,5 +1198,40 @@ FAKECUDA_EXPORT CUresult cuGraphExecDestroy(CUgraphExec handle) {
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Unregister(d, e);
   delete e;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) {
+  FAKECUDA_ENTER("cuGraphNodeGetType");
+  if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  if (Lookup<void>(d, node, Kind::graph_node) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *type = CU_GRAPH_NODE_TYPE_KERNEL;  // fakecuda graphs hold kernel nodes only
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuStreamGetCtx_v2(CUstream handle, CUcontext* context, CUgreenCtx* green_context) {
+  FAKECUDA_ENTER("cuStreamGetCtx_v2");
+  if (context == nullptr || green_context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, false, rs); r != CUDA_SUCCESS) return r;
+  *context = reinterpret_cast<CUcontext>(rs.context);
+  *green_context = nullptr;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuFuncGetParamInfo(CUfunction handle, size_t index, size_t* offset, size_t* size) {
+  FAKECUDA_ENTER("cuFuncGetParamInfo");
+  if (offset == nullptr && size == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, handle, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (index >= f->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (offset != nullptr) *offset = f->params[index].offset;
+  if (size != nullptr) *size = f->params[index].size;
   return CUDA_SUCCESS;
 }

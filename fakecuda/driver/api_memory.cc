@@ -493,15 +493,16 @@ FAKECUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
 
 FAKECUDA_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
   FAKECUDA_ENTER("cuMemGetInfo_v2");
-  if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (free_bytes == nullptr && total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   state::MachineLock lock(*d.attachment);
   state::ReapDeadProcesses(*d.attachment, state::MonotonicNs(), false);
-  *total_bytes = model::CudaTotalBytes(lock.machine().config.devices[c->device]);
-  *free_bytes = model::CudaFreeBytes(lock.machine(), c->device);
+  // One NULL output is skipped, not rejected: OptiX asks for the total alone (HAMi-core#321, #333).
+  if (total_bytes != nullptr) *total_bytes = model::CudaTotalBytes(lock.machine().config.devices[c->device]);
+  if (free_bytes != nullptr) *free_bytes = model::CudaFreeBytes(lock.machine(), c->device);
   return CUDA_SUCCESS;
 }
 
@@ -516,8 +517,9 @@ FAKECUDA_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* byte
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuMemAllocHost_v2(void** pointer, size_t bytes) {
-  FAKECUDA_ENTER("cuMemAllocHost_v2");
+namespace {
+
+CUresult AllocateHost(void** pointer, size_t bytes, unsigned int flags) {
   if (pointer == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
@@ -528,21 +530,94 @@ FAKECUDA_EXPORT CUresult cuMemAllocHost_v2(void** pointer, size_t bytes) {
   a.bytes = bytes;
   a.mapped_bytes = PageRound(bytes);
   a.kind = AllocationKind::host;
+  a.host_flags = flags;
   a.context = CurrentContext(d);
   d.allocations[reinterpret_cast<std::uintptr_t>(p)] = a;
   *pointer = p;
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuMemAllocHost_v2(void** pointer, size_t bytes) {
+  FAKECUDA_ENTER("cuMemAllocHost_v2");
+  return AllocateHost(pointer, bytes, 0);
+}
+
 FAKECUDA_EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   FAKECUDA_ENTER("cuMemHostAlloc");
   constexpr unsigned int kValid = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if ((flags & ~kValid) != 0) return CUDA_ERROR_INVALID_VALUE;
-  return cuMemAllocHost_v2(pointer, bytes);
+  return AllocateHost(pointer, bytes, flags);
+}
+
+FAKECUDA_EXPORT CUresult cuMemHostGetFlags(unsigned int* flags, void* pointer) {
+  FAKECUDA_ENTER("cuMemHostGetFlags");
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  auto it = Containing(d, reinterpret_cast<std::uintptr_t>(pointer));
+  if (it == d.allocations.end() || it->second.kind != AllocationKind::host) return CUDA_ERROR_INVALID_VALUE;
+  // Unified addressing: every pinned allocation is mapped and portable.
+  *flags = it->second.host_flags | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer) {
+  FAKECUDA_ENTER("cuPointerGetAttribute");
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  auto it = Containing(d, static_cast<std::uintptr_t>(pointer));
+  if (it == d.allocations.end()) return CUDA_ERROR_INVALID_VALUE;  // not memory the driver knows
+  const Allocation& a = it->second;
+  const bool host = a.kind == AllocationKind::host;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a.context); break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned int*>(data) = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = pointer; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (!host && a.kind != AllocationKind::managed) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<void**>(data) = reinterpret_cast<void*>(pointer);
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<unsigned int*>(data) = a.kind == AllocationKind::managed ? 1 : 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a.context != nullptr ? static_cast<int>(a.context->ordinal) : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = it->first; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = a.bytes; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<unsigned int*>(data) = 1; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data) = it->first; break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *static_cast<unsigned int*>(data) = 1; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<unsigned int*>(data) = host ? 0 : 1; break;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: *static_cast<unsigned int*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE; break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      if (a.pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<CUmemoryPool*>(data) = reinterpret_cast<CUmemoryPool>(a.pool);
+      break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
+                                                CUdeviceptr pointer) {
+  FAKECUDA_ENTER("cuPointerGetAttributes");
+  if (count == 0 || attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned int i = 0; i < count; ++i) {
+    // Unlike the single query, an unknown pointer is not an error here: attributes read as zero/NULL.
+    if (cuPointerGetAttribute(data[i], attributes[i], pointer) != CUDA_SUCCESS && data[i] != nullptr) {
+      if (attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) *static_cast<unsigned int*>(data[i]) = 0;
+      else if (attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *static_cast<int*>(data[i]) = -2;
+      else *static_cast<void**>(data[i]) = nullptr;
+    }
+  }
+  return CUDA_SUCCESS;
 }
 
 FAKECUDA_EXPORT CUresult cuMemFreeHost(void* pointer) {
   FAKECUDA_ENTER("cuMemFreeHost");
+  if (pointer == nullptr) return CUDA_SUCCESS;  // free(NULL) semantics, as the real driver
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = d.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
@@ -563,9 +638,6 @@ FAKECUDA_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* device_pointe
 }
 
 // ---- copies and memsets -------------------------------------------------------------------------------------------
-
-#define FAKECUDA_COPY(symbol, dst_side, src_side, per_thread, synchronous, ...)                                  \
-  FAKECUDA_EXPORT CUresult symbol(__VA_ARGS__)
 
 FAKECUDA_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
   return Copy("cuMemcpyHtoD_v2", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes, nullptr, false, true);
@@ -616,7 +688,6 @@ extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoDAsync_v2_
 extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   return Copy("cuMemcpyAsync_ptsz", dst, Side::any, src, Side::any, bytes, stream, true, false);
 }
-#undef FAKECUDA_COPY
 
 FAKECUDA_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* copy) { return Copy2D("cuMemcpy2D_v2", copy, nullptr, false, true); }
 FAKECUDA_EXPORT CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* copy) {
@@ -888,6 +959,17 @@ FAKECUDA_EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* desc, CU
   return CUDA_SUCCESS;
 }
 
+FAKECUDA_EXPORT CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* desc, CUarray handle) {
+  FAKECUDA_ENTER("cuArray3DGetDescriptor_v2");
+  if (desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Array* array = Lookup<Array>(d, handle, Kind::array);
+  if (array == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *desc = array->descriptor;
+  return CUDA_SUCCESS;
+}
+
 FAKECUDA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc, unsigned int levels) {
   FAKECUDA_ENTER("cuMipmappedArrayCreate");
   if (array == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -950,7 +1032,8 @@ FAKECUDA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = d.vmm_handles.find(handle);
   if (it == d.vmm_handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
-  it->second.released = true;
+  if (it->second.retains > 0) --it->second.retains;
+  else it->second.released = true;
   ReleaseVmmIfUnused(d, handle);
   return CUDA_SUCCESS;
 }
@@ -1070,5 +1153,38 @@ FAKECUDA_EXPORT CUresult cuMemSetAccess(CUdeviceptr pointer, size_t bytes, const
   for (auto it = d.mappings.lower_bound(start); it != d.mappings.end() && it->first < start + bytes; ++it) {
     it->second.accessible = readable;
   }
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr pointer) {
+  FAKECUDA_ENTER("cuMemGetAccess");
+  if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  std::uint32_t physical = 0;
+  if (!DeviceLocation(d, *location, physical)) return CUDA_ERROR_INVALID_DEVICE;
+  auto it = d.mappings.upper_bound(static_cast<std::uintptr_t>(pointer));
+  if (it == d.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (static_cast<std::uintptr_t>(pointer) >= it->first + it->second.bytes) return CUDA_ERROR_INVALID_VALUE;
+  *flags = it->second.accessible ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* address) {
+  FAKECUDA_ENTER("cuMemRetainAllocationHandle");
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  auto it = d.mappings.upper_bound(reinterpret_cast<std::uintptr_t>(address));
+  if (it == d.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (reinterpret_cast<std::uintptr_t>(address) >= it->first + it->second.bytes) return CUDA_ERROR_INVALID_VALUE;
+  auto h = d.vmm_handles.find(it->second.handle);
+  if (h == d.vmm_handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  // A retained handle needs its own cuMemRelease: count it as one more user.
+  h->second.released = false;
+  ++h->second.retains;
+  *handle = it->second.handle;
   return CUDA_SUCCESS;
 }

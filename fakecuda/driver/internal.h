@@ -35,7 +35,7 @@ CUresult EnterInitialized(const char* symbol);
 
 // ---- checked handles ------------------------------------------------------------------------------------
 
-enum class Kind : std::uint32_t { context, stream, event, module, function, graph, graph_exec, pool, array, mipmapped_array };
+enum class Kind : std::uint32_t { context, stream, event, module, function, graph, graph_exec, graph_node, pool, array, mipmapped_array };
 
 struct Context;
 struct Stream;
@@ -69,6 +69,7 @@ struct Stream : Object {
   int priority = 0;
   struct Graph* capture = nullptr;          // non-null while capturing
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  bool capture_invalidated = false;         // an illegal call during capture: EndCapture fails
   std::uint64_t capture_id = 0;
 };
 
@@ -163,6 +164,7 @@ struct Allocation {
   AllocationKind kind = AllocationKind::device;
   Context* context = nullptr;
   Pool* pool = nullptr;
+  unsigned int host_flags = 0;              // cuMemHostAlloc flags
 };
 
 struct VmmHandle {
@@ -172,6 +174,7 @@ struct VmmHandle {
   std::uint64_t charged_bytes = 0;
   bool released = false;                    // cuMemRelease called; freed when the last mapping goes
   std::uint32_t mappings = 0;
+  std::uint32_t retains = 0;                // cuMemRetainAllocationHandle calls not yet released
   CUmemAllocationProp prop{};
 };
 

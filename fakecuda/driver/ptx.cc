@@ -70,6 +70,8 @@ std::uint32_t TypeSize(std::string_view type) {
 
 }  // namespace
 
+bool LooksLikePtx(std::string_view text) { return text.find(".version") != std::string_view::npos; }
+
 bool Parse(std::string_view text, Module& out, std::string& error) {
   out = Module{};
   if (text.size() >= 4 && static_cast<unsigned char>(text[0]) == 0x7f && text.substr(1, 3) == "ELF") {
@@ -111,16 +113,18 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
         ++j;
         while (j < tokens.size() && tokens[j] != ")") {
           if (tokens[j] != ".param") {
-            ++j;
-            continue;
+            error = "unexpected '" + std::string(tokens[j]) + "' in the parameter list of .entry " + entry.name;
+            return false;
           }
           ++j;
           std::uint32_t align = 0, size = 0, count = 1;
+          bool pointer = false;  // after .ptr, an .align describes the pointee, not the parameter
           // Qualifiers in any order: .align N, a type, .ptr, state spaces; then the name and maybe [N].
           while (j < tokens.size() && tokens[j] != "," && tokens[j] != ")") {
             const std::string_view q = tokens[j];
+            if (q == ".ptr") pointer = true;
             if (q == ".align" && j + 1 < tokens.size()) {
-              std::from_chars(tokens[j + 1].data(), tokens[j + 1].data() + tokens[j + 1].size(), align);
+              if (!pointer) std::from_chars(tokens[j + 1].data(), tokens[j + 1].data() + tokens[j + 1].size(), align);
               j += 2;
               continue;
             }
@@ -142,6 +146,10 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
           entry.params.push_back({offset, bytes});
           entry.param_bytes = offset + bytes;
           if (j < tokens.size() && tokens[j] == ",") ++j;
+        }
+        if (j >= tokens.size()) {
+          error = "the parameter list of .entry " + entry.name + " is not closed";
+          return false;
         }
       }
       out.entries.push_back(std::move(entry));

@@ -27,6 +27,9 @@ struct Module {
 
 // Returns false with a message naming the line and what was expected when the text is not PTX fakecuda
 // can read.
+// True if the image is meant as PTX (a failure to read it is then CUDA_ERROR_INVALID_PTX, not INVALID_IMAGE).
+bool LooksLikePtx(std::string_view text);
+
 bool Parse(std::string_view text, Module& out, std::string& error);
 
 }  // namespace fakecuda::ptx

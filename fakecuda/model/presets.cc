@@ -157,6 +157,11 @@ MachineConfig DefaultConfig() {
 
 bool ParseDevices(std::string_view spec, MachineConfig& config, std::string& error) {
   const std::string whole(spec);
+  if (whole.size() >= sizeof config.devices_spec) {
+    error = "FAKECUDA_DEVICES is " + std::to_string(whole.size()) + " characters long; at most " +
+            std::to_string(sizeof config.devices_spec - 1) + " are accepted (use 'N*preset' to repeat a device)";
+    return false;
+  }
   std::uint32_t count = 0;
   std::string_view rest = Trim(spec);
   if (rest.empty()) {

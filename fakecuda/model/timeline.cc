@@ -177,7 +177,9 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     GatherRunnable(m, device, runnable);
 
     if (runnable.count == 0) {
-      // Idle until `now_ns`: close the windows in between.
+      // Idle until `now_ns`: close the current window (it may hold busy time) at its own end, skip whole idle
+      // windows, close the rest.
+      if (d.window_start_ns + window <= now_ns) CloseWindow(m, device);
       SkipIdleWindows(m, device, now_ns);
       while (d.window_start_ns + window <= now_ns) {
         t = d.window_start_ns + window;
@@ -221,16 +223,13 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
       }
     }
 
-    // Speeds: kernels of one process share its SMs; under MPS all processes share the device.
-    double demand = 0;
+    // Speeds: kernels of one process share its SMs; under MPS all processes share the device, each process
+    // held to its own SM share first.
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       const Stream& s = m.streams[runnable.streams[k]];
-      const bool runs = mps || s.slot == d.active_slot;
-      rates[k] = runs ? 1.0 : 0.0;
-      if (runs) demand += s.ring[s.head % kStreamDepth].sm_fraction;
+      rates[k] = (mps || s.slot == d.active_slot) ? 1.0 : 0.0;
     }
     if (mps) {
-      // A process may not use more than its own SM share.
       for (std::uint32_t k = 0; k < runnable.count; ++k) {
         const Stream& s = m.streams[runnable.streams[k]];
         const std::uint32_t limit = m.slots[s.slot].mps_sm_count[device];
@@ -243,6 +242,11 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
         const double cap = static_cast<double>(limit) / m.config.devices[device].sm_count;
         if (own > cap + 1e-12) rates[k] *= cap / own;
       }
+    }
+    double demand = 0;
+    for (std::uint32_t k = 0; k < runnable.count; ++k) {
+      const Stream& s = m.streams[runnable.streams[k]];
+      demand += rates[k] * s.ring[s.head % kStreamDepth].sm_fraction;
     }
     if (demand > 1.0) {
       for (std::uint32_t k = 0; k < runnable.count; ++k) rates[k] /= demand;
@@ -265,7 +269,10 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
       if (rates[k] <= 0) continue;
       Stream& s = m.streams[runnable.streams[k]];
       Op& op = s.ring[s.head % kStreamDepth];
-      if (op.start_ns == 0) op.start_ns = t;
+      if (op.started == 0) {
+        op.start_ns = t;
+        op.started = 1;
+      }
       op.remaining_ns -= static_cast<double>(dt) * rates[k];
       any_running = true;
       if (s.slot != last_slot_charged) {

@@ -1,5 +1,4 @@
-// Shared pieces of the conformance suites: readable CUresult assertions, the PTX spin kernel, fixtures with a
-// current context, and a way to run checks in a fresh process where the driver has never seen cuInit.
+// Shared pieces of the conformance suites: CUresult assertions, the PTX spin kernel, fixtures, fresh-process checks.
 #pragma once
 
 #include <cuda.h>

@@ -119,10 +119,9 @@ TEST_F(DeviceTest, PciAttributesAreInRange) {
 TEST_F(DeviceTest, InvalidAttributeIsInvalidValue) {
   int value = -1;
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_MAX, device_));
-  // unverified on real driver: 0 is below the first attribute (1) and is rejected the same way.
+  // Observed on an H100 with driver 580.159.04: 0 is below the first attribute (1) and is rejected the same way.
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuDeviceGetAttribute(&value, static_cast<CUdevice_attribute>(0), device_));
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
-            cuDeviceGetAttribute(nullptr, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuDeviceGetAttribute(nullptr, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_));
 }
 
 TEST_F(DeviceTest, AttributeOfOutOfRangeDeviceIsInvalidDevice) {
@@ -154,7 +153,7 @@ TEST_F(DeviceTest, NameIsTruncatedToTheBuffer) {
   ASSERT_CU_OK(cuDeviceGetName(full, sizeof(full), device_));
   char small[8];
   std::memset(small, 'x', sizeof(small));
-  // unverified on real driver: a short buffer gets the first len-1 characters and a terminator.
+  // Observed on an H100 with driver 580.159.04: a short buffer gets the first len-1 characters and a terminator.
   ASSERT_CU_OK(cuDeviceGetName(small, sizeof(small), device_));
   EXPECT_LT(strnlen(small, sizeof(small)), sizeof(small)) << "no terminator within the buffer";
   EXPECT_EQ(std::string(full).substr(0, strnlen(small, sizeof(small))), std::string(small));
@@ -225,16 +224,16 @@ TEST_F(DeviceTest, ByPciBusIdAcceptsTheLongDomainForm) {
   // NVML writes an 8-digit domain ("00000000:1B:00.0"); tools pass that form to CUDA too.
   const std::string long_form = "0000" + std::string(bus_id);
   CUdevice found = -1;
-  // unverified on real driver: the 8-digit domain form is accepted.
+  // Observed on an H100 with driver 580.159.04: the 8-digit domain form is accepted.
   ASSERT_CU_OK(cuDeviceGetByPCIBusId(&found, long_form.c_str())) << long_form;
   EXPECT_EQ(found, device_);
 }
 
 TEST_F(DeviceTest, ByPciBusIdRejectsGarbageAndAbsentDevices) {
   CUdevice found = -1;
-  // unverified on real driver: a string that does not parse is CUDA_ERROR_INVALID_VALUE.
+  // Observed on an H100 with driver 580.159.04: a string that does not parse is CUDA_ERROR_INVALID_VALUE.
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuDeviceGetByPCIBusId(&found, "not-a-bus-id"));
-  // unverified on real driver: a well-formed id of no device here is CUDA_ERROR_INVALID_DEVICE.
+  // Observed on an H100 with driver 580.159.04: a well-formed id of no device here is CUDA_ERROR_INVALID_DEVICE.
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, cuDeviceGetByPCIBusId(&found, "ffff:ff:1f.7"));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuDeviceGetByPCIBusId(&found, nullptr));
 }

@@ -53,11 +53,17 @@ TEST(ErrorsTest, DescriptionsOfKnownResults) {
 
 TEST(ErrorsTest, EveryNamedResultHasAName) {
   // Every code of the CUresult enumeration that cuda.h defines between these bounds must have a name.
-  const CUresult defined[] = {CUDA_ERROR_PROFILER_DISABLED, CUDA_ERROR_STUB_LIBRARY, CUDA_ERROR_DEVICE_UNAVAILABLE,
-                              CUDA_ERROR_ARRAY_IS_MAPPED,   CUDA_ERROR_ECC_UNCORRECTABLE,
-                              CUDA_ERROR_JIT_COMPILER_NOT_FOUND, CUDA_ERROR_FILE_NOT_FOUND,
-                              CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
-                              CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+  const CUresult defined[] = {CUDA_ERROR_PROFILER_DISABLED,
+                              CUDA_ERROR_STUB_LIBRARY,
+                              CUDA_ERROR_DEVICE_UNAVAILABLE,
+                              CUDA_ERROR_ARRAY_IS_MAPPED,
+                              CUDA_ERROR_ECC_UNCORRECTABLE,
+                              CUDA_ERROR_JIT_COMPILER_NOT_FOUND,
+                              CUDA_ERROR_FILE_NOT_FOUND,
+                              CUDA_ERROR_ILLEGAL_STATE,
+                              CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+                              CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+                              CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED};
   for (CUresult result : defined) {
     const char* name = nullptr;
@@ -80,6 +86,10 @@ TEST(ErrorsTest, UnknownCodeIsInvalidValueAndNull) {
 }
 
 TEST(ErrorsTest, NullOutputIsInvalidValue) {
+  if (!RunningOnFakecuda()) {
+    // Observed on an H100 with driver 580.159.04: both calls dereference the NULL output (SIGSEGV).
+    GTEST_SKIP() << "the real driver crashes on a NULL output; fakecuda answers CUDA_ERROR_INVALID_VALUE";
+  }
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuGetErrorName(CUDA_SUCCESS, nullptr));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuGetErrorString(CUDA_SUCCESS, nullptr));
 }

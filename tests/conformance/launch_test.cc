@@ -1,6 +1,4 @@
-// Conformance: every launch path a compute limit must see (cuLaunchKernel with parameters or an argument buffer,
-// cuLaunchKernelEx, cooperative launches, host functions in stream order), that a launch takes its kernel's time,
-// and the launch configurations the driver rejects.
+// Conformance: every launch path a compute limit must see, kernels taking their time, rejected launch configurations.
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -141,8 +139,8 @@ TEST_F(LaunchTest, HostFunctionsRunInStreamOrder) {
 TEST_F(LaunchTest, TooManyThreadsPerBlockIsInvalidValue) {
   std::uint64_t ns_per_block = 0;
   void* parameters[] = {&ns_per_block};
-  // unverified on real driver: more than 1024 threads per block, in one dimension or in all together, is
-  // CUDA_ERROR_INVALID_VALUE (the runtime API's cudaErrorInvalidConfiguration has no driver equivalent).
+  // Observed on an H100 with driver 580.159.04: more than 1024 threads per block, in one dimension or in all together,
+  // is CUDA_ERROR_INVALID_VALUE (the runtime API's cudaErrorInvalidConfiguration has no driver equivalent).
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(spin_, 1, 1, 1, 1025, 1, 1, 0, nullptr, parameters, nullptr));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(spin_, 1, 1, 1, 64, 32, 1, 0, nullptr, parameters, nullptr));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(spin_, 1, 1, 1, 1, 1, 65, 0, nullptr, parameters, nullptr));
@@ -154,7 +152,7 @@ TEST_F(LaunchTest, TooManyThreadsPerBlockIsInvalidValue) {
 TEST_F(LaunchTest, ZeroGridOrBlockIsInvalidValue) {
   std::uint64_t ns_per_block = 0;
   void* parameters[] = {&ns_per_block};
-  // unverified on real driver: a zero dimension is CUDA_ERROR_INVALID_VALUE.
+  // Observed on an H100 with driver 580.159.04: a zero dimension is CUDA_ERROR_INVALID_VALUE.
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(spin_, 0, 1, 1, 1, 1, 1, 0, nullptr, parameters, nullptr));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(spin_, 1, 1, 1, 0, 1, 1, 0, nullptr, parameters, nullptr));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(spin_, 1, 65536, 1, 1, 1, 1, 0, nullptr, parameters, nullptr));
@@ -163,7 +161,7 @@ TEST_F(LaunchTest, ZeroGridOrBlockIsInvalidValue) {
 TEST_F(LaunchTest, TooMuchDynamicSharedMemoryIsInvalidValue) {
   std::uint64_t ns_per_block = 0;
   void* parameters[] = {&ns_per_block};
-  // unverified on real driver: more dynamic shared memory than a block may have (without opting in) is
+  // Observed on an H100 with driver 580.159.04: more dynamic shared memory than a block may have (without opting in) is
   // CUDA_ERROR_INVALID_VALUE.
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
             cuLaunchKernel(spin_, 1, 1, 1, 1, 1, 1, 1024 * 1024, nullptr, parameters, nullptr));
@@ -172,7 +170,7 @@ TEST_F(LaunchTest, TooMuchDynamicSharedMemoryIsInvalidValue) {
 TEST_F(LaunchTest, NullFunctionIsInvalidHandle) {
   std::uint64_t ns_per_block = 0;
   void* parameters[] = {&ns_per_block};
-  // unverified on real driver: a NULL function is CUDA_ERROR_INVALID_HANDLE.
+  // Observed on an H100 with driver 580.159.04: a NULL function is CUDA_ERROR_INVALID_HANDLE.
   EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, cuLaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, parameters, nullptr));
 }
 

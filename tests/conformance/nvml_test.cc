@@ -1,6 +1,4 @@
-// Conformance: NVML as monitoring tools and the shim read it: init/shutdown reference counting, versions, device
-// handles and their identities (index, UUID, PCI), memory, utilization, running processes, clocks, temperature,
-// power, and the argument and buffer-size errors. Identities are checked against the CUDA driver's view.
+// Conformance: NVML as monitoring tools and the shim read it, cross-checked against the CUDA driver's view.
 #include <nvml.h>
 #include <unistd.h>
 
@@ -120,9 +118,9 @@ TEST(NvmlLifecycleTest, InitIsReferenceCountedAndShutdownEndsIt) {
   nvmlDevice_t device = nullptr;
   EXPECT_NVML(NVML_ERROR_UNINITIALIZED, nvmlDeviceGetHandleByIndex_v2(0, &device));
   char version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
-  // unverified on real driver: system queries need an initialized library too.
+  // Observed on an H100 with driver 580.159.04: system queries need an initialized library too.
   EXPECT_NVML(NVML_ERROR_UNINITIALIZED, nvmlSystemGetDriverVersion(version, sizeof(version)));
-  // unverified on real driver: a shutdown without a matching init is NVML_ERROR_UNINITIALIZED.
+  // Observed on an H100 with driver 580.159.04: a shutdown without a matching init is NVML_ERROR_UNINITIALIZED.
   EXPECT_NVML(NVML_ERROR_UNINITIALIZED, nvmlShutdown());
   // The library can be initialized again afterwards.
   ASSERT_NVML_OK(nvmlInit_v2());
@@ -148,7 +146,8 @@ TEST_F(NvmlTest, SystemVersions) {
   EXPECT_TRUE(std::regex_match(driver, std::regex("[0-9]+\\.[0-9]+(\\.[0-9]+)?"))) << driver;
   char library[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE] = {};
   ASSERT_NVML_OK(nvmlSystemGetNVMLVersion(library, sizeof(library)));
-  // unverified on real driver: the NVML version is "<API major>.<driver version>", e.g. "13.580.95.05".
+  // Observed on an H100 with driver 580.159.04: the NVML version is "<API major>.<driver version>", e.g.
+  // "13.580.159.04".
   EXPECT_TRUE(std::string(library).find(driver) != std::string::npos) << library << " vs " << driver;
 
   int cuda_version = 0;
@@ -164,7 +163,7 @@ TEST_F(NvmlTest, SystemVersions) {
   if (RunningOnFakecuda()) {
     EXPECT_STREQ(driver, "580.95.05");
   }
-  // unverified on real driver: a too-short buffer is NVML_ERROR_INSUFFICIENT_SIZE.
+  // Observed on an H100 with driver 580.159.04: a too-short buffer is NVML_ERROR_INSUFFICIENT_SIZE.
   EXPECT_NVML(NVML_ERROR_INSUFFICIENT_SIZE, nvmlSystemGetDriverVersion(driver, 2));
   EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlSystemGetCudaDriverVersion_v2(nullptr));
 }
@@ -220,7 +219,8 @@ TEST_F(NvmlTest, UnknownOrMalformedIdentitiesAreRejected) {
   EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetHandleByUUID(nullptr, &found));
   // "NVML_ERROR_NOT_FOUND if pciBusId does not match a valid device on the system".
   EXPECT_NVML(NVML_ERROR_NOT_FOUND, nvmlDeviceGetHandleByPciBusId_v2("0000FFFF:FF:1F.0", &found));
-  // unverified on real driver: a string that is no bus id is NVML_ERROR_INVALID_ARGUMENT rather than NOT_FOUND.
+  // Observed on an H100 with driver 580.159.04: a string that is no bus id is NVML_ERROR_INVALID_ARGUMENT rather than
+  // NOT_FOUND.
   EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetHandleByPciBusId_v2("not-a-bus-id", &found));
   EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetHandleByPciBusId_v2(nullptr, &found));
 }
@@ -264,7 +264,8 @@ TEST_F(NvmlTest, MemoryInfoV1AndV2Agree) {
   ASSERT_NVML_OK(nvmlDeviceGetMemoryInfo_v2(device_, &memory_v2));
   EXPECT_EQ(memory_v2.total, memory.total);
   EXPECT_GT(memory_v2.reserved, 0u) << "the driver and firmware always set some memory aside";
-  // unverified on real driver: v2 splits v1's used into reserved and used, so the four add up.
+  // Observed on an H100 with driver 580.159.04: v2 splits v1's used into reserved and used, so the four add up
+  // (81559 MiB total, 480 MiB reserved).
   EXPECT_EQ(memory_v2.total, memory_v2.reserved + memory_v2.used + memory_v2.free);
 
   if (RunningOnDefaultFakeH100()) {
@@ -277,9 +278,13 @@ TEST_F(NvmlTest, MemoryInfoV1AndV2Agree) {
 
 TEST_F(NvmlTest, MemoryInfoV2ChecksTheStructVersion) {
   nvmlMemory_v2_t memory_v2{};
-  memory_v2.version = 1;
-  // unverified on real driver: a wrong version field is NVML_ERROR_ARGUMENT_VERSION_MISMATCH.
-  EXPECT_NVML(NVML_ERROR_ARGUMENT_VERSION_MISMATCH, nvmlDeviceGetMemoryInfo_v2(device_, &memory_v2));
+  // Observed on an H100 with driver 580.159.04: any version other than nvmlMemory_v2 (0, 1, v1's size, v2's size
+  // with version 1 or 3) is NVML_ERROR_FUNCTION_NOT_FOUND, not NVML_ERROR_ARGUMENT_VERSION_MISMATCH.
+  for (const unsigned int version : {0u, 1u, static_cast<unsigned int>(sizeof(nvmlMemory_t) | (1u << 24)),
+                                     static_cast<unsigned int>(sizeof(nvmlMemory_v2_t) | (3u << 24))}) {
+    memory_v2.version = version;
+    EXPECT_NVML(NVML_ERROR_FUNCTION_NOT_FOUND, nvmlDeviceGetMemoryInfo_v2(device_, &memory_v2)) << version;
+  }
 }
 
 TEST_F(NvmlTest, UtilizationRatesArePercentages) {
@@ -290,16 +295,41 @@ TEST_F(NvmlTest, UtilizationRatesArePercentages) {
   EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetUtilizationRates(device_, nullptr));
 }
 
+// The buffer size the driver asks for: a NULL buffer is a size query. Observed on an H100 with driver 580.159.04:
+// NVML_ERROR_INSUFFICIENT_SIZE with a count (72 there) that is the size of the driver's sample buffer, not the
+// number of processes, even when a timestamp in the future would find nothing; a smaller buffer is refused the same.
+unsigned int ProcessSampleCapacity(nvmlDevice_t device) {
+  unsigned int capacity = 0;
+  EXPECT_NVML(NVML_ERROR_INSUFFICIENT_SIZE, nvmlDeviceGetProcessUtilization(device, nullptr, &capacity, 0));
+  EXPECT_GT(capacity, 0u);
+  return capacity;
+}
+
+unsigned long long MicrosecondsSinceEpoch() {
+  return static_cast<unsigned long long>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+TEST_F(NvmlTest, ProcessUtilizationSizeQuery) {
+  const unsigned int capacity = ProcessSampleCapacity(device_);
+  if (capacity > 1) {
+    std::vector<nvmlProcessUtilizationSample_t> too_small(1);
+    unsigned int count = 1;
+    EXPECT_NVML(NVML_ERROR_INSUFFICIENT_SIZE, nvmlDeviceGetProcessUtilization(device_, too_small.data(), &count, 0));
+    EXPECT_EQ(count, capacity);
+  }
+  unsigned int count = 0;
+  EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetProcessUtilization(nullptr, nullptr, &count, 0));
+}
+
 TEST_F(NvmlTest, ProcessUtilizationFromTheFutureIsNotFound) {
-  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-  const unsigned long long in_an_hour_us = static_cast<unsigned long long>(now_us) + 3'600'000'000ull;
-  std::vector<nvmlProcessUtilizationSample_t> samples(64);
-  unsigned int sample_count = static_cast<unsigned int>(samples.size());
+  const unsigned int capacity = ProcessSampleCapacity(device_);
+  std::vector<nvmlProcessUtilizationSample_t> samples(capacity);
+  unsigned int count = capacity;
   // "If no valid sample entries are found since the lastSeenTimeStamp, NVML_ERROR_NOT_FOUND is returned."
-  EXPECT_NVML(NVML_ERROR_NOT_FOUND,
-              nvmlDeviceGetProcessUtilization(device_, samples.data(), &sample_count, in_an_hour_us));
+  EXPECT_NVML(NVML_ERROR_NOT_FOUND, nvmlDeviceGetProcessUtilization(device_, samples.data(), &count,
+                                                                    MicrosecondsSinceEpoch() + 3'600'000'000ull));
 }
 
 TEST_F(NvmlTest, ComputeCapabilityMatchesCuda) {
@@ -388,16 +418,29 @@ TEST_F(NvmlWithContextTest, IdentitiesMatchTheCudaDriver) {
   ASSERT_NVML_OK(nvmlDeviceGetName(device, nvml_name, sizeof(nvml_name)));
   ASSERT_CU_OK(cuDeviceGetName(cuda_name, sizeof(cuda_name), 0));
   EXPECT_STREQ(nvml_name, cuda_name);
+}
 
-  // The CUDA total leaves out memory NVML counts as reserved, so it is never larger.
-  nvmlMemory_t memory{};
-  ASSERT_NVML_OK(nvmlDeviceGetMemoryInfo(device, &memory));
+TEST_F(NvmlWithContextTest, MemoryAgreesWithTheCudaDriver) {
+  const nvmlDevice_t device = NvmlDeviceOfCudaDeviceZero();
+  ASSERT_NE(device, nullptr);
+  nvmlMemory_v2_t memory{};
+  memory.version = nvmlMemory_v2;
+  ASSERT_NVML_OK(nvmlDeviceGetMemoryInfo_v2(device, &memory));
   size_t free_bytes = 0;
   size_t total_bytes = 0;
   ASSERT_CU_OK(cuMemGetInfo(&free_bytes, &total_bytes));
-  EXPECT_LE(total_bytes, memory.total);
+  // Observed on an H100 with driver 580.159.04: cuMemGetInfo's total is NVML's total less NVML's reserved memory
+  // (81079 = 81559 - 480 MiB) and both report the same free bytes.
+  EXPECT_EQ(total_bytes, memory.total - memory.reserved);
+  // Another process may allocate between the two calls.
+  const unsigned long long free_difference =
+      free_bytes > memory.free ? free_bytes - memory.free : memory.free - free_bytes;
+  EXPECT_LE(free_difference, 64ull * kMebibyte) << "cuMemGetInfo free " << free_bytes << ", NVML free " << memory.free;
+  // This process's context and allocation are in NVML's used memory.
+  EXPECT_GE(memory.used, kAllocationBytes);
   if (RunningOnDefaultFakeH100()) {
     EXPECT_EQ(total_bytes, 81079ull * kMebibyte);
+    EXPECT_EQ(memory.total, 81559ull * kMebibyte);
   }
 }
 
@@ -449,8 +492,9 @@ TEST_F(NvmlWithContextTest, BusyDeviceShowsUtilization) {
   EXPECT_GE(utilization.gpu, 50u);
   EXPECT_LE(utilization.gpu, 100u);
 
-  std::vector<nvmlProcessUtilizationSample_t> samples(64);
-  unsigned int sample_count = static_cast<unsigned int>(samples.size());
+  const unsigned int capacity = ProcessSampleCapacity(device);
+  std::vector<nvmlProcessUtilizationSample_t> samples(capacity);
+  unsigned int sample_count = capacity;
   ASSERT_NVML_OK(nvmlDeviceGetProcessUtilization(device, samples.data(), &sample_count, 0));
   samples.resize(sample_count);
   const auto self = std::find_if(samples.begin(), samples.end(), [](const nvmlProcessUtilizationSample_t& sample) {
@@ -460,6 +504,7 @@ TEST_F(NvmlWithContextTest, BusyDeviceShowsUtilization) {
   EXPECT_GT(self->smUtil, 0u);
   EXPECT_LE(self->smUtil, 100u);
   EXPECT_GT(self->timeStamp, 0u);
+  EXPECT_LE(self->timeStamp, MicrosecondsSinceEpoch()) << "timestamps are CPU time in microseconds since the epoch";
 
   ASSERT_CU_OK(cuCtxSynchronize());
   EXPECT_CU_OK(cuModuleUnload(module));

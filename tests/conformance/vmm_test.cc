@@ -1,5 +1,4 @@
-// Conformance: the virtual memory management API that PyTorch's expandable segments and NCCL use: granularity,
-// cuMemCreate, address reservation, mapping, access, use through copies, and teardown.
+// Conformance: the virtual memory management API (PyTorch expandable segments, NCCL): create, reserve, map, access.
 #include <cstring>
 #include <vector>
 

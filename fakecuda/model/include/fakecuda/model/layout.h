@@ -72,14 +72,14 @@ struct Op {
   std::uint64_t alone_ns;                // duration with the device to itself
   double sm_fraction;                    // share of the device's SMs it occupies, (0, 1]
   std::uint64_t queued_ns;
-  std::uint64_t start_ns;                // 0 until first scheduled
+  std::uint64_t start_ns;                // valid once `started`
   std::uint64_t end_ns;                  // set when completed (markers too: event timestamps)
   std::uint32_t grid[3];
   std::uint32_t block[3];
   char name[kKernelNameBytes];
   // wait: complete when stream `wait_stream` (generation `wait_generation`) has passed `wait_seq`
   std::uint32_t wait_stream;
-  std::uint32_t reserved0;
+  std::uint32_t started;                 // kernel: has run at least once (start_ns is then valid, even 0)
   std::uint64_t wait_generation;
   std::uint64_t wait_seq;
 };
