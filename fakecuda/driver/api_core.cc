@@ -118,8 +118,7 @@ CUresult InitializeLocked(Driver& d) {
   if (d.initialized) return CUDA_SUCCESS;
   if (d.init_error != CUDA_SUCCESS) return d.init_error;
   std::string error;
-  if (!faults::Configured(kFaultLibrary, error)) {
-    state::LogError("%s", error.c_str());
+  if (!faults::Configured(kFaultLibrary, error)) {  // it has printed the message itself
     d.init_error = CUDA_ERROR_NOT_INITIALIZED;
     return d.init_error;
   }

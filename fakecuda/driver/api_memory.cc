@@ -205,6 +205,22 @@ CUresult Copy(const char* api, std::uintptr_t destination, Side destination_side
   return CUDA_SUCCESS;
 }
 
+// Zeroes a range of a private anonymous allocation by discarding its whole pages (they read back as zero and
+// cost no RAM again) and clearing the partial pages at the ends. False if the range is not such memory.
+bool ZeroByDiscarding(Driver& d, std::uintptr_t address, std::size_t bytes) {
+  auto it = Containing(d, address);
+  if (it == d.allocations.end() || it->second.kind == AllocationKind::host) return false;
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::uintptr_t first_page = (address + page - 1) / page * page;
+  const std::uintptr_t end = address + bytes;
+  const std::uintptr_t last_page = end / page * page;
+  if (last_page <= first_page) return false;
+  if (madvise(reinterpret_cast<void*>(first_page), last_page - first_page, MADV_DONTNEED) != 0) return false;
+  std::memset(reinterpret_cast<void*>(address), 0, first_page - address);
+  std::memset(reinterpret_cast<void*>(last_page), 0, end - last_page);
+  return true;
+}
+
 template <typename T>
 CUresult Memset(const char* api, CUdeviceptr destination, std::size_t pitch, T value, std::size_t width,
                 std::size_t height, CUstream stream, bool per_thread, bool synchronous) {
@@ -219,6 +235,7 @@ CUresult Memset(const char* api, CUdeviceptr destination, std::size_t pitch, T v
   if (height > 1 && pitch < row_bytes) return CUDA_ERROR_INVALID_VALUE;
   if (!DeviceRangeValid(d, destination, span)) return CUDA_ERROR_INVALID_VALUE;
   if (const CUresult r = OrderCopy(d, guard, stream, per_thread, synchronous); r != CUDA_SUCCESS) return r;
+  if (value == T{0} && height == 1 && ZeroByDiscarding(d, destination, row_bytes)) return CUDA_SUCCESS;
   for (std::size_t row = 0; row < height; ++row) {
     T* p = reinterpret_cast<T*>(destination + row * pitch);
     std::fill(p, p + width, value);
