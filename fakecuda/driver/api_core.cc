@@ -38,7 +38,8 @@ alignas(Driver) unsigned char g_driver_storage[sizeof(Driver)];
 std::atomic<Driver*> g_driver{nullptr};
 std::mutex g_driver_create_mutex;
 
-thread_local std::vector<Context*>* t_context_stack = nullptr;
+// The thread's context stack; freed with the thread.
+thread_local std::vector<Context*> t_context_stack;
 thread_local std::uint64_t t_stack_epoch = 0;
 std::atomic<std::uint64_t> g_fork_epoch{1};
 
@@ -209,11 +210,11 @@ const model::DeviceSpec& Spec(const Driver& d, std::uint32_t physical) {
 
 std::vector<Context*>& ContextStack() {
   // Per-thread, rebuilt after fork (the epoch changes) because the parent's contexts are gone.
-  if (t_context_stack == nullptr || t_stack_epoch != g_fork_epoch.load(std::memory_order_relaxed)) {
-    t_context_stack = new std::vector<Context*>();
+  if (t_stack_epoch != g_fork_epoch.load(std::memory_order_relaxed)) {
+    t_context_stack.clear();
     t_stack_epoch = g_fork_epoch.load(std::memory_order_relaxed);
   }
-  return *t_context_stack;
+  return t_context_stack;
 }
 
 Context* CurrentContext(Driver& d) {

@@ -4,7 +4,7 @@
 // CMake for tests/unit/CMakeLists.txt:
 //   add_executable(faults_test faults_test.cc)
 //   target_link_libraries(faults_test PRIVATE fakecuda_state GTest::gtest_main vgpu_warnings)
-//   gtest_discover_tests(faults_test DISCOVERY_MODE PRE_TEST)
+//   gtest_discover_tests(faults_test DISCOVERY_MODE PRE_TEST PROPERTIES LABELS unit)
 #include "fakecuda/state/faults.h"
 
 #include <gtest/gtest.h>

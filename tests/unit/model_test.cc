@@ -5,7 +5,7 @@
 // CMake for tests/unit/CMakeLists.txt:
 //   add_executable(model_test model_test.cc)
 //   target_link_libraries(model_test PRIVATE fakecuda_model GTest::gtest_main vgpu_warnings)
-//   gtest_discover_tests(model_test DISCOVERY_MODE PRE_TEST)
+//   gtest_discover_tests(model_test DISCOVERY_MODE PRE_TEST PROPERTIES LABELS unit)
 #include <gtest/gtest.h>
 
 #include <algorithm>

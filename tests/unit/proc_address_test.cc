@@ -142,7 +142,7 @@ TEST(ResolveProcAddress, NegativeVersionMeansTheNewestVariant) {
 
 TEST(GetProcAddressV2, FoundWritesTheFunctionAndSuccess) {
   void* pfn = nullptr;
-  auto status = static_cast<CUdriverProcAddressQueryResult>(77);
+  auto status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
   EXPECT_EQ(GetProcAddressV2("cuMemAlloc", &pfn, 13000, kDefault, &status, kDriverVersion, kSmallTable),
             CUDA_SUCCESS);
   EXPECT_EQ(pfn, reinterpret_cast<void*>(&AllocSecond));
@@ -154,7 +154,7 @@ TEST(GetProcAddressV2, FoundWritesTheFunctionAndSuccess) {
 
 TEST(GetProcAddressV2, NotFoundIsSuccessWithNullAndTheReason) {
   void* pfn = reinterpret_cast<void*>(&AllocFirst);
-  auto status = static_cast<CUdriverProcAddressQueryResult>(77);
+  auto status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
   EXPECT_EQ(GetProcAddressV2("cuNoSuchThing", &pfn, 13000, kDefault, &status, kDriverVersion, kSmallTable),
             CUDA_SUCCESS);
   EXPECT_EQ(pfn, nullptr);
@@ -169,13 +169,15 @@ TEST(GetProcAddressV2, NotFoundIsSuccessWithNullAndTheReason) {
 TEST(GetProcAddressV2, InvalidRequestsLeaveTheOutputsUntouched) {
   void* const untouched = reinterpret_cast<void*>(&AllocFirst);
   void* pfn = untouched;
-  auto status = static_cast<CUdriverProcAddressQueryResult>(77);
+  // A valid enumerator as the sentinel (loading 77 from the enum is undefined behaviour), one the call must not
+  // write here.
+  auto status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
   EXPECT_EQ(GetProcAddressV2("cuMemAlloc", &pfn, 13000, 4, &status, kDriverVersion, kSmallTable),
             CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(GetProcAddressV2("cuMemAlloc", &pfn, 13010, kDefault, &status, kDriverVersion, kSmallTable),
             CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(pfn, untouched);
-  EXPECT_EQ(status, 77);
+  EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
 }
 
 TEST(GetProcAddressV2, NullSymbolOrNullPfnIsInvalidNotACrash) {
