@@ -217,6 +217,12 @@ std::vector<Context*>& ContextStack() {
   return t_context_stack;
 }
 
+CUresult NoContextError(Driver& d) {
+  const auto& stack = ContextStack();
+  if (!stack.empty() && d.destroyed_contexts.count(stack.back()) != 0) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  return CUDA_ERROR_INVALID_CONTEXT;
+}
+
 Context* CurrentContext(Driver& d) {
   auto& stack = ContextStack();
   if (stack.empty()) return nullptr;
@@ -684,6 +690,7 @@ FAKECUDA_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext handle) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = Lookup<Context>(d, handle, Kind::context);
+  if (c == nullptr && d.destroyed_contexts.count(handle) != 0) c = reinterpret_cast<Context*>(handle);
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   ContextStack().push_back(c);
   return CUDA_SUCCESS;
@@ -708,6 +715,9 @@ FAKECUDA_EXPORT CUresult cuCtxSetCurrent(CUcontext handle) {
   }
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = Lookup<Context>(d, handle, Kind::context);
+  // A destroyed context can be made current (observed on an H100, driver 580.159.04): work in it then fails
+  // with CUDA_ERROR_CONTEXT_IS_DESTROYED.
+  if (c == nullptr && d.destroyed_contexts.count(handle) != 0) c = reinterpret_cast<Context*>(handle);
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (stack.empty()) stack.push_back(c);
   else stack.back() = c;
@@ -729,7 +739,7 @@ FAKECUDA_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   *device = static_cast<CUdevice>(c->ordinal);
   return CUDA_SUCCESS;
 }
@@ -740,7 +750,7 @@ FAKECUDA_EXPORT CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext handle) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = handle == nullptr ? CurrentContext(d) : Lookup<Context>(d, handle, Kind::context);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   *device = static_cast<CUdevice>(c->ordinal);
   return CUDA_SUCCESS;
 }
@@ -751,7 +761,7 @@ FAKECUDA_EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   *flags = c->flags;
   return CUDA_SUCCESS;
 }
@@ -762,7 +772,7 @@ FAKECUDA_EXPORT CUresult cuCtxGetId(CUcontext handle, unsigned long long* id) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = handle == nullptr ? CurrentContext(d) : Lookup<Context>(d, handle, Kind::context);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   *id = c->id;
   return CUDA_SUCCESS;
 }
@@ -785,8 +795,8 @@ FAKECUDA_EXPORT CUresult cuCtxSynchronize() {
   {
     std::lock_guard<std::mutex> guard(d.mutex);
     c = CurrentContext(d);
+    if (c == nullptr) return NoContextError(d);
   }
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   const CUresult r = WaitContextIdle(c);
   std::lock_guard<std::mutex> guard(d.mutex);
   TrimPoolsAtSync(d);
@@ -821,7 +831,7 @@ FAKECUDA_EXPORT CUresult cuCtxGetLimit(size_t* value, CUlimit limit) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   static constexpr size_t kDefaults[16] = {1024, 1048576, 8388608, 2, 2048, 0, 32, 0};
   *value = c->limits[limit] != 0 ? c->limits[limit] : kDefaults[limit];
   return CUDA_SUCCESS;
@@ -833,7 +843,7 @@ FAKECUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   c->limits[limit] = value;
   return CUDA_SUCCESS;
 }

@@ -208,7 +208,7 @@ CUresult Launch(const LaunchRequest& r) {
   Function* f = Lookup<Function>(d, r.function, Kind::function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   if (const CUresult v = ValidateShape(d, *f, *c, r); v != CUDA_SUCCESS) return v;
   KernelNode node;
   node.function = f;
@@ -251,7 +251,7 @@ CUresult CreateStreamCommon(CUstream* out, unsigned int flags, int priority) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   auto* s = new Stream();
   s->context = c;
   s->flags = flags;
@@ -377,7 +377,7 @@ CUresult LoadModule(CUmodule* out, std::string_view image) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   ptx::Module parsed;
   std::string error;
   if (!ptx::Parse(image, parsed, error)) {
@@ -431,7 +431,7 @@ CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStre
   Context* c = CurrentContext(d);
   Stream* s = nullptr;
   if (handle == nullptr || handle == CU_STREAM_LEGACY) {
-    if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c == nullptr) return NoContextError(d);
     if (per_thread && handle == nullptr) {
       s = PerThreadStream(d, c);
       if (s == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -444,7 +444,7 @@ CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStre
       return CUDA_SUCCESS;
     }
   } else if (handle == CU_STREAM_PER_THREAD) {
-    if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c == nullptr) return NoContextError(d);
     s = PerThreadStream(d, c);
     if (s == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   } else {
@@ -892,7 +892,7 @@ FAKECUDA_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
   if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  if (CurrentContext(d) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CurrentContext(d) == nullptr) return NoContextError(d);
   auto* e = new Event();
   e->flags = flags;
   *event = reinterpret_cast<CUevent>(Register(d, e));
@@ -970,7 +970,7 @@ FAKECUDA_EXPORT CUresult cuEventSynchronize(CUevent handle) {
 
 FAKECUDA_EXPORT CUresult cuEventElapsedTime_v2(float* milliseconds, CUevent start_handle, CUevent end_handle) {
   FAKECUDA_ENTER("cuEventElapsedTime_v2");
-  if (milliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (milliseconds == nullptr) return CUDA_ERROR_INVALID_HANDLE;  // observed on an H100, driver 580.159.04
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Event* start = Lookup<Event>(d, start_handle, Kind::event);

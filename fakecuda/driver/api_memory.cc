@@ -32,7 +32,7 @@ void* MapAnonymous(std::size_t bytes) {
 CUresult AllocateDevice(Driver& d, const char* api, CUdeviceptr* out, std::size_t bytes, AllocationKind kind,
                         std::size_t charged_size) {
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   const std::uint64_t charge = ChargeFor(charged_size);
   if (!ChargeDevice(d, c->device, charge)) return CUDA_ERROR_OUT_OF_MEMORY;
   void* p = MapAnonymous(bytes);
@@ -100,7 +100,11 @@ void TrimPool(Driver& d, Pool& pool, std::uint64_t keep_bytes) {
 
 CUresult AllocateFromPool(Driver& d, const char* api, CUdeviceptr* out, std::size_t bytes, Pool& pool, CUstream stream,
                           bool per_thread) {
-  if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes == 0) {  // observed on an H100, driver 580.159.04: success with a NULL pointer
+    *out = 0;
+    return CUDA_SUCCESS;
+  }
   ResolvedStream rs;
   if (const CUresult r = ResolveStream(d, stream, per_thread, rs); r != CUDA_SUCCESS) return r;
   const std::uint64_t charge = ChargeFor(bytes);
@@ -149,6 +153,7 @@ CUresult FreeAsync(CUdeviceptr pointer, CUstream stream, bool per_thread) {
   std::lock_guard<std::mutex> guard(d.mutex);
   ResolvedStream rs;
   if (const CUresult r = ResolveStream(d, stream, per_thread, rs); r != CUDA_SUCCESS) return r;
+  if (pointer == 0) return CUDA_SUCCESS;  // what a zero-byte cuMemAllocAsync handed out
   auto it = d.allocations.find(static_cast<std::uintptr_t>(pointer));
   if (it == d.allocations.end() || it->second.kind == AllocationKind::host) return CUDA_ERROR_INVALID_VALUE;
   Allocation& a = it->second;
@@ -195,7 +200,7 @@ CUresult Copy(const char* api, std::uintptr_t destination, Side destination_side
   FAKECUDA_ENTER(api);
   Driver& d = TheDriver();
   std::unique_lock<std::mutex> guard(d.mutex);
-  if (CurrentContext(d) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CurrentContext(d) == nullptr) return NoContextError(d);
   if (bytes == 0) return CUDA_SUCCESS;
   if (!RangeOk(d, destination, bytes, destination_side) || !RangeOk(d, source, bytes, source_side)) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -227,7 +232,7 @@ CUresult Memset(const char* api, CUdeviceptr destination, std::size_t pitch, T v
   FAKECUDA_ENTER(api);
   Driver& d = TheDriver();
   std::unique_lock<std::mutex> guard(d.mutex);
-  if (CurrentContext(d) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CurrentContext(d) == nullptr) return NoContextError(d);
   if (width == 0 || height == 0) return CUDA_SUCCESS;
   if (destination % sizeof(T) != 0) return CUDA_ERROR_INVALID_VALUE;
   const std::size_t row_bytes = width * sizeof(T);
@@ -258,7 +263,7 @@ CUresult Copy2D(const char* api, const CUDA_MEMCPY2D* p, CUstream stream, bool p
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::unique_lock<std::mutex> guard(d.mutex);
-  if (CurrentContext(d) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CurrentContext(d) == nullptr) return NoContextError(d);
   bool src_ok = false, dst_ok = false;
   const std::uintptr_t src = Memcpy2DAddress(p->srcMemoryType, p->srcHost, p->srcDevice, src_ok);
   const std::uintptr_t dst = Memcpy2DAddress(p->dstMemoryType, p->dstHost, p->dstDevice, dst_ok);
@@ -300,7 +305,7 @@ CUresult CreateArray(const char* api, Kind kind, void** out, const CUDA_ARRAY3D_
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   const std::size_t element = FormatBytes(desc.Format);
   if (element == 0 || (desc.NumChannels != 1 && desc.NumChannels != 2 && desc.NumChannels != 4) || desc.Width == 0 ||
       (desc.Height == 0 && desc.Depth != 0) || levels == 0) {
@@ -430,6 +435,7 @@ void TrimPoolsAtSync(Driver& d) {
 void TearDownContextStreamsAndModules(Driver& d, Context* c);
 
 void TearDownContext(Driver& d, Context* c) {
+  d.destroyed_contexts.insert(c);
   for (auto it = d.allocations.begin(); it != d.allocations.end();) {
     auto next = std::next(it);
     if (it->second.context == c && it->second.kind != AllocationKind::host) {
@@ -514,7 +520,7 @@ FAKECUDA_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr) return NoContextError(d);
   state::MachineLock lock(*d.attachment);
   state::ReapDeadProcesses(*d.attachment, state::MonotonicNs(), false);
   // One NULL output is skipped, not rejected: OptiX asks for the total alone (HAMi-core#321, #333).
@@ -540,7 +546,7 @@ CUresult AllocateHost(void** pointer, size_t bytes, unsigned int flags) {
   if (pointer == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  if (CurrentContext(d) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CurrentContext(d) == nullptr) return NoContextError(d);
   void* p = MapAnonymous(bytes);
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   Allocation a;

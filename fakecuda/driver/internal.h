@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "fakecuda/model/model.h"
@@ -192,6 +193,7 @@ struct Driver {
   state::Attachment* attachment = nullptr;
   std::vector<std::uint32_t> visible;       // ordinal -> physical device
   std::unordered_map<const void*, Kind> handles;
+  std::unordered_set<const void*> destroyed_contexts;   // may still be current somewhere: CONTEXT_IS_DESTROYED
   struct Primary {
     Context* context = nullptr;
     unsigned int retains = 0;
@@ -223,6 +225,7 @@ T* Lookup(Driver& d, const void* handle, Kind kind) {
 
 template <typename T>
 T* Register(Driver& d, T* object) {
+  if (object->kind == Kind::context) d.destroyed_contexts.erase(object);  // the address is reused
   d.handles.emplace(object, object->kind);
   return object;
 }
@@ -233,6 +236,9 @@ void Unregister(Driver& d, const void* handle);
 
 // The calling thread's current context, or null.
 Context* CurrentContext(Driver& d);
+// What a call needing a context returns when CurrentContext is null: CUDA_ERROR_CONTEXT_IS_DESTROYED if the
+// thread's current context was destroyed, else CUDA_ERROR_INVALID_CONTEXT (as the real driver).
+CUresult NoContextError(Driver& d);
 // The thread's context stack (top = current). Entries may have been destroyed: checked on use.
 std::vector<Context*>& ContextStack();
 

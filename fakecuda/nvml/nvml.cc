@@ -724,7 +724,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
       state::LogError("%s: memory->version is %#x; accepted: nvmlMemory_v2 (%#x)", __func__, memory->version,
                       static_cast<unsigned int>(nvmlMemory_v2));
     }
-    return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    // Observed on an H100, driver 580.159.04: not ARGUMENT_VERSION_MISMATCH as documented.
+    return NVML_ERROR_FUNCTION_NOT_FOUND;
   }
   const model::DeviceSpec& spec = SpecOf(*attachment, index);
   LiveDevice live(*attachment, index);
@@ -759,15 +760,18 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
   std::uint32_t index = 0;
   if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
   if (process_samples_count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  // Observed on an H100, driver 580.159.04: the size query answers the size of the driver's sample buffer (72),
+  // not the number of processes, and any smaller buffer is refused before samples are looked at.
+  constexpr unsigned int kSampleBufferEntries = 72;
+  if (utilization == nullptr || *process_samples_count < kSampleBufferEntries) {
+    *process_samples_count = kSampleBufferEntries;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
   LiveDevice live(*attachment, index);
   unsigned int needed = 0;
   ForEachSampleSince(live.machine(), index, last_seen_timestamp,
                      [&](const model::ProcessSlot&, const model::NvmlSample&) { ++needed; });
   if (needed == 0) return NVML_ERROR_NOT_FOUND;
-  if (utilization == nullptr || *process_samples_count < needed) {
-    *process_samples_count = needed;
-    return NVML_ERROR_INSUFFICIENT_SIZE;
-  }
   unsigned int written = 0;
   ForEachSampleSince(live.machine(), index, last_seen_timestamp,
                      [&](const model::ProcessSlot& slot, const model::NvmlSample& sample) {

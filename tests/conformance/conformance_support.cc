@@ -122,6 +122,14 @@ void FreshProcessReport::ExpectResult(const char* call_text, CUresult expected, 
   }
 }
 
+void FreshProcessReport::ExpectResultOneOf(const char* call_text, CUresult expected, CUresult also_accepted,
+                                           CUresult actual) {
+  if (actual != expected && actual != also_accepted) {
+    problems_ += std::string(call_text) + " returned " + DescribeCudaResult(actual) + ", expected " +
+                 DescribeCudaResult(expected) + " or " + DescribeCudaResult(also_accepted) + "\n";
+  }
+}
+
 void FreshProcessReport::Expect(bool condition, const std::string& problem) {
   if (!condition) {
     problems_ += problem + "\n";

@@ -67,6 +67,8 @@ class SpinKernelTest : public PrimaryContextTest {
 class FreshProcessReport {
  public:
   void ExpectResult(const char* call_text, CUresult expected, CUresult actual);
+  // For calls where the real driver answers one of two codes depending on its state.
+  void ExpectResultOneOf(const char* call_text, CUresult expected, CUresult also_accepted, CUresult actual);
   void Expect(bool condition, const std::string& problem);
   [[noreturn]] void Exit();
 
@@ -83,6 +85,7 @@ class FreshProcessReport {
 
 // In a FreshProcessReport named `report`: records the call's result against the expected one.
 #define REPORT_CU(expected, call) report.ExpectResult(#call, expected, call)
+#define REPORT_CU_ONE_OF(expected, also_accepted, call) report.ExpectResultOneOf(#call, expected, also_accepted, call)
 
 // Runs `body` (a function taking no argument that ends with report.Exit()) in a child process that re-executes this
 // test binary, so the driver in it is untouched by earlier tests: no cuInit, no current context.

@@ -319,8 +319,12 @@ TEST_F(NvmlTest, ProcessUtilizationSizeQuery) {
     EXPECT_NVML(NVML_ERROR_INSUFFICIENT_SIZE, nvmlDeviceGetProcessUtilization(device_, too_small.data(), &count, 0));
     EXPECT_EQ(count, capacity);
   }
-  unsigned int count = 0;
-  EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetProcessUtilization(nullptr, nullptr, &count, 0));
+  // Observed on an H100 with driver 580.159.04: a NULL device handle here is dereferenced (SIGSEGV), unlike in the
+  // other calls of this suite, so it is checked on fakecuda only.
+  if (RunningOnFakecuda()) {
+    unsigned int count = 0;
+    EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetProcessUtilization(nullptr, nullptr, &count, 0));
+  }
 }
 
 TEST_F(NvmlTest, ProcessUtilizationFromTheFutureIsNotFound) {
