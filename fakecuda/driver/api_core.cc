@@ -46,6 +46,7 @@ std::atomic<std::uint64_t> g_fork_epoch{1};
 void AfterForkInChild() {
   // The child has one thread and the parent's objects; CUDA starts afresh here (docs/fakecuda.md).
   state::ForgetAfterFork();
+  ForgetHostWorkerAfterFork();
   new (&g_driver_create_mutex) std::mutex();
   g_driver.store(nullptr);  // leak the parent's objects: their memory belongs to the parent's accounting
   g_fork_epoch.fetch_add(1);

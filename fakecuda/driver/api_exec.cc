@@ -68,7 +68,6 @@ struct HostWorker {
   std::condition_variable ready;
   std::deque<HostCall> queue;
   bool started = false;
-  std::uint64_t epoch = 0;
 };
 HostWorker* g_host_worker = nullptr;
 
@@ -90,12 +89,7 @@ void RunHostWorker(HostWorker* worker) {
 }
 
 void SubmitHostCall(const HostCall& call) {
-  Driver& d = TheDriver();
-  const auto epoch = reinterpret_cast<std::uintptr_t>(&d) ^ reinterpret_cast<std::uintptr_t>(d.attachment);
-  if (g_host_worker == nullptr || g_host_worker->epoch != epoch) {
-    g_host_worker = new HostWorker();  // a fork child starts a new one; the parent's is not ours
-    g_host_worker->epoch = epoch;
-  }
+  if (g_host_worker == nullptr) g_host_worker = new HostWorker();  // lives as long as the process
   HostWorker* worker = g_host_worker;
   std::lock_guard<std::mutex> lock(worker->mutex);
   if (!worker->started) {
@@ -416,6 +410,18 @@ void DestroyModule(Driver& d, Module* module) {
   delete module;
 }
 
+// Destroys a handle object that owns nothing else; `invalid` is what the real driver returns for a bad handle.
+template <typename T>
+CUresult DestroyObject(const void* handle, Kind kind, CUresult invalid) {
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  T* object = Lookup<T>(d, handle, kind);
+  if (object == nullptr) return invalid;
+  Unregister(d, object);
+  delete object;
+  return CUDA_SUCCESS;
+}
+
 std::vector<KernelNode> NodesOf(const std::vector<KernelNode>& nodes, Driver& d) {
   std::vector<KernelNode> live;
   for (const KernelNode& n : nodes) {
@@ -425,6 +431,8 @@ std::vector<KernelNode> NodesOf(const std::vector<KernelNode>& nodes, Driver& d)
 }
 
 }  // namespace
+
+void ForgetHostWorkerAfterFork() { g_host_worker = nullptr; }  // the parent's stays the parent's
 
 CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStream& out) {
   out = ResolvedStream{};
@@ -901,13 +909,7 @@ FAKECUDA_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
 
 FAKECUDA_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
   FAKECUDA_ENTER("cuEventDestroy_v2");
-  Driver& d = TheDriver();
-  std::lock_guard<std::mutex> guard(d.mutex);
-  Event* e = Lookup<Event>(d, handle, Kind::event);
-  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  Unregister(d, e);
-  delete e;
-  return CUDA_SUCCESS;
+  return DestroyObject<Event>(handle, Kind::event, CUDA_ERROR_INVALID_HANDLE);
 }
 
 #undef cuEventDestroy  // cuda.h maps the name to its newest version; this defines the older symbol
@@ -1192,13 +1194,7 @@ FAKECUDA_EXPORT CUresult cuGraphDestroy(CUgraph handle) {
 
 FAKECUDA_EXPORT CUresult cuGraphExecDestroy(CUgraphExec handle) {
   FAKECUDA_ENTER("cuGraphExecDestroy");
-  Driver& d = TheDriver();
-  std::lock_guard<std::mutex> guard(d.mutex);
-  GraphExec* e = Lookup<GraphExec>(d, handle, Kind::graph_exec);
-  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Unregister(d, e);
-  delete e;
-  return CUDA_SUCCESS;
+  return DestroyObject<GraphExec>(handle, Kind::graph_exec, CUDA_ERROR_INVALID_VALUE);
 }
 
 FAKECUDA_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) {

@@ -283,6 +283,9 @@ void UnchargeDevice(Driver& d, std::uint32_t device, std::uint64_t bytes);
 bool DeviceRangeValid(Driver& d, std::uintptr_t address, std::size_t bytes);
 void TraceAllocation(const char* event, const char* api, std::uint32_t device, std::uint64_t bytes, std::uintptr_t address);
 
+// In a fork child: forget the parent's host-function worker (its thread does not exist here).
+void ForgetHostWorkerAfterFork();
+
 // ---- misc -----------------------------------------------------------------------------------------------
 
 // Physical device for an application ordinal, or false.

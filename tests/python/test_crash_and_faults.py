@@ -94,3 +94,49 @@ def test_a_delayed_call_is_slowed(fake_gpu, tenant_available):
     result = fake_gpu.tenant("--alloc", "1Mi", "--kernels", "1")
     assert result.returncode == 0, result.describe()
     assert time.monotonic() - started >= 0.3
+
+
+def test_a_forked_child_starts_cuda_afresh_and_is_counted_on_its_own(fake_gpu):
+    # fakecuda lets a child forked after cuInit start CUDA again (the real driver refuses): the shim's fork
+    # handling is tested on it. The child's allocations are its own; the parent's stay the parent's.
+    report = fake_gpu.run_py("""
+        import os
+        from cuda.bindings import driver
+        from clientlib import check, cuda_context, emit, launch_spin, load_spin_kernel
+        GIB = 1 << 30
+        cuda_context(0)
+        check("cuMemAlloc", driver.cuMemAlloc(GIB))
+        free_before, _ = check("cuMemGetInfo", driver.cuMemGetInfo())
+        reader, writer = os.pipe()
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                check("cuInit", driver.cuInit(0))
+                cuda_context(0)
+                check("cuMemAlloc", driver.cuMemAlloc(2 * GIB))
+                _, function = load_spin_kernel()
+                launch_spin(function, 1_000_000, grid_x=1, block_x=32)
+                check("cuCtxSynchronize", driver.cuCtxSynchronize())
+                free_child, _ = check("cuMemGetInfo", driver.cuMemGetInfo())
+                os.write(writer, str(free_child).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        free_child = int(os.read(reader, 64) or b"0")
+        import time
+        deadline = time.monotonic() + 1.0
+        while True:
+            free_after = check("cuMemGetInfo", driver.cuMemGetInfo())[0]
+            if free_after == free_before or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        emit({"status": status, "free_before": free_before, "free_child": free_child, "free_after": free_after})
+    """, timeout=60)
+    line = report.json
+    assert line["status"] == 0, report.describe()
+    # The child held 2 GiB plus its own context while the parent's 1 GiB stayed counted.
+    assert line["free_before"] - line["free_child"] >= 2 * (1 << 30), line
+    # Once the child is gone its memory comes back (reaped within a second).
+    assert line["free_after"] == line["free_before"], line
