@@ -124,9 +124,8 @@ bool ParseBytes(std::string_view text, std::uint64_t& bytes) {
     multiplier = 1;
   } else {
     static constexpr struct { const char* text; std::uint64_t multiplier; } kSuffixes[] = {
-        {"k", 1000ull}, {"K", 1000ull}, {"m", 1000ull * 1000}, {"M", 1000ull * 1000},
-        {"g", 1000ull * 1000 * 1000}, {"G", 1000ull * 1000 * 1000},
-        {"t", 1000ull * 1000 * 1000 * 1000}, {"T", 1000ull * 1000 * 1000 * 1000},
+        {"k", 1ull << 10}, {"K", 1ull << 10}, {"m", 1ull << 20}, {"M", 1ull << 20},
+        {"g", 1ull << 30}, {"G", 1ull << 30}, {"t", 1ull << 40}, {"T", 1ull << 40},
         {"Ki", 1ull << 10}, {"Mi", 1ull << 20}, {"Gi", 1ull << 30}, {"Ti", 1ull << 40},
     };
     bool found = false;

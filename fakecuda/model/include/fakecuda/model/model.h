@@ -17,8 +17,8 @@ namespace fakecuda::model {
 // naming the value and what is accepted.
 bool ParseDevices(std::string_view spec, MachineConfig& config, std::string& error);
 
-// Parses a byte size: decimal digits with an optional k/m/g/t (powers of 1000) or Ki/Mi/Gi/Ti (powers
-// of 1024) suffix; "010g" is ten GB, not octal. Rejects signs, overflow, trailing garbage.
+// Parses a byte size: decimal digits with an optional k/m/g/t or Ki/Mi/Gi/Ti suffix, both powers of 1024 as
+// HAMi reads them; "010g" is ten GiB, not octal. Rejects signs, overflow, trailing garbage.
 bool ParseBytes(std::string_view text, std::uint64_t& bytes);
 
 // The names of the built-in presets, comma separated (for error messages).
