@@ -244,6 +244,7 @@ CUresult SetUpContext(Driver& d, Context* c) {
   }
   c->null_stream = index;
   c->null_stream_generation = lock.machine().streams[index].generation;
+  ++lock.machine().slots[d.attachment->slot].contexts[c->device];
   c->id = d.next_context_id++;
   return CUDA_SUCCESS;
 }

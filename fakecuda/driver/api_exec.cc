@@ -16,6 +16,7 @@ namespace {
 
 constexpr std::uint64_t kMinSleepNs = 20'000;
 constexpr std::uint64_t kMaxSleepNs = 50'000'000;
+constexpr std::uint64_t kMaxBackoffNs = 10'000'000;
 
 // The per-thread default stream of each context, created on first use.
 struct PerThreadStreams {
@@ -88,16 +89,21 @@ void RunHostWorker(HostWorker* worker) {
   }
 }
 
-void SubmitHostCall(const HostCall& call) {
+CUresult SubmitHostCall(const HostCall& call) {
   if (g_host_worker == nullptr) g_host_worker = new HostWorker();  // lives as long as the process
   HostWorker* worker = g_host_worker;
   std::lock_guard<std::mutex> lock(worker->mutex);
   if (!worker->started) {
-    std::thread(RunHostWorker, worker).detach();
+    try {
+      std::thread(RunHostWorker, worker).detach();
+    } catch (const std::exception&) {  // no thread can be made: say so, never throw into the caller
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     worker->started = true;
   }
   worker->queue.push_back(call);
   worker->ready.notify_one();
+  return CUDA_SUCCESS;
 }
 
 // ---- launches ----------------------------------------------------------------------------------------------
@@ -177,7 +183,7 @@ CUresult EnqueueKernels(Driver& d, std::unique_lock<std::mutex>& guard, CUstream
       while (next < nodes.size()) {
         QueueImplicitSync(d, m, rs, now);
         const KernelNode& node = nodes[next];
-        model::KernelLaunch launch{node.shape, node.per_wave_ns, node.function->name.c_str()};
+        model::KernelLaunch launch{node.shape, node.per_wave_ns, node.name.c_str()};
         if (model::EnqueueKernel(m, rs.index, launch, now, nullptr) != model::EnqueueResult::ok) {
           const model::Stream& s = m.streams[rs.index];
           wait_ns = model::LowerBoundRemainingNs(m, rs.index, s.head);
@@ -206,6 +212,7 @@ CUresult Launch(const LaunchRequest& r) {
   if (const CUresult v = ValidateShape(d, *f, *c, r); v != CUDA_SUCCESS) return v;
   KernelNode node;
   node.function = f;
+  node.name = f->name;
   node.shape = model::LaunchShape{{r.grid[0], r.grid[1], r.grid[2]}, {r.block[0], r.block[1], r.block[2]}, r.shared_bytes};
   node.per_wave_ns = f->per_wave_ns;
   if (f->spin) {
@@ -335,7 +342,7 @@ CUresult EventRecord(CUevent event_handle, CUstream handle, bool per_thread) {
         e->generation = rs.generation;
         e->seq = seq;
         e->end_ns = 0;
-        e->context = rs.context;
+        e->device = rs.context->device;
         return CUDA_SUCCESS;
       }
       wait_ns = model::LowerBoundRemainingNs(m, rs.index, m.streams[rs.index].head);
@@ -490,6 +497,9 @@ CUresult WaitForOp(std::uint32_t device, std::uint32_t index, std::uint64_t gene
   Driver& d = TheDriver();
   state::Attachment* a = d.attachment;
   if (a == nullptr) return MachineGone();
+  // When nothing bounds the wait (a host function, an event of another stream), back off exponentially so a
+  // long wait costs no CPU; a known lower bound is slept exactly.
+  std::uint64_t backoff_ns = kMinSleepNs;
   for (;;) {
     std::uint64_t lower_bound = 0;
     {
@@ -500,7 +510,13 @@ CUresult WaitForOp(std::uint32_t device, std::uint32_t index, std::uint64_t gene
       if (model::OpDone(lock.machine(), index, generation, seq)) return CUDA_SUCCESS;
       lower_bound = model::LowerBoundRemainingNs(lock.machine(), index, seq);
     }
-    state::SleepNs(SleepFor(lower_bound));
+    if (lower_bound >= kMinSleepNs) {
+      state::SleepNs(SleepFor(lower_bound));
+      backoff_ns = kMinSleepNs;
+    } else {
+      state::SleepNs(backoff_ns);
+      backoff_ns = std::min<std::uint64_t>(backoff_ns * 2, kMaxBackoffNs);
+    }
   }
 }
 
@@ -522,6 +538,7 @@ CUresult WaitContextIdle(Context* c) {
   std::uint32_t device = 0;
   {
     std::lock_guard<std::mutex> guard(d.mutex);
+    if (Lookup<Context>(d, c, Kind::context) == nullptr) return CUDA_SUCCESS;  // gone: nothing left to wait for
     device = c->device;
     streams.emplace_back(c->null_stream, c->null_stream_generation);
     for (Stream* s : d.streams) {
@@ -739,19 +756,33 @@ CUresult LaunchHostFunc(const char* symbol, CUstream handle, CUhostFn function, 
   FAKECUDA_ENTER(symbol);
   if (function == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
-  std::lock_guard<std::mutex> guard(d.mutex);
-  ResolvedStream rs;
-  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
-  if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  std::uint64_t seq = 0;
-  {
-    state::MachineLock lock(*d.attachment);
-    const std::uint64_t now = state::MonotonicNs();
-    QueueImplicitSync(d, lock.machine(), rs, now);
-    if (model::EnqueueGate(lock.machine(), rs.index, now, &seq) != model::EnqueueResult::ok) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::unique_lock<std::mutex> guard(d.mutex);
+  for (;;) {
+    ResolvedStream rs;
+    if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+    if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    std::uint64_t seq = 0;
+    std::uint64_t wait_ns = 0;
+    bool queued = false;
+    {
+      state::MachineLock lock(*d.attachment);
+      const std::uint64_t now = state::MonotonicNs();
+      QueueImplicitSync(d, lock.machine(), rs, now);
+      queued = model::EnqueueGate(lock.machine(), rs.index, now, &seq) == model::EnqueueResult::ok;
+      if (!queued) wait_ns = model::LowerBoundRemainingNs(lock.machine(), rs.index, lock.machine().streams[rs.index].head);
+    }
+    if (queued) {
+      const CUresult submitted = SubmitHostCall({rs.context->device, rs.index, rs.generation, seq, function, data});
+      if (submitted != CUDA_SUCCESS) {  // never leave a gate that nothing will open
+        state::MachineLock lock(*d.attachment);
+        model::OpenGate(lock.machine(), rs.index, seq);
+      }
+      return submitted;
+    }
+    guard.unlock();  // the stream's queue is full: wait for room, as a launch does
+    state::SleepNs(SleepFor(wait_ns));
+    guard.lock();
   }
-  SubmitHostCall({rs.context->device, rs.index, rs.generation, seq, function, data});
-  return CUDA_SUCCESS;
 }
 
 struct StreamCallbackData {
@@ -958,7 +989,7 @@ FAKECUDA_EXPORT CUresult cuEventSynchronize(CUevent handle) {
     Event* e = Lookup<Event>(d, handle, Kind::event);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (!e->recorded) return CUDA_SUCCESS;
-    device = e->context->device;
+    device = e->device;
     stream = e->stream;
     generation = e->generation;
     seq = e->seq;
@@ -1125,8 +1156,14 @@ FAKECUDA_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph hand
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Function* f = Lookup<Function>(d, params->func, Kind::function);
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const LaunchRequest shape_check{"cuGraphAddKernelNode_v2", params->func,
+                                  {params->gridDimX, params->gridDimY, params->gridDimZ},
+                                  {params->blockDimX, params->blockDimY, params->blockDimZ}, params->sharedMemBytes,
+                                  nullptr, params->kernelParams, params->extra, false, false};
+  if (const CUresult v = ValidateShape(d, *f, *f->module->context, shape_check); v != CUDA_SUCCESS) return v;
   KernelNode kernel;
   kernel.function = f;
+  kernel.name = f->name;
   kernel.shape = model::LaunchShape{{params->gridDimX, params->gridDimY, params->gridDimZ},
                                     {params->blockDimX, params->blockDimY, params->blockDimZ}, params->sharedMemBytes};
   kernel.per_wave_ns = f->per_wave_ns;

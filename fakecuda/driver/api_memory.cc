@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "internal.h"
 
@@ -114,7 +115,8 @@ CUresult AllocateFromPool(Driver& d, const char* api, CUdeviceptr* out, std::siz
     if (it != pool.cached.end() && it->first <= bytes * 2) {
       const std::uintptr_t address = it->second;
       pool.cached.erase(it);
-      Allocation& a = d.allocations[address];
+      Allocation& a = d.allocations.at(address);
+      a.cached = false;
       pool.used_bytes += a.charged_bytes;
       pool.used_high = std::max(pool.used_high, pool.used_bytes);
       *out = address;
@@ -150,21 +152,29 @@ CUresult AllocateFromPool(Driver& d, const char* api, CUdeviceptr* out, std::siz
 
 CUresult FreeAsync(CUdeviceptr pointer, CUstream stream, bool per_thread) {
   Driver& d = TheDriver();
-  std::lock_guard<std::mutex> guard(d.mutex);
+  std::unique_lock<std::mutex> guard(d.mutex);
   ResolvedStream rs;
   if (const CUresult r = ResolveStream(d, stream, per_thread, rs); r != CUDA_SUCCESS) return r;
   if (pointer == 0) return CUDA_SUCCESS;  // what a zero-byte cuMemAllocAsync handed out
-  auto it = d.allocations.find(static_cast<std::uintptr_t>(pointer));
-  if (it == d.allocations.end() || it->second.kind == AllocationKind::host) return CUDA_ERROR_INVALID_VALUE;
+  const auto address = static_cast<std::uintptr_t>(pointer);
+  auto it = d.allocations.find(address);
+  if (it == d.allocations.end() || it->second.kind == AllocationKind::host || it->second.cached) {
+    return CUDA_ERROR_INVALID_VALUE;  // unknown, host, or already freed back to its pool
+  }
   Allocation& a = it->second;
   if (a.kind != AllocationKind::pool || a.pool == nullptr) {
-    // cuMemFreeAsync of ordinary memory frees it once the stream reaches this point.
+    // cuMemFreeAsync of ordinary memory frees it once the stream reaches this point: wait outside the lock.
+    guard.unlock();
     WaitStreamIdle(rs.context->device, rs.index, rs.generation);
+    guard.lock();
+    it = d.allocations.find(address);
+    if (it == d.allocations.end() || it->second.cached) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile
     ReleaseAllocation(d, it);
     return CUDA_SUCCESS;
   }
   Pool& pool = *a.pool;
   pool.used_bytes -= std::min(pool.used_bytes, a.charged_bytes);
+  a.cached = true;
   pool.cached.emplace(a.bytes, it->first);
   return CUDA_SUCCESS;
 }
@@ -235,8 +245,11 @@ CUresult Memset(const char* api, CUdeviceptr destination, std::size_t pitch, T v
   if (CurrentContext(d) == nullptr) return NoContextError(d);
   if (width == 0 || height == 0) return CUDA_SUCCESS;
   if (destination % sizeof(T) != 0) return CUDA_ERROR_INVALID_VALUE;
-  const std::size_t row_bytes = width * sizeof(T);
-  const std::size_t span = height == 1 ? row_bytes : pitch * (height - 1) + row_bytes;
+  std::size_t row_bytes = 0, rows_span = 0, span = 0;
+  if (__builtin_mul_overflow(width, sizeof(T), &row_bytes) || __builtin_mul_overflow(pitch, height - 1, &rows_span) ||
+      __builtin_add_overflow(height == 1 ? 0 : rows_span, row_bytes, &span)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   if (height > 1 && pitch < row_bytes) return CUDA_ERROR_INVALID_VALUE;
   if (!DeviceRangeValid(d, destination, span)) return CUDA_ERROR_INVALID_VALUE;
   if (const CUresult r = OrderCopy(d, guard, stream, per_thread, synchronous); r != CUDA_SUCCESS) return r;
@@ -275,10 +288,16 @@ CUresult Copy2D(const char* api, const CUDA_MEMCPY2D* p, CUstream stream, bool p
   if ((p->Height > 1 && (p->srcPitch < p->WidthInBytes + p->srcXInBytes || p->dstPitch < p->WidthInBytes + p->dstXInBytes))) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  const std::uintptr_t src_start = src + p->srcY * p->srcPitch + p->srcXInBytes;
-  const std::uintptr_t dst_start = dst + p->dstY * p->dstPitch + p->dstXInBytes;
-  const std::size_t src_span = (p->Height - 1) * p->srcPitch + p->WidthInBytes;
-  const std::size_t dst_span = (p->Height - 1) * p->dstPitch + p->WidthInBytes;
+  // Every product and sum checked: offsets from huge coordinates must not wrap into valid memory.
+  std::size_t src_offset = 0, dst_offset = 0, src_span = 0, dst_span = 0, t = 0;
+  std::uintptr_t src_start = 0, dst_start = 0;
+  if (__builtin_mul_overflow(p->srcY, p->srcPitch, &t) || __builtin_add_overflow(t, p->srcXInBytes, &src_offset) ||
+      __builtin_add_overflow(src, src_offset, &src_start) || __builtin_mul_overflow(p->dstY, p->dstPitch, &t) ||
+      __builtin_add_overflow(t, p->dstXInBytes, &dst_offset) || __builtin_add_overflow(dst, dst_offset, &dst_start) ||
+      __builtin_mul_overflow(p->Height - 1, p->srcPitch, &t) || __builtin_add_overflow(t, p->WidthInBytes, &src_span) ||
+      __builtin_mul_overflow(p->Height - 1, p->dstPitch, &t) || __builtin_add_overflow(t, p->WidthInBytes, &dst_span)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   const Side src_side = p->srcMemoryType == CU_MEMORYTYPE_DEVICE ? Side::device : Side::host;
   const Side dst_side = p->dstMemoryType == CU_MEMORYTYPE_DEVICE ? Side::device : Side::host;
   if (!RangeOk(d, src_start, src_span, src_side) || !RangeOk(d, dst_start, dst_span, dst_side)) return CUDA_ERROR_INVALID_VALUE;
@@ -321,6 +340,7 @@ CUresult CreateArray(const char* api, Kind kind, void** out, const CUDA_ARRAY3D_
   }
   if (!ChargeDevice(d, c->device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   auto* array = new Array(kind);
+  array->context = c;
   array->device = c->device;
   array->charged_bytes = bytes;
   array->descriptor = desc;
@@ -366,7 +386,7 @@ CUresult CheckProp(const Driver& d, const CUmemAllocationProp* prop) {
 
 void ReleaseVmmIfUnused(Driver& d, CUmemGenericAllocationHandle handle) {
   auto it = d.vmm_handles.find(handle);
-  if (it == d.vmm_handles.end() || !it->second.released || it->second.mappings > 0) return;
+  if (it == d.vmm_handles.end() || !it->second.released || it->second.mappings > 0 || it->second.retains > 0) return;
   if (it->second.charged_bytes > 0) {
     UnchargeDevice(d, it->second.device, it->second.charged_bytes);
     TraceAllocation("free", "", it->second.device, it->second.charged_bytes, static_cast<std::uintptr_t>(handle));
@@ -387,6 +407,7 @@ bool InsideReservation(const Driver& d, std::uintptr_t address, std::size_t byte
 // ---- helpers shared with the other api files ------------------------------------------------------------------
 
 bool ChargeDevice(Driver& d, std::uint32_t device, std::uint64_t bytes) {
+  state::EnsureOwnSlot(*d.attachment);
   state::MachineLock lock(*d.attachment);
   model::Machine& m = lock.machine();
   if (model::Charge(m, device, d.attachment->slot, bytes)) return true;
@@ -396,17 +417,23 @@ bool ChargeDevice(Driver& d, std::uint32_t device, std::uint64_t bytes) {
 }
 
 void UnchargeDevice(Driver& d, std::uint32_t device, std::uint64_t bytes) {
+  state::EnsureOwnSlot(*d.attachment);
   state::MachineLock lock(*d.attachment);
   model::Uncharge(lock.machine(), device, d.attachment->slot, bytes);
 }
 
 bool DeviceRangeValid(Driver& d, std::uintptr_t address, std::size_t bytes) {
+  // Written so that no sum can wrap: a huge `bytes` is simply out of range.
   auto it = Containing(d, address);
-  if (it != d.allocations.end()) return address + bytes <= it->first + it->second.bytes;
+  if (it != d.allocations.end()) {
+    const std::size_t offset = address - it->first;
+    return bytes <= it->second.bytes && offset <= it->second.bytes - bytes;
+  }
   auto m = d.mappings.upper_bound(address);
   if (m == d.mappings.begin()) return false;
   --m;
-  return m->second.accessible && address + bytes <= m->first + m->second.bytes;
+  const std::size_t offset = address - m->first;
+  return m->second.accessible && offset < m->second.bytes && bytes <= m->second.bytes - offset;
 }
 
 void TraceAllocation(const char* event, const char* api, std::uint32_t device, std::uint64_t bytes, std::uintptr_t address) {
@@ -442,6 +469,7 @@ void TearDownContext(Driver& d, Context* c) {
       if (it->second.pool != nullptr) {
         Pool& pool = *it->second.pool;
         pool.reserved_bytes -= std::min(pool.reserved_bytes, it->second.charged_bytes);
+        if (!it->second.cached) pool.used_bytes -= std::min(pool.used_bytes, it->second.charged_bytes);
         for (auto cached = pool.cached.begin(); cached != pool.cached.end(); ++cached) {
           if (cached->second == it->first) {
             pool.cached.erase(cached);
@@ -453,8 +481,24 @@ void TearDownContext(Driver& d, Context* c) {
     }
     it = next;
   }
+  std::vector<Array*> arrays;  // arrays live in a context and go with it
+  for (const auto& [handle, kind] : d.handles) {
+    if (kind != Kind::array && kind != Kind::mipmapped_array) continue;
+    auto* array = static_cast<Array*>(const_cast<void*>(handle));
+    if (array->context == c) arrays.push_back(array);
+  }
+  for (Array* array : arrays) {
+    UnchargeDevice(d, array->device, array->charged_bytes);
+    Unregister(d, array);
+    delete array;
+  }
   TearDownContextStreamsAndModules(d, c);
   UnchargeDevice(d, c->device, c->charged_bytes);
+  {
+    state::MachineLock lock(*d.attachment);
+    std::uint32_t& contexts = lock.machine().slots[d.attachment->slot].contexts[c->device];
+    if (contexts > 0) --contexts;
+  }
   Unregister(d, c);
   delete c;
 }
@@ -480,10 +524,12 @@ FAKECUDA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t* pitch,
   FAKECUDA_ENTER("cuMemAllocPitch_v2");
   if (pointer == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
   if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) return CUDA_ERROR_INVALID_VALUE;
-  const std::size_t aligned = (width + 511) / 512 * 512;  // the texture pitch alignment the attribute reports
+  const std::size_t aligned = (width + 511) / 512 * 512;  // rows aligned to 512 bytes
+  std::size_t bytes = 0;
+  if (aligned < width || __builtin_mul_overflow(aligned, height, &bytes)) return CUDA_ERROR_OUT_OF_MEMORY;  // > any GPU
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  const CUresult r = AllocateDevice(d, "cuMemAllocPitch_v2", pointer, aligned * height, AllocationKind::pitch, aligned * height);
+  const CUresult r = AllocateDevice(d, "cuMemAllocPitch_v2", pointer, bytes, AllocationKind::pitch, bytes);
   if (r == CUDA_SUCCESS) *pitch = aligned;
   return r;
 }
@@ -504,7 +550,9 @@ FAKECUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = d.allocations.find(static_cast<std::uintptr_t>(pointer));
-  if (it == d.allocations.end() || it->second.kind == AllocationKind::host) return CUDA_ERROR_INVALID_VALUE;
+  if (it == d.allocations.end() || it->second.kind == AllocationKind::host || it->second.cached) {
+    return CUDA_ERROR_INVALID_VALUE;  // unknown, host, or a stream-ordered block already freed
+  }
   if (it->second.pool != nullptr) {
     Pool& pool = *it->second.pool;
     pool.used_bytes -= std::min(pool.used_bytes, it->second.charged_bytes);
@@ -534,9 +582,18 @@ FAKECUDA_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* byte
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = Containing(d, static_cast<std::uintptr_t>(pointer));
-  if (it == d.allocations.end() || it->second.kind == AllocationKind::host) return CUDA_ERROR_NOT_FOUND;
-  if (base != nullptr) *base = it->first;
-  if (bytes != nullptr) *bytes = it->second.bytes;
+  if (it != d.allocations.end() && it->second.kind != AllocationKind::host) {
+    if (base != nullptr) *base = it->first;
+    if (bytes != nullptr) *bytes = it->second.bytes;
+    return CUDA_SUCCESS;
+  }
+  // VMM: the mapping the address falls in (NCCL finds the base of its buffers this way).
+  auto m = d.mappings.upper_bound(static_cast<std::uintptr_t>(pointer));
+  if (m == d.mappings.begin()) return CUDA_ERROR_NOT_FOUND;
+  --m;
+  if (static_cast<std::uintptr_t>(pointer) - m->first >= m->second.bytes) return CUDA_ERROR_NOT_FOUND;
+  if (base != nullptr) *base = m->first;
+  if (bytes != nullptr) *bytes = m->second.bytes;
   return CUDA_SUCCESS;
 }
 
@@ -1054,7 +1111,7 @@ FAKECUDA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = d.vmm_handles.find(handle);
-  if (it == d.vmm_handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  if (it == d.vmm_handles.end() || (it->second.released && it->second.retains == 0)) return CUDA_ERROR_INVALID_VALUE;
   if (it->second.retains > 0) --it->second.retains;
   else it->second.released = true;
   ReleaseVmmIfUnused(d, handle);
@@ -1205,8 +1262,7 @@ FAKECUDA_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandl
   if (reinterpret_cast<std::uintptr_t>(address) >= it->first + it->second.bytes) return CUDA_ERROR_INVALID_VALUE;
   auto h = d.vmm_handles.find(it->second.handle);
   if (h == d.vmm_handles.end()) return CUDA_ERROR_INVALID_VALUE;
-  // A retained handle needs its own cuMemRelease: count it as one more user.
-  h->second.released = false;
+  // A retained handle needs its own cuMemRelease: one more reference, whatever was released before.
   ++h->second.retains;
   *handle = it->second.handle;
   return CUDA_SUCCESS;

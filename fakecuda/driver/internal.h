@@ -82,7 +82,7 @@ struct Event : Object {
   std::uint64_t generation = 0;
   std::uint64_t seq = 0;
   std::uint64_t end_ns = 0;                 // cached once observed
-  Context* context = nullptr;
+  std::uint32_t device = 0;                 // physical; not a Context*: the context may go first
 };
 
 struct ParamInfo {
@@ -113,7 +113,8 @@ struct Module : Object {
 };
 
 struct KernelNode {
-  Function* function = nullptr;
+  Function* function = nullptr;             // checked before use; the name is copied for after it is gone
+  std::string name;
   model::LaunchShape shape{};
   std::uint64_t per_wave_ns = 0;
 };
@@ -149,6 +150,7 @@ struct Pool : Object {
 
 struct Array : Object {
   explicit Array(Kind k = Kind::array) : Object(k) {}
+  Context* context = nullptr;               // destroyed with it
   std::uint32_t device = 0;
   std::uint64_t charged_bytes = 0;
   CUDA_ARRAY3D_DESCRIPTOR descriptor{};
@@ -165,6 +167,7 @@ struct Allocation {
   AllocationKind kind = AllocationKind::device;
   Context* context = nullptr;
   Pool* pool = nullptr;
+  bool cached = false;                      // a stream-ordered block freed back to its pool
   unsigned int host_flags = 0;              // cuMemHostAlloc flags
 };
 

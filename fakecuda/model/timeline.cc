@@ -85,9 +85,13 @@ void CloseWindow(Machine& m, std::uint32_t device) {
   w.percent = percent;
   ++d.window_count;
   // Under time-slicing NVML names one process per sample: the one that held the device longest.
+  // Ties (two processes sharing a window evenly) go to the next process after the last one named, so equal
+  // tenants alternate, as the H100's samples did, instead of one of them never being named.
   std::uint32_t best = kNoSlot;
   std::uint64_t best_busy = 0;
-  for (std::uint32_t i = 0; i < kMaxProcesses; ++i) {
+  const std::uint32_t start = d.last_sample_slot == kNoSlot ? 0 : (d.last_sample_slot + 1) % kMaxProcesses;
+  for (std::uint32_t k = 0; k < kMaxProcesses; ++k) {
+    const std::uint32_t i = (start + k) % kMaxProcesses;
     ProcessSlot& slot = m.slots[i];
     if (slot.window_busy_ns[device] > best_busy) {
       best_busy = slot.window_busy_ns[device];
@@ -96,6 +100,7 @@ void CloseWindow(Machine& m, std::uint32_t device) {
     slot.window_busy_ns[device] = 0;
   }
   if (best != kNoSlot) {
+    d.last_sample_slot = best;
     NvmlSample& sample = m.slots[best].latest_sample[device];
     sample.timestamp_us = static_cast<std::uint64_t>(static_cast<std::int64_t>(end / 1000) + m.realtime_offset_us);
     sample.sm_percent = percent;
@@ -159,6 +164,7 @@ void InitMachine(Machine& m, const MachineConfig& config, std::uint64_t now_ns, 
     d.advanced_to_ns = now_ns;
     d.window_start_ns = now_ns;
     d.active_slot = kNoSlot;
+    d.last_sample_slot = kNoSlot;
   }
 }
 
@@ -389,7 +395,9 @@ EnqueueResult EnqueueKernel(Machine& m, std::uint32_t stream, const KernelLaunch
                             std::uint64_t* seq_out) {
   const Stream& s = m.streams[stream];
   const DeviceSpec& spec = m.config.devices[s.device];
-  const KernelCost cost = CostKernel(spec, m.slots[s.slot].mps_sm_count[s.device], launch.shape, launch.per_wave_ns);
+  // A process's MPS share limits its SMs only in MPS mode.
+  const std::uint32_t sm_count = m.config.mode == SchedulingMode::mps ? m.slots[s.slot].mps_sm_count[s.device] : 0;
+  const KernelCost cost = CostKernel(spec, sm_count, launch.shape, launch.per_wave_ns);
   Op op{};
   op.kind = OpKind::kernel;
   op.alone_ns = cost.alone_ns;
@@ -541,6 +549,10 @@ std::uint32_t RepairMachine(Machine& m) {
     }
     if (d.active_slot != kNoSlot && d.active_slot >= kMaxProcesses) {
       d.active_slot = kNoSlot;
+      ++fixes;
+    }
+    if (d.last_sample_slot != kNoSlot && d.last_sample_slot >= kMaxProcesses) {
+      d.last_sample_slot = kNoSlot;
       ++fixes;
     }
     if (d.stream_high_water > kMaxStreams) {

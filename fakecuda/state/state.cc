@@ -280,6 +280,24 @@ void ForgetAfterFork() {
   }
 }
 
+void EnsureOwnSlot(Attachment& a) {
+  if (a.slot == model::kNoSlot) return;
+  {
+    MachineLock lock(a);
+    const model::ProcessSlot& slot = lock.machine().slots[a.slot];
+    if (slot.state == model::SlotState::live && slot.generation == a.slot_generation && slot.pid == a.pid) return;
+  }
+  LogError("this process lost its slot in FAKECUDA_STATE='%s' (its descriptors were closed?); taking a new one: "
+           "memory allocated before is no longer counted",
+           a.path.c_str());
+  const int fd = open(a.path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  // The old number may now be one of the application's own files: never close it, just stop using it.
+  a.fd = fd;
+  a.slot = model::kNoSlot;
+  ClaimSlot(a);
+}
+
 MachineLock::MachineLock(Attachment& attachment) : attachment_(attachment) {
   pthread_mutex_t* mutex = MutexOf(*attachment_.machine);
   const int r = pthread_mutex_lock(mutex);
@@ -305,7 +323,8 @@ std::uint32_t ReapDeadProcesses(Attachment& a, std::uint64_t now_ns, bool force)
     if (i == a.slot) continue;  // our own lock never conflicts with our own description
     if (ByteHeldByOther(a.fd, LivenessByte(i))) continue;
     const std::int32_t pid = slot.pid;
-    for (std::uint32_t dev = 0; dev < m.config.device_count; ++dev) model::Advance(m, dev, now_ns, nullptr);
+    // Bring the devices up to now first (with the trace: live processes' kernels complete in this step too).
+    for (std::uint32_t dev = 0; dev < m.config.device_count; ++dev) AdvanceToNow(a, dev, now_ns);
     std::uint64_t returned[model::kMaxDevices] = {};
     model::ReleaseSlot(m, i, returned);
     ++reaped;

@@ -13,7 +13,7 @@
 namespace fakecuda::model {
 
 inline constexpr std::uint64_t kMagic = 0x4144554345'4b4146ULL;  // "FAKECUDA" little-endian
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;
 
 inline constexpr std::uint32_t kMaxDevices = 8;
 inline constexpr std::uint32_t kMaxProcesses = 256;
@@ -138,7 +138,7 @@ struct DeviceTimeline {
   std::uint64_t kernels_completed;
   std::uint64_t memory_used_bytes;       // derived: sum of slots' memory_bytes; repaired after a crash
   std::uint32_t window_count;            // windows closed so far (history index = count % kWindowHistory)
-  std::uint32_t reserved0;
+  std::uint32_t last_sample_slot;        // the process the latest per-process sample named (ties rotate past it)
   UtilWindow windows[kWindowHistory];
 };
 

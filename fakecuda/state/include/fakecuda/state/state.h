@@ -30,6 +30,11 @@ struct Attachment {
 // Thread-safe; repeated calls return the same attachment (per `claim_slot` flavour).
 Attachment* Attach(bool claim_slot, std::string& error);
 
+// Checks that this process still owns its slot (a process that closed every descriptor — a daemon does — lost
+// its liveness lock and may have been reaped, its slot handed to another process). If not, claims a new slot and
+// says so once on stderr: what the old slot held was already returned to the device.
+void EnsureOwnSlot(Attachment& attachment);
+
 // Called in a fork child: forgets the parent's attachments (without touching the shared state the
 // parent still owns) so the next Attach starts afresh.
 void ForgetAfterFork();
