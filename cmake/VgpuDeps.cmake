@@ -2,6 +2,7 @@
 # NVML declarations from the nvidia-nvml-dev wheel (pip), both header-only
 # for us: we never link the real libraries.
 find_package(Threads REQUIRED)
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
 
 find_path(CUDA_DRIVER_INCLUDE_DIR cuda.h
   HINTS $ENV{CUDA_HOME}/include /usr/local/cuda/include /usr/include

@@ -1,0 +1,683 @@
+// Memory caps: every allocation API reserves in the container region before the driver is called and gives the
+// reservation back if the driver fails; frees are matched; contexts are charged their overhead; the views
+// (cuMemGetInfo, cuDeviceTotalMem) show the slice.
+#include <algorithm>
+#include <vector>
+
+#include "shim.h"
+
+namespace vgpu::hooks {
+namespace {
+
+// Until measured on this device (from NVML's view of this process): above what an H100 context costs
+// (518-527 MiB measured), so an unmeasured context is never under-counted.
+constexpr std::uint64_t kDefaultContextBytes = 600ull << 20;
+constexpr std::uint64_t kChargeGranularity = 512;              // what the driver rounds small allocations to
+
+std::uint64_t Rounded(std::uint64_t bytes) {
+  return (bytes + kChargeGranularity - 1) / kChargeGranularity * kChargeGranularity;
+}
+
+CUcontext CurrentContext() {
+  CUcontext context = nullptr;
+  if (Real::cuCtxGetCurrent != nullptr) Real::cuCtxGetCurrent(&context);
+  return context;
+}
+
+std::uint64_t ContextBytes(int ordinal) {
+  Shim& shim = TheShim();
+  const int device = RegionDevice(ordinal);
+  const std::uint64_t measured = device >= 0 ? shim.region->ContextBytes(device) : 0;
+  return measured != 0 ? measured : kDefaultContextBytes;
+}
+
+// Charges `bytes`, calls the driver, and keeps the charge only if the driver succeeded.
+template <typename Call>
+CUresult ChargedCall(int ordinal, std::uint64_t bytes, Call&& call) {
+  if (!Charge(ordinal, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult result = call();
+  if (result != CUDA_SUCCESS) Uncharge(ordinal, bytes);
+  return result;
+}
+
+// Drops everything the ledger holds for a context the driver has destroyed (its memory went with it).
+void ForgetContext(CUcontext context) {
+  Shim& shim = TheShim();
+  std::vector<std::pair<int, std::uint64_t>> released;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    for (auto it = shim.allocations.begin(); it != shim.allocations.end();) {
+      if (it->second.context == context) {
+        released.emplace_back(it->second.ordinal, it->second.bytes);
+        it = shim.allocations.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = shim.arrays.begin(); it != shim.arrays.end();) {
+      if (it->second.context == context) {
+        released.emplace_back(it->second.ordinal, it->second.bytes);
+        it = shim.arrays.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = shim.pools.begin(); it != shim.pools.end();) {
+      if (it->second.context == context) {
+        released.emplace_back(it->second.ordinal, it->second.charged);
+        it = shim.pools.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& [ordinal, bytes] : released) Uncharge(ordinal, bytes);
+}
+
+CUresult AllocateTracked(CUdeviceptr* pointer, std::uint64_t charge, const std::function<CUresult()>& call) {
+  const int ordinal = CurrentOrdinal();
+  if (ordinal < 0) return call();  // no context: the driver says what is wrong
+  const CUresult result = ChargedCall(ordinal, charge, call);
+  if (result == CUDA_SUCCESS && pointer != nullptr) {
+    Shim& shim = TheShim();
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    shim.allocations[*pointer] = {ordinal, charge, CurrentContext()};
+  }
+  return result;
+}
+
+// Measures what the context just created on `ordinal` costs, from the host's view of this process (NVML), and
+// records it in the region for the container's other processes. Falls back to the estimate already charged.
+void MeasureContext(int ordinal, std::uint64_t charged_estimate, std::uint64_t& charged) {
+  charged = charged_estimate;
+  Shim& shim = TheShim();
+  const int device = RegionDevice(ordinal);
+  if (device < 0 || shim.region->ContextBytes(device) != 0) return;
+  if (!ResolveRealNvml() || Real::nvmlDeviceGetHandleByUUID == nullptr ||
+      Real::nvmlDeviceGetComputeRunningProcesses_v3 == nullptr || Real::nvmlInit_v2 == nullptr) {
+    return;
+  }
+  CUdevice cu_device = 0;
+  CUuuid uuid{};
+  if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
+    return;
+  }
+  char text[96];
+  const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  nvmlDevice_t handle = nullptr;
+  if (Real::nvmlInit_v2() != NVML_SUCCESS || Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS) return;
+  nvmlProcessInfo_t processes[64];
+  unsigned int count = 64;
+  if (Real::nvmlDeviceGetComputeRunningProcesses_v3(handle, &count, processes) != NVML_SUCCESS) return;
+  const std::uint64_t own_allocations = shim.region->OwnUsed(device) - charged_estimate;
+  for (unsigned int i = 0; i < count; ++i) {
+    if (static_cast<pid_t>(processes[i].pid) != getpid() || processes[i].usedGpuMemory <= own_allocations) continue;
+    const std::uint64_t measured = processes[i].usedGpuMemory - own_allocations;
+    shim.region->SetContextBytes(device, measured);
+    // Adjust the charge from the estimate to the measurement (it is this process's own context: it exists).
+    if (measured > charged_estimate) {
+      if (!shim.region->Reserve(device, measured - charged_estimate, UINT64_MAX)) return;
+    } else {
+      shim.region->Release(device, charged_estimate - measured);
+    }
+    charged = measured;
+    Log(3, "device %d: a context costs %llu bytes (measured)", ordinal, static_cast<unsigned long long>(measured));
+    return;
+  }
+}
+
+CUresult CreateContextCharged(CUcontext* context, CUdevice device, const std::function<CUresult()>& call) {
+  const std::uint64_t estimate = ContextBytes(device);
+  const CUresult result = ChargedCall(device, estimate, call);
+  if (result == CUDA_SUCCESS && context != nullptr) {
+    std::uint64_t charged = estimate;
+    MeasureContext(device, estimate, charged);
+    Shim& shim = TheShim();
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    shim.contexts[*context] = {device, charged};
+  }
+  return result;
+}
+
+CUresult DestroyContext(CUcontext context, CUresult (*real)(CUcontext)) {
+  if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const CUresult result = real(context);
+  if (result != CUDA_SUCCESS || CurrentMode() != Mode::limited) return result;
+  ForgetContext(context);
+  Shim& shim = TheShim();
+  Shim::Context charged{-1, 0};
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (auto it = shim.contexts.find(context); it != shim.contexts.end()) {
+      charged = it->second;
+      shim.contexts.erase(it);
+    }
+  }
+  if (charged.ordinal >= 0) Uncharge(charged.ordinal, charged.bytes);
+  return result;
+}
+
+// After a primary context release or reset: if the driver has destroyed it, give its charges back.
+void PrimaryMayHaveGone(CUdevice device, CUcontext primary) {
+  unsigned int flags = 0;
+  int active = 1;
+  if (Real::cuDevicePrimaryCtxGetState == nullptr || Real::cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS ||
+      active != 0) {
+    return;
+  }
+  if (primary != nullptr) ForgetContext(primary);
+  Shim& shim = TheShim();
+  std::uint64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (device >= 0 && device < policy::kMaxDevices) {
+      std::swap(bytes, shim.primary_bytes[device]);
+      shim.primary_context[device] = nullptr;
+    }
+  }
+  Uncharge(device, bytes);
+}
+
+CUcontext PrimaryContextOf(CUdevice device) {
+  Shim& shim = TheShim();
+  std::lock_guard<std::mutex> guard(shim.mutex);
+  return device >= 0 && device < policy::kMaxDevices ? shim.primary_context[device] : nullptr;
+}
+
+CUresult ReleasePrimary(CUdevice device, CUresult (*real)(CUdevice)) {
+  if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const Mode mode = CurrentMode();
+  if (mode == Mode::failed) return kFailedClosedCuda;
+  const CUcontext primary = mode == Mode::limited ? PrimaryContextOf(device) : nullptr;
+  const CUresult result = real(device);
+  if (result == CUDA_SUCCESS && mode == Mode::limited) PrimaryMayHaveGone(device, primary);
+  return result;
+}
+
+int OrdinalOfStream(CUstream stream) {
+  CUcontext context = nullptr;
+  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD && Real::cuStreamGetCtx != nullptr &&
+      Real::cuStreamGetCtx(stream, &context) == CUDA_SUCCESS && context != nullptr && Real::cuCtxPushCurrent_v2 != nullptr) {
+    if (Real::cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
+      const int ordinal = CurrentOrdinal();
+      CUcontext popped = nullptr;
+      Real::cuCtxPopCurrent_v2(&popped);
+      return ordinal;
+    }
+  }
+  return CurrentOrdinal();
+}
+
+// Stream-ordered allocation: the pool's reserved memory is what the device really holds for it, so the ledger
+// follows the pool's RESERVED_MEM_CURRENT, not the sizes asked for (freed blocks stay in the pool).
+CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool pool, CUstream stream,
+                          const std::function<CUresult()>& call) {
+  const int ordinal = OrdinalOfStream(stream);
+  if (ordinal < 0 || Real::cuMemPoolGetAttribute == nullptr) return call();
+  if (pool == nullptr && (Real::cuDeviceGetMemPool == nullptr || Real::cuDeviceGetMemPool(&pool, ordinal) != CUDA_SUCCESS)) {
+    return call();
+  }
+  Shim& shim = TheShim();
+  // Reserve the request up front (a pool may have to grow by it), then settle to the pool's real size.
+  const std::uint64_t upfront = Rounded(bytes);
+  if (!Charge(ordinal, upfront)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult result = call();
+  cuuint64_t reserved = 0;
+  const bool known = Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
+  std::uint64_t previous = 0;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    auto& charge = shim.pools[pool];
+    charge.ordinal = ordinal;
+    if (charge.context == nullptr) charge.context = CurrentContext();
+    previous = charge.charged;
+    if (known) charge.charged = reserved;
+    if (result == CUDA_SUCCESS && pointer != nullptr) shim.pool_blocks[*pointer] = pool;
+  }
+  if (!known) {
+    // Without the pool's size, count the request itself (never less than what was handed out).
+    if (result != CUDA_SUCCESS) Uncharge(ordinal, upfront);
+    else {
+      std::lock_guard<std::mutex> guard(shim.mutex);
+      shim.pools[pool].charged = previous + upfront;
+    }
+    return result;
+  }
+  // Settle: the ledger held `previous + upfront`; the pool holds `reserved`.
+  if (reserved < previous + upfront) {
+    Uncharge(ordinal, previous + upfront - reserved);
+  } else if (reserved > previous + upfront) {
+    const std::uint64_t extra = reserved - (previous + upfront);
+    if (!Charge(ordinal, extra)) {
+      // The pool grew past the cap (its granularity): undo the allocation rather than exceed the limit.
+      if (result == CUDA_SUCCESS && pointer != nullptr && Real::cuMemFreeAsync != nullptr) {
+        Real::cuMemFreeAsync(*pointer, stream);
+        if (Real::cuMemPoolTrimTo != nullptr) Real::cuMemPoolTrimTo(pool, 0);
+      }
+      std::lock_guard<std::mutex> guard(shim.mutex);
+      shim.pools[pool].charged = previous + upfront;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  return result;
+}
+
+CUresult FreeToPool(CUdeviceptr pointer, CUstream stream, CUresult (*real)(CUdeviceptr, CUstream)) {
+  if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const CUresult result = real(pointer, stream);
+  if (result == CUDA_SUCCESS && CurrentMode() == Mode::limited) {
+    Shim& shim = TheShim();
+    bool ordinary = false;
+    Shim::Allocation allocation{};
+    {
+      std::lock_guard<std::mutex> guard(shim.mutex);
+      shim.pool_blocks.erase(pointer);
+      if (auto it = shim.allocations.find(pointer); it != shim.allocations.end()) {
+        // cuMemFreeAsync of cuMemAlloc'ed memory frees it too.
+        allocation = it->second;
+        ordinary = true;
+        shim.allocations.erase(it);
+      }
+    }
+    if (ordinary) Uncharge(allocation.ordinal, allocation.bytes);
+    // The block went back to its pool, which keeps it until trimmed: reconciled when memory is needed.
+  }
+  return result;
+}
+
+std::uint64_t ArrayBytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned int levels) {
+  std::uint64_t element = 0;
+  switch (d.Format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: element = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: element = 2; break;
+    default: element = 4; break;  // 32-bit formats; wider/compressed formats are charged at least this
+  }
+  std::uint64_t total = 0;
+  std::uint64_t w = d.Width, h = std::max<std::uint64_t>(d.Height, 1), z = std::max<std::uint64_t>(d.Depth, 1);
+  for (unsigned int level = 0; level < std::max(levels, 1u); ++level) {
+    total += Rounded(w * h * z * element * std::max<unsigned int>(d.NumChannels, 1));
+    w = std::max<std::uint64_t>(w / 2, 1);
+    h = std::max<std::uint64_t>(h / 2, 1);
+    z = std::max<std::uint64_t>(z / 2, 1);
+  }
+  return total;
+}
+
+template <typename Handle>
+CUresult CreateArrayCharged(Handle* out, std::uint64_t bytes, const std::function<CUresult()>& call) {
+  const int ordinal = CurrentOrdinal();
+  if (ordinal < 0) return call();
+  const CUresult result = ChargedCall(ordinal, bytes, call);
+  if (result == CUDA_SUCCESS && out != nullptr) {
+    Shim& shim = TheShim();
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    shim.arrays[reinterpret_cast<CUarray>(*out)] = {ordinal, bytes, CurrentContext()};
+  }
+  return result;
+}
+
+CUresult DestroyArrayCharged(CUarray array, const std::function<CUresult()>& call) {
+  const CUresult result = call();
+  if (result == CUDA_SUCCESS && CurrentMode() == Mode::limited) {
+    Shim& shim = TheShim();
+    Shim::Allocation allocation{-1, 0, nullptr};
+    {
+      std::lock_guard<std::mutex> guard(shim.mutex);
+      if (auto it = shim.arrays.find(array); it != shim.arrays.end()) {
+        allocation = it->second;
+        shim.arrays.erase(it);
+      }
+    }
+    if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
+  }
+  return result;
+}
+
+void DropVmmReference(CUmemGenericAllocationHandle handle) {
+  Shim& shim = TheShim();
+  Shim::Vmm gone{-1, 0, 0};
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    auto it = shim.vmm.find(handle);
+    if (it == shim.vmm.end()) return;
+    if (--it->second.references > 0) return;
+    gone = it->second;
+    shim.vmm.erase(it);
+  }
+  // The physical memory is gone once the handle is released and every mapping of it is unmapped.
+  if (gone.ordinal >= 0) Uncharge(gone.ordinal, gone.bytes);
+}
+
+}  // namespace
+}  // namespace vgpu::hooks
+
+using namespace vgpu::hooks;
+
+#define VGPU_PASSTHROUGH_UNLESS_LIMITED(real, ...)                 \
+  do {                                                            \
+    if (Real::real == nullptr) ResolveReal();                     \
+    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND;       \
+    const Mode mode_ = CurrentMode();                             \
+    if (mode_ == Mode::failed) return kFailedClosedCuda;          \
+    if (mode_ != Mode::limited) return Real::real(__VA_ARGS__);   \
+  } while (0)
+
+extern "C" VGPU_EXPORT CUresult cuInit(unsigned int flags) {
+  if (!ResolveReal()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
+  return Real::cuInit(flags);
+}
+
+// ---- contexts -------------------------------------------------------------------------------------------
+
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDevicePrimaryCtxRetain, context, device);
+  unsigned int flags = 0;
+  int active = 1;
+  if (Real::cuDevicePrimaryCtxGetState != nullptr) Real::cuDevicePrimaryCtxGetState(device, &flags, &active);
+  if (active != 0 || context == nullptr) return Real::cuDevicePrimaryCtxRetain(context, device);  // exists: charged
+  const std::uint64_t estimate = ContextBytes(device);
+  const CUresult result = ChargedCall(device, estimate, [&] { return Real::cuDevicePrimaryCtxRetain(context, device); });
+  if (result == CUDA_SUCCESS) {
+    std::uint64_t charged = estimate;
+    MeasureContext(device, estimate, charged);
+    Shim& shim = TheShim();
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (device >= 0 && device < vgpu::policy::kMaxDevices) {
+      shim.primary_bytes[device] += charged;
+      shim.primary_context[device] = *context;
+    }
+  }
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  return ReleasePrimary(device, Real::cuDevicePrimaryCtxRelease_v2);
+}
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+  return ReleasePrimary(device, Real::cuDevicePrimaryCtxRelease);
+}
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+  return ReleasePrimary(device, Real::cuDevicePrimaryCtxReset_v2);
+}
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+  return ReleasePrimary(device, Real::cuDevicePrimaryCtxReset);
+}
+
+extern "C" VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext* context, unsigned int flags, CUdevice device) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v2, context, flags, device);
+  return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v2(context, flags, device); });
+}
+extern "C" VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int count, unsigned int flags,
+                                               CUdevice device) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v3, context, params, count, flags, device);
+  return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v3(context, params, count, flags, device); });
+}
+extern "C" VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams* params, unsigned int flags, CUdevice device) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v4, context, params, flags, device);
+  return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v4(context, params, flags, device); });
+}
+extern "C" VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
+  if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
+  return DestroyContext(context, Real::cuCtxDestroy_v2);
+}
+extern "C" VGPU_EXPORT CUresult cuCtxDestroy(CUcontext context) {
+  if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
+  return DestroyContext(context, Real::cuCtxDestroy);
+}
+
+// ---- allocation -----------------------------------------------------------------------------------------
+
+extern "C" VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAlloc_v2, pointer, bytes);
+  if (pointer == nullptr || bytes == 0) return Real::cuMemAlloc_v2(pointer, bytes);
+  return AllocateTracked(pointer, Rounded(bytes), [&] { return Real::cuMemAlloc_v2(pointer, bytes); });
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* pointer, size_t bytes, unsigned int flags) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocManaged, pointer, bytes, flags);
+  if (pointer == nullptr || bytes == 0) return Real::cuMemAllocManaged(pointer, bytes, flags);
+  return AllocateTracked(pointer, Rounded(bytes), [&] { return Real::cuMemAllocManaged(pointer, bytes, flags); });
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t* pitch, size_t width, size_t height,
+                                                   unsigned int element_bytes) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocPitch_v2, pointer, pitch, width, height, element_bytes);
+  if (pointer == nullptr || pitch == nullptr || width == 0 || height == 0) {
+    return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes);
+  }
+  // The pitch is the driver's choice: reserve the widest it picks (512-byte rows), then settle to its answer.
+  const std::uint64_t estimate = Rounded((width + 511) / 512 * 512 * height);
+  const int ordinal = CurrentOrdinal();
+  if (ordinal < 0) return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes);
+  const CUresult result =
+      ChargedCall(ordinal, estimate, [&] { return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes); });
+  if (result != CUDA_SUCCESS) return result;
+  const std::uint64_t actual = Rounded(static_cast<std::uint64_t>(*pitch) * height);
+  std::uint64_t charged = estimate;
+  if (actual < estimate) {
+    Uncharge(ordinal, estimate - actual);
+    charged = actual;
+  } else if (actual > estimate) {
+    if (!Charge(ordinal, actual - estimate)) {
+      // Real::cuMemFree_v2 exists whenever cuMemAllocPitch_v2 does.
+      if (Real::cuMemFree_v2 != nullptr) Real::cuMemFree_v2(*pointer);
+      Uncharge(ordinal, estimate);
+      *pointer = 0;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    charged = actual;
+  }
+  Shim& shim = TheShim();
+  std::lock_guard<std::mutex> guard(shim.mutex);
+  shim.allocations[*pointer] = {ordinal, charged, CurrentContext()};
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemFree_v2, pointer);
+  // An unknown pointer is the driver's business: passed on untouched (HAMi-core#321).
+  const CUresult result = Real::cuMemFree_v2(pointer);
+  if (result != CUDA_SUCCESS) return result;
+  Shim& shim = TheShim();
+  Shim::Allocation allocation{-1, 0, nullptr};
+  CUmemoryPool pool = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (auto it = shim.allocations.find(pointer); it != shim.allocations.end()) {
+      allocation = it->second;
+      shim.allocations.erase(it);
+    } else if (auto block = shim.pool_blocks.find(pointer); block != shim.pool_blocks.end()) {
+      pool = block->second;  // cuMemFree of a stream-ordered block: back to its pool, reconciled later
+      shim.pool_blocks.erase(block);
+    }
+  }
+  (void)pool;
+  if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, CUstream stream) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocAsync, pointer, bytes, stream);
+  if (pointer == nullptr || bytes == 0) return Real::cuMemAllocAsync(pointer, bytes, stream);
+  return AllocateFromPool(pointer, bytes, nullptr, stream, [&] { return Real::cuMemAllocAsync(pointer, bytes, stream); });
+}
+extern "C" VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUstream stream) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocAsync_ptsz, pointer, bytes, stream);
+  if (pointer == nullptr || bytes == 0) return Real::cuMemAllocAsync_ptsz(pointer, bytes, stream);
+  return AllocateFromPool(pointer, bytes, nullptr, stream, [&] { return Real::cuMemAllocAsync_ptsz(pointer, bytes, stream); });
+}
+extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool, CUstream stream) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocFromPoolAsync, pointer, bytes, pool, stream);
+  if (pointer == nullptr || bytes == 0 || pool == nullptr) return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream);
+  return AllocateFromPool(pointer, bytes, pool, stream, [&] { return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream); });
+}
+extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool,
+                                                             CUstream stream) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocFromPoolAsync_ptsz, pointer, bytes, pool, stream);
+  if (pointer == nullptr || bytes == 0 || pool == nullptr) {
+    return Real::cuMemAllocFromPoolAsync_ptsz(pointer, bytes, pool, stream);
+  }
+  return AllocateFromPool(pointer, bytes, pool, stream,
+                          [&] { return Real::cuMemAllocFromPoolAsync_ptsz(pointer, bytes, pool, stream); });
+}
+extern "C" VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
+  if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
+  return FreeToPool(pointer, stream, Real::cuMemFreeAsync);
+}
+extern "C" VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr pointer, CUstream stream) {
+  if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
+  return FreeToPool(pointer, stream, Real::cuMemFreeAsync_ptsz);
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep_bytes) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemPoolTrimTo, pool, keep_bytes);
+  const CUresult result = Real::cuMemPoolTrimTo(pool, keep_bytes);
+  ReconcilePools();
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemPoolDestroy, pool);
+  const CUresult result = Real::cuMemPoolDestroy(pool);
+  if (result == CUDA_SUCCESS) {
+    Shim& shim = TheShim();
+    Shim::PoolCharge charge{-1, nullptr, 0};
+    {
+      std::lock_guard<std::mutex> guard(shim.mutex);
+      if (auto it = shim.pools.find(pool); it != shim.pools.end()) {
+        charge = it->second;
+        shim.pools.erase(it);
+      }
+    }
+    if (charge.ordinal >= 0) Uncharge(charge.ordinal, charge.charged);
+  }
+  return result;
+}
+
+// ---- VMM: charged to the device in the allocation's location; freed when released and unmapped -----------
+
+extern "C" VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes, const CUmemAllocationProp* prop,
+                                           unsigned long long flags) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemCreate, handle, bytes, prop, flags);
+  if (handle == nullptr || prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return Real::cuMemCreate(handle, bytes, prop, flags);  // host memory is not device memory: not charged
+  }
+  const int ordinal = prop->location.id;
+  const CUresult result = ChargedCall(ordinal, bytes, [&] { return Real::cuMemCreate(handle, bytes, prop, flags); });
+  if (result == CUDA_SUCCESS) {
+    Shim& shim = TheShim();
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    shim.vmm[*handle] = {ordinal, bytes, 1};
+  }
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemRelease, handle);
+  const CUresult result = Real::cuMemRelease(handle);
+  if (result == CUDA_SUCCESS) DropVmmReference(handle);
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemMap(CUdeviceptr pointer, size_t bytes, size_t offset, CUmemGenericAllocationHandle handle,
+                                        unsigned long long flags) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemMap, pointer, bytes, offset, handle, flags);
+  const CUresult result = Real::cuMemMap(pointer, bytes, offset, handle, flags);
+  if (result == CUDA_SUCCESS) {
+    Shim& shim = TheShim();
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (auto it = shim.vmm.find(handle); it != shim.vmm.end()) {
+      ++it->second.references;
+      shim.vmm_mappings[pointer] = {handle, bytes};
+    }
+  }
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemUnmap, pointer, bytes);
+  const CUresult result = Real::cuMemUnmap(pointer, bytes);
+  if (result == CUDA_SUCCESS) {
+    Shim& shim = TheShim();
+    std::vector<CUmemGenericAllocationHandle> unmapped;
+    {
+      std::lock_guard<std::mutex> guard(shim.mutex);
+      for (auto it = shim.vmm_mappings.lower_bound(pointer); it != shim.vmm_mappings.end() && it->first < pointer + bytes;) {
+        unmapped.push_back(it->second.first);
+        it = shim.vmm_mappings.erase(it);
+      }
+    }
+    for (CUmemGenericAllocationHandle handle : unmapped) DropVmmReference(handle);
+  }
+  return result;
+}
+
+// ---- arrays ---------------------------------------------------------------------------------------------
+
+extern "C" VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArrayCreate_v2, array, desc);
+  if (array == nullptr || desc == nullptr) return Real::cuArrayCreate_v2(array, desc);
+  CUDA_ARRAY3D_DESCRIPTOR d3{};
+  d3.Width = desc->Width;
+  d3.Height = desc->Height;
+  d3.Format = desc->Format;
+  d3.NumChannels = desc->NumChannels;
+  return CreateArrayCharged(array, ArrayBytes(d3, 1), [&] { return Real::cuArrayCreate_v2(array, desc); });
+}
+
+extern "C" VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArray3DCreate_v2, array, desc);
+  if (array == nullptr || desc == nullptr) return Real::cuArray3DCreate_v2(array, desc);
+  return CreateArrayCharged(array, ArrayBytes(*desc, 1), [&] { return Real::cuArray3DCreate_v2(array, desc); });
+}
+
+extern "C" VGPU_EXPORT CUresult cuArrayDestroy(CUarray array) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArrayDestroy, array);
+  return DestroyArrayCharged(array, [&] { return Real::cuArrayDestroy(array); });
+}
+
+extern "C" VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                                       unsigned int levels) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMipmappedArrayCreate, array, desc, levels);
+  if (array == nullptr || desc == nullptr) return Real::cuMipmappedArrayCreate(array, desc, levels);
+  return CreateArrayCharged(array, ArrayBytes(*desc, levels), [&] { return Real::cuMipmappedArrayCreate(array, desc, levels); });
+}
+
+extern "C" VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMipmappedArrayDestroy, array);
+  return DestroyArrayCharged(reinterpret_cast<CUarray>(array), [&] { return Real::cuMipmappedArrayDestroy(array); });
+}
+
+// ---- the view -------------------------------------------------------------------------------------------
+
+extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemGetInfo_v2, free_bytes, total_bytes);
+  // The driver first: it decides what a missing context or NULL outputs mean (HAMi-core#333).
+  const CUresult result = Real::cuMemGetInfo_v2(free_bytes, total_bytes);
+  if (result != CUDA_SUCCESS) return result;
+  const int ordinal = CurrentOrdinal();
+  const std::uint64_t limit = MemoryLimit(ordinal);
+  if (limit == 0) return result;
+  std::size_t physical_total = 0, physical_free = 0;
+  Real::cuMemGetInfo_v2(&physical_free, &physical_total);
+  ReconcilePools();
+  const std::uint64_t total = std::min<std::uint64_t>(limit, physical_total);
+  const std::uint64_t used = Used(ordinal);
+  // Never wraps (HAMi#1181), never more than the device really has free.
+  const std::uint64_t free_view = std::min<std::uint64_t>(used >= total ? 0 : total - used, physical_free);
+  if (total_bytes != nullptr) *total_bytes = total;
+  if (free_bytes != nullptr) *free_bytes = free_view;
+  return result;
+}
+
+extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDeviceTotalMem_v2, bytes, device);
+  const CUresult result = Real::cuDeviceTotalMem_v2(bytes, device);
+  if (result != CUDA_SUCCESS || bytes == nullptr) return result;
+  const std::uint64_t limit = MemoryLimit(device);
+  if (limit != 0) *bytes = std::min<std::uint64_t>(limit, *bytes);  // a limit above the device is not a bigger GPU
+  return result;
+}

@@ -1,0 +1,95 @@
+// NVML's view of the slice: nvmlDeviceGetMemoryInfo and _v2 agree with cuMemGetInfo (total = the limit, used =
+// the container's usage); a process whose configuration is invalid sees no NVML either (fail closed).
+#include <algorithm>
+#include <cstring>
+
+#include "shim.h"
+
+namespace vgpu::hooks {
+namespace {
+
+// The CUDA ordinal of an NVML device, by UUID (NVML numbers devices on the host; CUDA after
+// CUDA_VISIBLE_DEVICES), or -1 if this process's CUDA does not see it.
+int OrdinalOf(nvmlDevice_t device) {
+  char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+  if (Real::nvmlDeviceGetUUID == nullptr || Real::nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS) return -1;
+  if (!ResolveReal() || Real::cuInit(0) != CUDA_SUCCESS) return -1;
+  int count = 0;
+  if (Real::cuDeviceGetCount == nullptr || Real::cuDeviceGetCount(&count) != CUDA_SUCCESS) return -1;
+  for (int ordinal = 0; ordinal < std::min(count, policy::kMaxDevices); ++ordinal) {
+    CUdevice cu_device = 0;
+    CUuuid uuid{};
+    if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) continue;
+    char mine[64];
+    const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
+    std::snprintf(mine, sizeof mine, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                  u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    if (strcasecmp(mine, text) == 0) return ordinal;
+  }
+  return -1;
+}
+
+// total = min(limit, physical), used = the container's usage, free = total - used (never below zero).
+bool SliceView(nvmlDevice_t device, unsigned long long physical_total, unsigned long long& total,
+               unsigned long long& used, unsigned long long& free_bytes) {
+  const int ordinal = OrdinalOf(device);
+  const std::uint64_t limit = MemoryLimit(ordinal);
+  if (ordinal < 0 || limit == 0) return false;
+  ReconcilePools();
+  total = std::min<unsigned long long>(limit, physical_total);
+  used = std::min<unsigned long long>(Used(ordinal), total);
+  free_bytes = total - used;
+  return true;
+}
+
+nvmlReturn_t InitCommon() {
+  if (CurrentMode() == Mode::failed) return kFailedClosedNvml;
+  ResolveRealNvml();
+  return NVML_SUCCESS;
+}
+
+}  // namespace
+}  // namespace vgpu::hooks
+
+using namespace vgpu::hooks;
+
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlInit_v2() {
+  if (const nvmlReturn_t r = InitCommon(); r != NVML_SUCCESS) return r;
+  return Real::nvmlInit_v2 != nullptr ? Real::nvmlInit_v2() : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+  if (const nvmlReturn_t r = InitCommon(); r != NVML_SUCCESS) return r;
+  return Real::nvmlInitWithFlags != nullptr ? Real::nvmlInitWithFlags(flags) : NVML_ERROR_LIBRARY_NOT_FOUND;
+}
+
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+  if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  const Mode mode = CurrentMode();
+  if (mode == Mode::failed) return kFailedClosedNvml;
+  const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo(device, memory);
+  if (result != NVML_SUCCESS || mode != Mode::limited) return result;
+  unsigned long long total = 0, used = 0, free_bytes = 0;
+  if (SliceView(device, memory->total, total, used, free_bytes)) {
+    memory->total = total;
+    memory->used = used;
+    memory->free = free_bytes;
+  }
+  return result;
+}
+
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+  if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo_v2 == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  const Mode mode = CurrentMode();
+  if (mode == Mode::failed) return kFailedClosedNvml;
+  const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo_v2(device, memory);
+  if (result != NVML_SUCCESS || mode != Mode::limited) return result;
+  unsigned long long total = 0, used = 0, free_bytes = 0;
+  if (SliceView(device, memory->total, total, used, free_bytes)) {
+    memory->total = total;
+    memory->reserved = 0;  // the slice has no driver reserve: total = used + free, as cuMemGetInfo shows it
+    memory->used = used;
+    memory->free = free_bytes;
+  }
+  return result;
+}

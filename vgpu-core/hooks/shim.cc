@@ -1,0 +1,184 @@
+// The shim's process state: one-time initialization (configuration, region, real functions), fork handling,
+// the device map (CUDA ordinal -> region device by UUID) and the charge/uncharge primitives of the ledger.
+#include "shim.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+namespace vgpu::hooks {
+namespace {
+
+alignas(Shim) unsigned char g_shim_storage[sizeof(Shim)];
+std::atomic<Shim*> g_shim{nullptr};
+std::atomic<int> g_create_lock{0};
+thread_local bool t_initializing = false;
+
+void AfterForkInChild() {
+  // The child runs one thread. Its CUDA state is its own: the parent's allocations and contexts stay the
+  // parent's, and the child takes its own region slot at its next charge.
+  Shim* old = g_shim.load(std::memory_order_relaxed);
+  if (old == nullptr) return;
+  region::Attachment* attachment = old->region;
+  policy::Config config = old->config;
+  const Mode mode = old->mode.load(std::memory_order_relaxed);
+  // Rebuild in place (the parent's mutexes may have been held by threads that do not exist here); the
+  // parent's maps are leaked on purpose: their destructors could touch locked heap state.
+  Shim* fresh = new (g_shim_storage) Shim();
+  fresh->config = std::move(config);
+  fresh->region = attachment;
+  for (int& device : fresh->region_device) device = -1;
+  if (attachment != nullptr) attachment->ForgetAfterFork();
+  fresh->mode.store(mode, std::memory_order_release);
+}
+
+}  // namespace
+
+Shim& TheShim() {
+  Shim* shim = g_shim.load(std::memory_order_acquire);
+  if (shim != nullptr) return *shim;
+  // A spin lock: this runs before anything else of ours exists, possibly inside a dlsym call.
+  while (g_create_lock.exchange(1, std::memory_order_acquire) != 0) {
+  }
+  shim = g_shim.load(std::memory_order_relaxed);
+  if (shim == nullptr) {
+    shim = new (g_shim_storage) Shim();
+    for (int& device : shim->region_device) device = -1;
+    pthread_atfork(nullptr, nullptr, &AfterForkInChild);
+    g_shim.store(shim, std::memory_order_release);
+  }
+  g_create_lock.store(0, std::memory_order_release);
+  return *shim;
+}
+
+void Log(int level, const char* format, ...) {
+  Shim& shim = TheShim();
+  if (level > shim.config.log_level) return;
+  char message[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(message, sizeof message, format, args);
+  va_end(args);
+  std::fprintf(stderr, "vgpu[%d]: %s\n", static_cast<int>(getpid()), message);
+}
+
+Mode Initialize() {
+  Shim& shim = TheShim();
+  if (t_initializing) return Mode::passthrough;  // re-entered from inside initialization: reach the driver
+  std::lock_guard<std::mutex> guard(shim.init_mutex);
+  Mode mode = shim.mode.load(std::memory_order_acquire);
+  if (mode != Mode::uninitialized) return mode;
+  t_initializing = true;
+  std::string error;
+  if (!ResolveReal()) {
+    // No driver at all: nothing to protect; hooks report what the missing driver would.
+    mode = Mode::passthrough;
+  } else if (!policy::LoadConfig(shim.config, error)) {
+    std::fprintf(stderr, "vgpu[%d]: %s; GPU access is refused (fail closed)\n", static_cast<int>(getpid()), error.c_str());
+    mode = Mode::failed;
+  } else if (!shim.config.AnyMemoryLimit()) {
+    mode = Mode::passthrough;
+  } else {
+    shim.region = region::Attachment::Open(shim.config.region_path, error);
+    if (shim.region == nullptr) {
+      std::fprintf(stderr, "vgpu[%d]: %s; GPU access is refused (fail closed)\n", static_cast<int>(getpid()),
+                   error.c_str());
+      mode = Mode::failed;
+    } else {
+      mode = Mode::limited;
+    }
+  }
+  t_initializing = false;
+  shim.mode.store(mode, std::memory_order_release);
+  if (mode == Mode::limited) Log(3, "limits from %s, region %s", shim.config.source.c_str(), shim.config.region_path.c_str());
+  return mode;
+}
+
+std::uint64_t MemoryLimit(int ordinal) {
+  if (ordinal < 0 || ordinal >= policy::kMaxDevices) return 0;
+  return TheShim().config.memory_limit_bytes[static_cast<std::size_t>(ordinal)];
+}
+
+int RegionDevice(int ordinal) {
+  Shim& shim = TheShim();
+  if (ordinal < 0 || ordinal >= policy::kMaxDevices || shim.region == nullptr) return -1;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (shim.region_device[ordinal] >= 0) return shim.region_device[ordinal];
+  }
+  CUdevice device = 0;
+  CUuuid uuid{};
+  if (Real::cuDeviceGet == nullptr || Real::cuDeviceGetUuid_v2 == nullptr ||
+      Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) {
+    return -1;
+  }
+  const int index = shim.region->DeviceIndex(reinterpret_cast<const std::uint8_t*>(uuid.bytes));
+  if (index >= 0) {
+    const std::uint64_t limit = MemoryLimit(ordinal);
+    if (limit != 0) shim.region->SetLimitForMonitoring(index, limit);
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    shim.region_device[ordinal] = index;
+  }
+  return index;
+}
+
+int CurrentOrdinal() {
+  CUdevice device = -1;
+  if (Real::cuCtxGetDevice == nullptr || Real::cuCtxGetDevice(&device) != CUDA_SUCCESS) return -1;
+  return device;
+}
+
+bool Charge(int ordinal, std::uint64_t bytes) {
+  Shim& shim = TheShim();
+  if (bytes == 0) return true;
+  const int device = RegionDevice(ordinal);
+  if (device < 0) {
+    // A device we cannot name is one no limit can be enforced on: refuse rather than let it through uncounted.
+    return MemoryLimit(ordinal) == 0;
+  }
+  std::uint64_t limit = MemoryLimit(ordinal);
+  if (limit == 0) limit = UINT64_MAX;  // counted, not limited: another device of the process has a limit
+  if (shim.region->Reserve(device, bytes, limit)) return true;
+  // Pools may hold memory the driver has since trimmed: give it back and try once more.
+  if (ReconcilePools() && shim.region->Reserve(device, bytes, limit)) return true;
+  Log(2, "device %d: %llu bytes refused: the container uses %llu of %llu", ordinal,
+      static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(shim.region->Used(device)),
+      static_cast<unsigned long long>(limit));
+  return false;
+}
+
+void Uncharge(int ordinal, std::uint64_t bytes) {
+  Shim& shim = TheShim();
+  const int device = RegionDevice(ordinal);
+  if (device >= 0 && bytes > 0) shim.region->Release(device, bytes);
+}
+
+std::uint64_t Used(int ordinal) {
+  Shim& shim = TheShim();
+  const int device = RegionDevice(ordinal);
+  return device >= 0 ? shim.region->Used(device) : 0;
+}
+
+bool ReconcilePools() {
+  Shim& shim = TheShim();
+  if (Real::cuMemPoolGetAttribute == nullptr) return false;
+  bool gave_back = false;
+  std::lock_guard<std::mutex> guard(shim.mutex);
+  for (auto& [pool, charge] : shim.pools) {
+    cuuint64_t reserved = 0;
+    if (Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS) continue;
+    if (reserved < charge.charged) {
+      const int device = shim.region_device[charge.ordinal];
+      if (device >= 0) shim.region->Release(device, charge.charged - reserved);
+      charge.charged = reserved;
+      gave_back = true;
+    }
+  }
+  return gave_back;
+}
+
+}  // namespace vgpu::hooks

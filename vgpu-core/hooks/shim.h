@@ -1,0 +1,100 @@
+// The shim's process state: configuration, the region, the device map, and the memory ledger the hooks use.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "hook_table.h"
+#include "vgpu/policy/config.h"
+#include "vgpu/region/region.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+
+namespace vgpu::hooks {
+
+enum class Mode : int {
+  uninitialized = 0,
+  passthrough = 1,   // no limit configured: hooks forward at once
+  limited = 2,       // limits apply
+  failed = 3,        // configuration or region unusable: fail closed (no GPU rather than the whole GPU)
+};
+
+// One per process; rebuilt in a fork child.
+struct Shim {
+  std::atomic<Mode> mode{Mode::uninitialized};
+  std::mutex init_mutex;
+  policy::Config config;
+  region::Attachment* region = nullptr;
+
+  // Everything below is guarded by `mutex` (never held while calling into the driver for long operations).
+  std::mutex mutex;
+  // CUDA ordinal -> region device index; -1 until looked up (needs the device's UUID).
+  int region_device[policy::kMaxDevices];
+  struct Allocation {
+    int ordinal;
+    std::uint64_t bytes;
+    CUcontext context;                                       // freed with it when the context goes
+  };
+  std::unordered_map<CUdeviceptr, Allocation> allocations;   // cuMemAlloc*, managed, pitch
+  std::unordered_map<CUarray, Allocation> arrays;            // arrays and mipmapped arrays
+  struct Vmm {
+    int ordinal;                                             // -1: not device memory (host locations)
+    std::uint64_t bytes;
+    int references;                                          // the handle itself + each mapping
+  };
+  std::unordered_map<CUmemGenericAllocationHandle, Vmm> vmm;
+  std::map<CUdeviceptr, std::pair<CUmemGenericAllocationHandle, std::size_t>> vmm_mappings;
+  struct PoolCharge {
+    int ordinal;
+    CUcontext context;
+    std::uint64_t charged;                                   // what the ledger holds for this pool
+  };
+  std::unordered_map<CUmemoryPool, PoolCharge> pools;
+  std::unordered_map<CUdeviceptr, CUmemoryPool> pool_blocks; // stream-ordered allocations -> their pool
+  struct Context {
+    int ordinal;
+    std::uint64_t bytes;
+  };
+  std::unordered_map<CUcontext, Context> contexts;           // explicit contexts
+  std::uint64_t primary_bytes[policy::kMaxDevices] = {};     // the primary context's charge, per ordinal
+  CUcontext primary_context[policy::kMaxDevices] = {};       // its handle, to forget its allocations with it
+};
+
+Shim& TheShim();
+
+// Initializes on first use (configuration, region, real functions). Returns the mode.
+Mode Initialize();
+// Mode check for the hot path: returns the mode without initializing twice.
+inline Mode CurrentMode() {
+  const Mode mode = TheShim().mode.load(std::memory_order_acquire);
+  return mode != Mode::uninitialized ? mode : Initialize();
+}
+
+// The CUDA error a failed-closed process sees from every hooked call.
+inline constexpr CUresult kFailedClosedCuda = CUDA_ERROR_NO_DEVICE;
+inline constexpr nvmlReturn_t kFailedClosedNvml = NVML_ERROR_DRIVER_NOT_LOADED;
+
+// The limit for a CUDA ordinal (0 = none).
+std::uint64_t MemoryLimit(int ordinal);
+// The region's device index for a CUDA ordinal (-1 if unknown: the device cannot be named).
+int RegionDevice(int ordinal);
+// The ordinal of the calling thread's current context, or -1.
+int CurrentOrdinal();
+
+// Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit.
+bool Charge(int ordinal, std::uint64_t bytes);
+void Uncharge(int ordinal, std::uint64_t bytes);
+// The container's usage on `ordinal`.
+std::uint64_t Used(int ordinal);
+
+// Reconciles every stream-ordered pool's charge with the pool's reserved memory (pools grow and are trimmed
+// inside the driver). Returns true if anything was given back.
+bool ReconcilePools();
+
+void Log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+}  // namespace vgpu::hooks

@@ -1,0 +1,80 @@
+// The shim's configuration: HAMi-compatible names, strict parsing, the read-only config file that wins over
+// the environment. Pure: values come through a lookup function; the OS side reads the file and environment.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace vgpu::policy {
+
+inline constexpr int kMaxDevices = 16;
+
+enum class ComputePolicy { standard, force, disable };  // GPU_CORE_UTILIZATION_POLICY: default | force | disable
+
+struct Config {
+  // 0 = no limit (an SM limit of 100, HAMi's "whole GPU", is stored as 0). Index = the CUDA device ordinal as the
+  // process sees it (after CUDA_VISIBLE_DEVICES), as HAMi numbers CUDA_DEVICE_MEMORY_LIMIT_<i>.
+  std::array<std::uint64_t, kMaxDevices> memory_limit_bytes{};
+  std::array<std::uint32_t, kMaxDevices> sm_limit_percent{};
+  // CUDA_DEVICE_MEMORY_SHARED_CACHE. ParseConfig leaves it empty when unset or empty (it cannot know the uid);
+  // LoadConfig then fills in DefaultRegionPath(getuid()).
+  std::string region_path;
+  ComputePolicy policy = ComputePolicy::standard;
+  int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
+  std::string source;                    // "environment" or the config file's path, for messages
+
+  bool AnyMemoryLimit() const;
+  bool AnyLimit() const;
+};
+
+// Looks a key up: returns the value or nullopt when unset.
+using Lookup = std::function<std::optional<std::string>(std::string_view key)>;
+
+// Parses every variable of the contract from `lookup`. `source` names where values came from, for messages.
+// On failure returns false and sets `error` to one line naming the variable, the value and an accepted example;
+// `out` is then left untouched. Asks `lookup` only for the known names (per-device ones for i = 0..15), so a
+// caller whose source can list its keys must reject the others itself (ParseConfigFile, CheckDeviceKeys).
+bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std::string& error);
+
+// A size: ASCII decimal digits with an optional suffix b, k K Ki, m M Mi, g G Gi, t T Ti (powers of 1024, as
+// HAMi reads them). "010g" is ten GiB (never octal); signs, spaces, fractions, hex, other suffixes ("4KiB",
+// "4B") and values of 2^64 or more are rejected. `bytes` is written only on success.
+bool ParseSize(std::string_view text, std::uint64_t& bytes);
+
+// The config file: KEY=VALUE lines with the variables' names, '#' comments, blank lines. Unknown keys and
+// malformed lines are errors (naming the line number). Whitespace around key and value is trimmed; '#' starts a
+// comment only as a line's first non-blank character (a value may contain '#'); a key set twice is an error.
+bool ParseConfigFile(std::string_view text, std::string_view path,
+                     std::function<void(std::string_view key, std::string_view value)> on_entry, std::string& error);
+
+// The OS side: if the file at `system_path` (default VGPU_SYSTEM_CONFIG, /etc/vgpu/vgpu.conf) exists it is the
+// configuration and the environment is ignored; else the file named by VGPU_CONFIG_FILE if set; else the
+// environment. A system file that exists but cannot be read or parsed is an error (fail closed), never a fall
+// back to the environment. Read once per process: the caller calls it once at init; it caches nothing itself.
+bool LoadConfig(Config& out, std::string& error, const char* system_path = nullptr);
+
+// True for the names of the contract: the five base names, and CUDA_DEVICE_MEMORY_LIMIT_<i> and
+// CUDA_DEVICE_SM_LIMIT_<i> for i = 0..15 written without leading zeros.
+bool IsConfigKey(std::string_view key);
+
+// The environment cannot be enumerated through Lookup, so the OS side passes `environ` here: a key starting
+// with CUDA_DEVICE_MEMORY_LIMIT_ or CUDA_DEVICE_SM_LIMIT_ that IsConfigKey rejects ("_20", "_01", "_x") would
+// otherwise be silently ignored. `environment` is a null-terminated array of "KEY=VALUE" strings.
+bool CheckDeviceKeys(const char* const* environment, std::string_view source, std::string& error);
+
+// Makes any bytes safe inside a one-line message: control characters, quotes, backslashes and non-ASCII bytes
+// are escaped and long text is cut, so that an error stays one line whatever a value or path contains.
+std::string Printable(std::string_view text);
+
+// Where the region lives when CUDA_DEVICE_MEMORY_SHARED_CACHE is unset or empty (docs/region.md).
+std::string DefaultRegionPath(std::uint32_t uid);
+
+// A config file is a handful of lines; anything larger is a mistake, refused rather than read.
+inline constexpr std::size_t kMaxConfigFileBytes = 64 * 1024;
+
+}  // namespace vgpu::policy

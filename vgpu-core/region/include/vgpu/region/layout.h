@@ -1,0 +1,59 @@
+// The container region's shared layout: what every process of a container maps (docs/region.md).
+//
+// This header is an ABI between processes, possibly built at different commits. Bump kRegionVersion whenever
+// any field changes meaning, size or position. Fixed-size, trivially copyable types only; no pointers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace vgpu::region {
+
+inline constexpr std::uint64_t kRegionMagic = 0x4e47455255504756ULL;  // "VGPUREGN" little-endian
+inline constexpr std::uint32_t kRegionVersion = 1;
+inline constexpr std::uint32_t kMaxDevices = 16;
+inline constexpr std::uint32_t kMaxSlots = 1024;
+
+enum class SlotState : std::uint32_t { free = 0, claiming = 1, live = 2 };
+
+struct Device {
+  std::uint8_t uuid[16];
+  std::uint32_t in_use;                  // 1 once a process named this device
+  std::uint32_t reserved0;
+  std::uint64_t used_bytes;              // derived: sum of the live slots' used_bytes (a cache, repaired)
+  std::uint64_t context_bytes;           // measured context overhead on this device, 0 = not yet known
+  std::uint64_t limit_bytes;             // as configured by the last process that attached; monitoring only
+  std::uint64_t reserved[11];            // the compute budget of issue 4 goes here (with a version bump)
+};
+
+struct Slot {
+  SlotState state;
+  std::int32_t pid;                      // in the container's pid namespace; -1: a holder we could not name
+  std::uint64_t generation;              // unique per claim: a process notices if its slot was taken from it
+  std::uint64_t started_ns;              // CLOCK_REALTIME at claim, for monitoring
+  std::uint64_t used_bytes[kMaxDevices];
+  std::uint64_t peak_bytes[kMaxDevices];
+};
+
+struct Region {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t region_bytes;
+  std::uint64_t created_ns;              // CLOCK_REALTIME at creation, for monitoring
+  std::uint64_t next_generation;
+  std::uint64_t last_reap_ns;            // CLOCK_MONOTONIC (one clock per host: every process agrees)
+  std::uint32_t device_count;            // entries of `devices` in use
+  std::uint32_t reserved0;
+  alignas(64) unsigned char lock_storage[64];   // robust, process-shared pthread mutex
+  Device devices[kMaxDevices];
+  Slot slots[kMaxSlots];
+};
+
+static_assert(std::is_trivially_copyable_v<Region>);
+// Counters are read without the lock through 8-byte atomic loads: they must be naturally aligned.
+static_assert(offsetof(Region, devices) % 8 == 0 && sizeof(Device) % 8 == 0);
+static_assert(offsetof(Region, slots) % 8 == 0 && sizeof(Slot) % 8 == 0 && offsetof(Slot, used_bytes) % 8 == 0);
+static_assert(std::is_standard_layout_v<Region>);
+
+}  // namespace vgpu::region

@@ -1,0 +1,86 @@
+// The container region: shared per-device memory usage and per-process slots, crash-safe (docs/region.md).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "vgpu/region/layout.h"
+
+namespace vgpu::region {
+
+// This process's attachment to a region file. Thread-safe. Never calls exit(); failures are reported as a
+// message the caller prints once.
+class Attachment {
+ public:
+  // Opens (creating atomically if needed) the region at `path`, validates it, reaps dead slots and claims a slot
+  // for this process. An empty `path` means the default, /tmp/vgpu/region.<uid> (the folder is created 0700).
+  // Returns null and sets `error` (one line: the path, what is wrong, what to do) on failure.
+  static Attachment* Open(const std::string& path, std::string& error);
+
+  // Detaches: gives back this process's usage, frees its slot, unmaps and closes. Owners normally keep the
+  // attachment for the life of the process (the kernel drops the liveness lock at exit and the next reap
+  // returns the usage); deleting it is for tests and tools.
+  ~Attachment();
+  Attachment(const Attachment&) = delete;
+  Attachment& operator=(const Attachment&) = delete;
+
+  // The index of the device with this UUID, adding it if new; -1 if the table is full.
+  int DeviceIndex(const std::uint8_t uuid[16]);
+
+  // Reserves `bytes` on `device` for this process if the container's usage stays within `limit_bytes`
+  // (one atomic step under the robust lock). On refusal, reaps dead processes and tries once more.
+  // `limit_bytes` is a hard cap: pass UINT64_MAX for "no limit" (0 admits nothing but zero-byte requests).
+  // False also when `device` is out of range or no slot can be had (fail closed).
+  bool Reserve(int device, std::uint64_t bytes, std::uint64_t limit_bytes);
+  // Gives back what Reserve took (clamped at what this process holds: never wraps).
+  void Release(int device, std::uint64_t bytes);
+
+  // The container's usage on `device` (lock-free read) and this process's own.
+  std::uint64_t Used(int device) const;
+  std::uint64_t OwnUsed(int device) const;
+
+  std::uint64_t ContextBytes(int device) const;
+  void SetContextBytes(int device, std::uint64_t bytes);
+  void SetLimitForMonitoring(int device, std::uint64_t bytes);
+
+  // Frees the slots of processes that have died and returns their usage. Rate-limited to once per 100 ms
+  // unless `force`. Returns the number of slots reaped.
+  std::uint32_t ReapDead(bool force);
+
+  // In a fork child: forget the parent's slot (and its liveness lock) without touching it; the next call
+  // claims a fresh slot for the child. Meant for a pthread_atfork child handler, so it takes no lock (a
+  // parent thread that no longer exists may have held one), allocates nothing and makes only
+  // async-signal-safe calls: open() of /proc/self/fd/N for a description of its own, close() of the inherited
+  // one. Calling it anywhere but in a fork child gives up this process's slot and its usage record.
+  void ForgetAfterFork();
+
+  const Region& region() const { return *region_; }
+  int slot() const { return slot_.load(std::memory_order_acquire); }
+  const std::string& path() const { return path_; }
+
+ private:
+  friend struct AttachmentTestPeer;  // tests/region: stops a process at the points below to kill it there
+  enum class TestPoint : int { claiming, reserve_between_writes, release_between_writes, reap_between_writes };
+  static void (*test_hook_)(TestPoint point);  // null outside tests; called with the region lock held
+
+  class Lock;
+
+  Attachment() = default;
+  // The following require the region lock. `error`, when not null, receives a one-line reason on failure.
+  bool EnsureSlotLocked(std::uint64_t now_ns, std::string* error);
+  bool ClaimLocked(std::string* error);
+  bool SlotIsOursLocked() const;
+  std::uint32_t ReapLocked(std::uint64_t now_ns, bool force);
+  bool ReopenLocked(std::string* error);
+
+  Region* region_ = nullptr;
+  int fd_ = -1;                     // our own open file description: it holds our liveness lock
+  std::atomic<int> slot_{-1};       // read without the lock by OwnUsed and slot()
+  std::uint64_t generation_ = 0;    // the slot's generation when we claimed it
+  std::uint64_t file_device_ = 0;   // st_dev and st_ino of the mapped file, to reopen the same file after fork
+  std::uint64_t file_inode_ = 0;
+  std::string path_;
+};
+
+}  // namespace vgpu::region

@@ -1,0 +1,588 @@
+// The container region's OS side: atomic creation, validation, the robust lock and its repair, OFD-lock
+// liveness, reaping, and reserve/release accounting (docs/region.md).
+#include "vgpu/region/region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace vgpu::region {
+
+void (*Attachment::test_hook_)(TestPoint) = nullptr;
+
+namespace {
+
+static_assert(sizeof(pthread_mutex_t) <= sizeof(Region::lock_storage));
+static_assert(alignof(pthread_mutex_t) <= alignof(Region));
+
+constexpr std::uint64_t kReapIntervalNs = 100'000'000;
+constexpr const char* kDefaultFolder = "/tmp/vgpu";
+constexpr const char* kPathVariable = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+// What validation reads before mapping anything: magic, version, region_bytes.
+constexpr std::size_t kPrefixBytes = offsetof(Region, created_ns);
+static_assert(kPrefixBytes == 16);
+
+pthread_mutex_t* MutexOf(Region& region) { return reinterpret_cast<pthread_mutex_t*>(region.lock_storage); }
+
+// Counters other processes read without the lock go through 8-byte atomics, so a reader never sees a torn value.
+std::uint64_t Load(std::uint64_t& field) {
+  return std::atomic_ref<std::uint64_t>(field).load(std::memory_order_acquire);
+}
+void Store(std::uint64_t& field, std::uint64_t value) {
+  std::atomic_ref<std::uint64_t>(field).store(value, std::memory_order_release);
+}
+std::uint64_t SaturatingAdd(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+std::uint64_t ClockNs(clockid_t clock) {
+  struct timespec ts {};
+  clock_gettime(clock, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+std::uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
+
+bool ValidDevice(int device) { return device >= 0 && device < static_cast<int>(kMaxDevices); }
+
+// Liveness: one byte per slot just past the region. OFD locks past the end of a file are allowed, never
+// change its size, and belong to the open file description, so the kernel drops them when the process dies
+// whatever pid namespace it lived in.
+off_t LivenessByte(int slot) { return static_cast<off_t>(sizeof(Region)) + slot; }
+
+int LockByte(int fd, int slot, short type) {
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = LivenessByte(slot);
+  lock.l_len = 1;
+  return fcntl(fd, F_OFD_SETLK, &lock) == 0 ? 0 : errno;
+}
+
+// True if another open file description holds the slot's byte: its owner lives. Our own description never
+// conflicts with itself, so the caller skips its own slot.
+bool HeldByAnother(int fd, int slot) {
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = LivenessByte(slot);
+  lock.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: assume alive, never reap wrongly
+  return lock.l_type != F_UNLCK;
+}
+
+void ClearSlot(Slot& slot) {
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    Store(slot.used_bytes[d], 0);
+    Store(slot.peak_bytes[d], 0);
+  }
+  slot.pid = 0;
+}
+
+// Runs with the lock just inherited from a dead owner (EOWNERDEAD). The slots are the truth: a slot in
+// `claiming` was the dead owner's unfinished claim; every device total is recomputed from the live slots, so a
+// reservation cut off between its slot write and its device write counts fully, or not at all.
+void RepairAfterOwnerDeath(Region& region) {
+  if (region.device_count > kMaxDevices) region.device_count = kMaxDevices;
+  std::uint64_t sums[kMaxDevices] = {};
+  for (Slot& slot : region.slots) {
+    if (slot.state == SlotState::claiming) {
+      ClearSlot(slot);
+      slot.state = SlotState::free;
+    } else if (slot.state == SlotState::live) {
+      for (std::uint32_t d = 0; d < kMaxDevices; ++d) sums[d] = SaturatingAdd(sums[d], Load(slot.used_bytes[d]));
+    }
+  }
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) Store(region.devices[d].used_bytes, sums[d]);
+}
+
+std::string Quoted(const std::string& path) { return "region file '" + path + "'"; }
+std::string Remedy() {
+  return std::string("; remove it once no process uses it, or set ") + kPathVariable + " to another path";
+}
+
+bool DefaultPath(std::string& path, std::string& error) {
+  // 0700 asks for no more than the umask allows, so the umask (which we never touch) can only narrow it.
+  if (mkdir(kDefaultFolder, 0700) != 0 && errno != EEXIST) {
+    error = std::string("cannot create the region folder '") + kDefaultFolder + "': " + std::strerror(errno) +
+            "; set " + kPathVariable + " to a file in a writable folder";
+    return false;
+  }
+  struct stat st {};
+  if (lstat(kDefaultFolder, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    error = std::string("'") + kDefaultFolder + "' is not a folder (a file or a symbolic link is there); set " +
+            kPathVariable + " to a file in a folder of your own";
+    return false;
+  }
+  path = std::string(kDefaultFolder) + "/region." + std::to_string(static_cast<unsigned long>(getuid()));
+  return true;
+}
+
+// A fresh, complete region in the file behind `fd` (not yet visible under the final name).
+bool InitializeFile(int fd, const std::string& path, std::string& error) {
+  // Allocate every block now: a full tmpfs must fail here with a message, not later with SIGBUS on first touch.
+  if (const int r = posix_fallocate(fd, 0, static_cast<off_t>(sizeof(Region))); r != 0) {
+    error = "cannot size " + Quoted(path) + " to " + std::to_string(sizeof(Region)) + " bytes: " + std::strerror(r);
+    return false;
+  }
+  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) {
+    error = "cannot map " + Quoted(path) + ": " + std::strerror(errno);
+    return false;
+  }
+  auto* region = static_cast<Region*>(mapped);  // the file reads as zeros: every slot free, no device
+  pthread_mutexattr_t attributes;
+  pthread_mutexattr_init(&attributes);
+  pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
+  const int r = pthread_mutex_init(MutexOf(*region), &attributes);
+  pthread_mutexattr_destroy(&attributes);
+  region->magic = kRegionMagic;
+  region->version = kRegionVersion;
+  region->region_bytes = static_cast<std::uint32_t>(sizeof(Region));
+  region->created_ns = ClockNs(CLOCK_REALTIME);
+  munmap(mapped, sizeof(Region));
+  if (r != 0) {
+    error = "cannot initialise the lock of " + Quoted(path) + ": " + std::strerror(r);
+    return false;
+  }
+  return true;
+}
+
+// Returns the fd of the complete region now at `path` (ours, or the winner's of a creation race), or -1.
+// The file is built under a temporary name and linked into place, so nobody ever maps a half-made header.
+int CreateOrOpen(const std::string& path, std::string& error) {
+  static std::atomic<unsigned> temporaries{0};
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
+    if (fd >= 0) return fd;
+    if (errno != ENOENT) {
+      error = "cannot open " + Quoted(path) + ": " + std::strerror(errno) + "; check its permissions, or set " +
+              kPathVariable + " to another path";
+      return -1;
+    }
+    // pid, clock and counter: unique even between pid namespaces sharing the folder; O_EXCL makes sure.
+    const std::string temporary = path + ".tmp." + std::to_string(getpid()) + "." +
+                                  std::to_string(MonotonicNs()) + "." + std::to_string(temporaries++);
+    fd = open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;
+      error = "cannot create " + Quoted(path) + " (as '" + temporary + "'): " + std::strerror(errno) +
+              "; set " + kPathVariable + " to a file in a writable folder";
+      return -1;
+    }
+    // Every process of the container attaches, whatever its user: the mode must not depend on the umask.
+    fchmod(fd, 0666);
+    if (!InitializeFile(fd, path, error)) {
+      close(fd);
+      unlink(temporary.c_str());
+      return -1;
+    }
+    const int linked = link(temporary.c_str(), path.c_str());
+    const int link_errno = errno;
+    unlink(temporary.c_str());
+    if (linked == 0) return fd;
+    close(fd);
+    if (link_errno != EEXIST) {
+      error = "cannot publish " + Quoted(path) + " (link from '" + temporary + "'): " + std::strerror(link_errno) +
+              "; the folder's file system must support hard links";
+      return -1;
+    }
+    // Another process won the race: loop and open its file.
+  }
+  error = Quoted(path) + " keeps appearing and disappearing while being opened; is something deleting it?";
+  return -1;
+}
+
+// Reads the header through pread before anything is mapped: a short or foreign file is refused without ever
+// touching a page that does not exist (SIGBUS). Never repairs a file it does not recognise.
+bool Validate(int fd, const std::string& path, struct stat& st, std::string& error) {
+  if (fstat(fd, &st) != 0) {
+    error = "cannot stat " + Quoted(path) + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    error = Quoted(path) + " is not a regular file" + Remedy();
+    return false;
+  }
+  const std::string expected_size = "a version " + std::to_string(kRegionVersion) + " region is " +
+                                    std::to_string(sizeof(Region)) + " bytes";
+  unsigned char prefix[kPrefixBytes];
+  if (st.st_size < static_cast<off_t>(kPrefixBytes) || pread(fd, prefix, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
+    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" +
+            Remedy();
+    return false;
+  }
+  std::uint64_t magic = 0;
+  std::uint32_t version = 0;
+  std::uint32_t region_bytes = 0;
+  std::memcpy(&magic, prefix + offsetof(Region, magic), sizeof magic);
+  std::memcpy(&version, prefix + offsetof(Region, version), sizeof version);
+  std::memcpy(&region_bytes, prefix + offsetof(Region, region_bytes), sizeof region_bytes);
+  if (magic != kRegionMagic) {
+    char found[64];
+    std::snprintf(found, sizeof found, "0x%016" PRIx64, magic);
+    error = Quoted(path) + " is not a vgpu region (magic " + found + ", expected \"VGPUREGN\")" + Remedy();
+    return false;
+  }
+  if (version != kRegionVersion) {
+    error = Quoted(path) + " has layout version " + std::to_string(version) + ", this library reads version " +
+            std::to_string(kRegionVersion) + "; every process of a container must use one vgpu build" + Remedy();
+    return false;
+  }
+  if (region_bytes != sizeof(Region)) {
+    error = Quoted(path) + " declares " + std::to_string(region_bytes) + " bytes, but " + expected_size +
+            "; it was written by an incompatible build" + Remedy();
+    return false;
+  }
+  if (st.st_size < static_cast<off_t>(sizeof(Region))) {
+    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" +
+            Remedy();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// Holds the region's robust lock for a scope. A lock inherited from a dead owner is repaired before use. The
+// calling thread cannot be cancelled inside (fcntl is a cancellation point), so it never leaves half-done work.
+class Attachment::Lock {
+ public:
+  explicit Lock(Attachment& attachment) : attachment_(attachment) {
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state_);
+    pthread_mutex_t* mutex = MutexOf(*attachment_.region_);
+    error_ = pthread_mutex_lock(mutex);
+    if (error_ == EOWNERDEAD) {
+      // If we die here too, the next owner gets EOWNERDEAD again and repeats: the repair is idempotent.
+      RepairAfterOwnerDeath(*attachment_.region_);
+      error_ = pthread_mutex_consistent(mutex);
+      // Whoever died holding the lock is probably not the only one gone: return everything now.
+      if (error_ == 0) attachment_.ReapLocked(MonotonicNs(), true);
+    }
+  }
+  ~Lock() {
+    if (error_ == 0) pthread_mutex_unlock(MutexOf(*attachment_.region_));
+    pthread_setcancelstate(cancel_state_, nullptr);
+  }
+  Lock(const Lock&) = delete;
+  Lock& operator=(const Lock&) = delete;
+
+  bool held() const { return error_ == 0; }
+  // ENOTRECOVERABLE: someone unlocked a repaired lock without marking it consistent; nothing can fix that
+  // while other processes use the file.
+  int error() const { return error_; }
+
+ private:
+  Attachment& attachment_;
+  int cancel_state_ = 0;
+  int error_ = 0;
+};
+
+Attachment* Attachment::Open(const std::string& requested_path, std::string& error) {
+  std::string path = requested_path;
+  if (path.empty() && !DefaultPath(path, error)) return nullptr;
+  const int fd = CreateOrOpen(path, error);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  if (!Validate(fd, path, st, error)) {
+    close(fd);
+    return nullptr;
+  }
+  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) {
+    error = "cannot map " + Quoted(path) + ": " + std::strerror(errno);
+    close(fd);
+    return nullptr;
+  }
+  auto* attachment = new (std::nothrow) Attachment();
+  if (attachment == nullptr) {
+    error = "out of host memory attaching to " + Quoted(path);
+    munmap(mapped, sizeof(Region));
+    close(fd);
+    return nullptr;
+  }
+  attachment->region_ = static_cast<Region*>(mapped);
+  attachment->fd_ = fd;
+  attachment->file_device_ = static_cast<std::uint64_t>(st.st_dev);
+  attachment->file_inode_ = static_cast<std::uint64_t>(st.st_ino);
+  attachment->path_ = path;
+  bool claimed = false;
+  {
+    Lock lock(*attachment);
+    if (!lock.held()) {
+      error = "cannot take the lock of " + Quoted(path) + ": " + std::strerror(lock.error()) + Remedy();
+    } else {
+      // Reap first, unconditionally: a process reusing the region after others exited sees only live usage.
+      const std::uint64_t now = MonotonicNs();
+      attachment->ReapLocked(now, true);
+      claimed = attachment->EnsureSlotLocked(now, &error);
+    }
+  }
+  if (!claimed) {
+    delete attachment;
+    return nullptr;
+  }
+  return attachment;
+}
+
+Attachment::~Attachment() {
+  if (region_ == nullptr) return;
+  {
+    Lock lock(*this);
+    if (lock.held() && SlotIsOursLocked()) {
+      const int mine = slot_.load(std::memory_order_relaxed);
+      Slot& slot = region_->slots[mine];
+      for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+        const std::uint64_t own = Load(slot.used_bytes[d]);
+        const std::uint64_t used = Load(region_->devices[d].used_bytes);
+        Store(region_->devices[d].used_bytes, used - std::min(used, own));
+      }
+      ClearSlot(slot);
+      // Let the byte go before the slot is free, so the next claimant does not find it still held.
+      LockByte(fd_, mine, F_UNLCK);
+      slot.state = SlotState::free;
+      slot_.store(-1, std::memory_order_release);
+    }
+  }
+  if (fd_ >= 0) close(fd_);
+  munmap(region_, sizeof(Region));
+}
+
+bool Attachment::SlotIsOursLocked() const {
+  const int mine = slot_.load(std::memory_order_relaxed);
+  if (mine < 0) return false;
+  const Slot& slot = region_->slots[mine];
+  return slot.state == SlotState::live && slot.generation == generation_;
+}
+
+bool Attachment::EnsureSlotLocked(std::uint64_t now_ns, std::string* error) {
+  if (SlotIsOursLocked()) return true;
+  ReapLocked(now_ns, false);
+  if (ClaimLocked(error)) return true;
+  if (ReapLocked(now_ns, true) == 0) return false;
+  return ClaimLocked(error);
+}
+
+bool Attachment::ReopenLocked(std::string* error) {
+  // Normally ForgetAfterFork already opened a description of our own; this is the fallback without /proc.
+  const int fd = open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_dev) != file_device_ ||
+      static_cast<std::uint64_t>(st.st_ino) != file_inode_) {
+    if (error != nullptr) {
+      *error = "cannot reopen " + Quoted(path_) + " after fork" +
+               (fd < 0 ? std::string(": ") + std::strerror(errno) : std::string(": another file is there now"));
+    }
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  fd_ = fd;
+  return true;
+}
+
+bool Attachment::ClaimLocked(std::string* error) {
+  if (fd_ < 0 && !ReopenLocked(error)) return false;
+  Region& region = *region_;
+  // A slot we held but lost (someone rewrote the table): let its byte go, or it would look alive forever.
+  if (const int lost = slot_.exchange(-1, std::memory_order_acq_rel); lost >= 0) LockByte(fd_, lost, F_UNLCK);
+  for (std::uint32_t attempt = 0; attempt < kMaxSlots; ++attempt) {
+    int found = -1;
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+      if (region.slots[i].state == SlotState::free) {
+        found = static_cast<int>(i);
+        break;
+      }
+    }
+    if (found < 0) break;
+    Slot& slot = region.slots[found];
+    ClearSlot(slot);
+    slot.pid = static_cast<std::int32_t>(getpid());
+    slot.generation = ++region.next_generation;
+    slot.started_ns = ClockNs(CLOCK_REALTIME);
+    slot.state = SlotState::claiming;  // if we die before `live`, the repair frees it
+    if (test_hook_ != nullptr) test_hook_(TestPoint::claiming);
+    const int lock_error = LockByte(fd_, found, F_WRLCK);
+    if (lock_error == 0) {
+      slot.state = SlotState::live;
+      generation_ = slot.generation;
+      slot_.store(found, std::memory_order_release);
+      return true;
+    }
+    if (lock_error != EAGAIN && lock_error != EACCES) {
+      slot.state = SlotState::free;
+      if (error != nullptr) {
+        *error = "cannot take a liveness lock (F_OFD_SETLK) on " + Quoted(path_) + ": " + std::strerror(lock_error) +
+                 "; the folder's file system must support open file description locks, or set " + kPathVariable +
+                 " to a file on another (e.g. /tmp or /dev/shm)";
+      }
+      return false;
+    }
+    // Free in the table, yet another description holds its byte: a live process whose slot was overwritten.
+    // Leave the slot to it (unknown pid); the reaper frees it once that process is gone.
+    slot.pid = -1;
+    slot.state = SlotState::live;
+  }
+  if (error != nullptr) {
+    *error = Quoted(path_) + ": all " + std::to_string(kMaxSlots) +
+             " process slots are held by live processes; no GPU memory can be accounted for a new process";
+  }
+  return false;
+}
+
+std::uint32_t Attachment::ReapLocked(std::uint64_t now_ns, bool force) {
+  Region& region = *region_;
+  if (!force) {
+    const std::uint64_t last = region.last_reap_ns;
+    // A `last` in the future (another boot's clock, a scribbled file) does not postpone reaping forever.
+    if (now_ns >= last && now_ns - last < kReapIntervalNs) return 0;
+  }
+  region.last_reap_ns = now_ns;
+  if (fd_ < 0) return 0;  // a fork child that could not get a description of its own cannot probe
+  const int mine = slot_.load(std::memory_order_relaxed);
+  std::uint32_t reaped = 0;
+  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+    Slot& slot = region.slots[i];
+    if (slot.state == SlotState::free || i == mine) continue;
+    if (HeldByAnother(fd_, i)) continue;
+    // Only a live slot was counted in the device totals; anything else (a stray `claiming`, a scribbled state)
+    // is cleared without touching them.
+    if (slot.state == SlotState::live) {
+      for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+        const std::uint64_t own = Load(slot.used_bytes[d]);
+        if (own == 0) continue;
+        const std::uint64_t used = Load(region.devices[d].used_bytes);
+        Store(region.devices[d].used_bytes, used - std::min(used, own));
+      }
+    }
+    if (test_hook_ != nullptr) test_hook_(TestPoint::reap_between_writes);
+    ClearSlot(slot);
+    slot.state = SlotState::free;
+    ++reaped;
+  }
+  return reaped;
+}
+
+std::uint32_t Attachment::ReapDead(bool force) {
+  const std::uint64_t now = MonotonicNs();
+  Lock lock(*this);
+  if (!lock.held()) return 0;
+  return ReapLocked(now, force);
+}
+
+int Attachment::DeviceIndex(const std::uint8_t uuid[16]) {
+  Lock lock(*this);
+  if (!lock.held()) return -1;
+  Region& region = *region_;
+  const std::uint32_t count = std::min(region.device_count, kMaxDevices);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (std::memcmp(region.devices[i].uuid, uuid, sizeof region.devices[i].uuid) == 0) return static_cast<int>(i);
+  }
+  if (count == kMaxDevices) return -1;
+  // An entry past the count may hold leftovers of an add cut short by a crash: start it clean.
+  Device& device = region.devices[count];
+  std::memcpy(device.uuid, uuid, sizeof device.uuid);
+  Store(device.used_bytes, 0);
+  Store(device.context_bytes, 0);
+  Store(device.limit_bytes, 0);
+  device.in_use = 1;
+  region.device_count = count + 1;  // last: the entry is complete before anyone can find it
+  return static_cast<int>(count);
+}
+
+bool Attachment::Reserve(int device, std::uint64_t bytes, std::uint64_t limit_bytes) {
+  if (!ValidDevice(device)) return false;
+  if (bytes == 0) return true;
+  const std::uint64_t now = MonotonicNs();  // read before the lock: keeps the clock out of the critical section
+  Lock lock(*this);
+  if (!lock.held() || !EnsureSlotLocked(now, nullptr)) return false;
+  ReapLocked(now, false);
+  Device& totals = region_->devices[device];
+  const auto fits = [&] {
+    const std::uint64_t used = Load(totals.used_bytes);
+    return bytes <= limit_bytes && used <= limit_bytes - bytes;  // never `used + bytes`: it could wrap
+  };
+  if (!fits() && (ReapLocked(now, true) == 0 || !fits())) return false;
+  Slot& slot = region_->slots[slot_.load(std::memory_order_relaxed)];
+  const std::uint64_t own = SaturatingAdd(Load(slot.used_bytes[device]), bytes);
+  // Slot first: it is the truth the repair recomputes the total from, so a death between the two writes
+  // leaves a reservation that counts fully (and is reaped with its dead owner).
+  Store(slot.used_bytes[device], own);
+  if (test_hook_ != nullptr) test_hook_(TestPoint::reserve_between_writes);
+  Store(totals.used_bytes, Load(totals.used_bytes) + bytes);
+  if (own > Load(slot.peak_bytes[device])) Store(slot.peak_bytes[device], own);
+  return true;
+}
+
+void Attachment::Release(int device, std::uint64_t bytes) {
+  if (!ValidDevice(device) || bytes == 0) return;
+  Lock lock(*this);
+  // Without a slot of our own we hold nothing (a fork child before its first Reserve): nothing to give back.
+  if (!lock.held() || !SlotIsOursLocked()) return;
+  Slot& slot = region_->slots[slot_.load(std::memory_order_relaxed)];
+  const std::uint64_t own = Load(slot.used_bytes[device]);
+  const std::uint64_t returned = std::min(bytes, own);
+  if (returned == 0) return;
+  Store(slot.used_bytes[device], own - returned);
+  if (test_hook_ != nullptr) test_hook_(TestPoint::release_between_writes);
+  Device& totals = region_->devices[device];
+  const std::uint64_t used = Load(totals.used_bytes);
+  Store(totals.used_bytes, used - std::min(used, returned));
+}
+
+std::uint64_t Attachment::Used(int device) const {
+  return ValidDevice(device) ? Load(region_->devices[device].used_bytes) : 0;
+}
+
+std::uint64_t Attachment::OwnUsed(int device) const {
+  const int mine = slot_.load(std::memory_order_acquire);
+  if (!ValidDevice(device) || mine < 0) return 0;
+  return Load(region_->slots[mine].used_bytes[device]);
+}
+
+std::uint64_t Attachment::ContextBytes(int device) const {
+  return ValidDevice(device) ? Load(region_->devices[device].context_bytes) : 0;
+}
+
+void Attachment::SetContextBytes(int device, std::uint64_t bytes) {
+  if (ValidDevice(device)) Store(region_->devices[device].context_bytes, bytes);
+}
+
+void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
+  if (ValidDevice(device)) Store(region_->devices[device].limit_bytes, bytes);
+}
+
+void Attachment::ForgetAfterFork() {
+  // One thread, in a fork child: no locks (their owners may be gone with the parent), no allocation, only
+  // async-signal-safe calls. The shared mapping stays: MAP_SHARED is inherited and remains valid.
+  slot_.store(-1, std::memory_order_relaxed);
+  generation_ = 0;
+  const int inherited = fd_;
+  fd_ = -1;
+  if (inherited < 0) return;
+  // A description of our own for the same file (even if the path now names another one). Closing the
+  // inherited descriptor matters: while any process holds the parent's description, the parent's liveness
+  // lock lives on and its slot could never be reaped.
+  char proc_path[32] = "/proc/self/fd/";
+  std::size_t length = std::strlen(proc_path);
+  char digits[12];
+  std::size_t count = 0;
+  for (unsigned value = static_cast<unsigned>(inherited); count == 0 || value != 0; value /= 10) {
+    digits[count++] = static_cast<char>('0' + value % 10);
+  }
+  while (count > 0) proc_path[length++] = digits[--count];
+  proc_path[length] = '\0';
+  fd_ = open(proc_path, O_RDWR | O_CLOEXEC | O_NOCTTY);  // -1 without /proc: ReopenLocked tries the path later
+  close(inherited);
+}
+
+}  // namespace vgpu::region
