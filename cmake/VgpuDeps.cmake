@@ -4,24 +4,22 @@
 find_package(Threads REQUIRED)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 
+# pip wheels (nvidia-nvml-dev, nvidia-cuda-runtime) put headers under site-packages/nvidia/<flavour>/include.
+set(_vgpu_wheel_include_dirs "")
+execute_process(
+  COMMAND ${Python3_EXECUTABLE} -c
+    "import importlib.util,pathlib;s=importlib.util.find_spec('nvidia');print(';'.join(sorted({str(p.parent) for d in (s.submodule_search_locations if s else []) for p in pathlib.Path(d).glob('*/include/*.h')})))"
+  OUTPUT_VARIABLE _vgpu_wheel_include_dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET TIMEOUT 60)
+
 find_path(CUDA_DRIVER_INCLUDE_DIR cuda.h
-  HINTS $ENV{CUDA_HOME}/include /usr/local/cuda/include /usr/include
-  DOC "Folder holding the CUDA toolkit's cuda.h")
+  HINTS $ENV{CUDA_HOME}/include /usr/local/cuda/include /usr/include ${_vgpu_wheel_include_dirs}
+  DOC "Folder holding the CUDA driver API headers cuda.h and cudaTypedefs.h (CUDA toolkit, or pip nvidia-cuda-runtime)")
 if(NOT CUDA_DRIVER_INCLUDE_DIR)
-  message(FATAL_ERROR "cuda.h not found: install the CUDA toolkit headers or set CUDA_HOME")
+  message(FATAL_ERROR "cuda.h not found: install the CUDA toolkit headers, pip install nvidia-cuda-runtime, or set CUDA_HOME")
 endif()
 
-if(NOT NVML_INCLUDE_DIR)
-  find_package(Python3 COMPONENTS Interpreter)
-  if(Python3_FOUND)
-    execute_process(
-      COMMAND ${Python3_EXECUTABLE} -c
-        "import importlib.util,pathlib;s=importlib.util.find_spec('nvidia');print(next((str(p.parent) for d in s.submodule_search_locations for p in pathlib.Path(d).glob('*/include/nvml.h')),''))"
-      OUTPUT_VARIABLE _nvml_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  endif()
-  find_path(NVML_INCLUDE_DIR nvml.h HINTS ${_nvml_dir} ${CUDA_DRIVER_INCLUDE_DIR}
-    DOC "Folder holding nvml.h (pip install nvidia-nvml-dev)")
-endif()
+find_path(NVML_INCLUDE_DIR nvml.h HINTS ${_vgpu_wheel_include_dirs} ${CUDA_DRIVER_INCLUDE_DIR}
+  DOC "Folder holding nvml.h (pip install nvidia-nvml-dev)")
 if(NOT NVML_INCLUDE_DIR)
   message(FATAL_ERROR "nvml.h not found: pip install nvidia-nvml-dev, or pass -DNVML_INCLUDE_DIR=")
 endif()
