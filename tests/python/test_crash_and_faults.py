@@ -140,3 +140,87 @@ def test_a_forked_child_starts_cuda_afresh_and_is_counted_on_its_own(fake_gpu):
     assert line["free_before"] - line["free_child"] >= 2 * (1 << 30), line
     # Once the child is gone its memory comes back (reaped within a second).
     assert line["free_after"] == line["free_before"], line
+
+
+def test_forking_while_threads_hammer_the_driver_leaves_every_child_working(fake_gpu):
+    # compiler-rt's way of testing fork: threads keep using the API while the main thread forks; every child must
+    # start CUDA afresh and finish (a lock inherited in a locked state would hang it: the alarm turns that into a
+    # failure).
+    report = fake_gpu.run_py("""
+        import os, signal, threading
+        from cuda.bindings import driver
+        from clientlib import check, cuda_context, emit
+        _, context = cuda_context(0)
+        stop = threading.Event()
+        def hammer():
+            check("cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
+            while not stop.is_set():
+                pointer = check("cuMemAlloc", driver.cuMemAlloc(1 << 20))
+                check("cuMemGetInfo", driver.cuMemGetInfo())
+                check("cuMemFree", driver.cuMemFree(pointer))
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        statuses = []
+        for _ in range(20):
+            child = os.fork()
+            if child == 0:
+                signal.alarm(10)
+                code = 1
+                try:
+                    check("cuInit", driver.cuInit(0))
+                    cuda_context(0)
+                    pointer = check("cuMemAlloc", driver.cuMemAlloc(64 << 20))
+                    check("cuMemFree", driver.cuMemFree(pointer))
+                    code = 0
+                finally:
+                    os._exit(code)
+            statuses.append(os.waitpid(child, 0)[1])
+        stop.set()
+        for thread in threads:
+            thread.join()
+        emit({"statuses": statuses})
+    """, timeout=120)
+    statuses = report.json["statuses"]
+    assert statuses == [0] * 20, statuses
+
+
+def test_waits_that_no_kernel_bounds_use_almost_no_cpu(fake_gpu):
+    # A stream waiting on another stream's event, and a stream waiting behind a host function, wait on something
+    # with no kernel at its head: they must back off, not spin (review finding: 23-25 % of a CPU before).
+    report = fake_gpu.run_py("""
+        import ctypes, resource, time
+        from cuda.bindings import driver
+        from clientlib import check, cuda_context, emit, launch_spin, load_spin_kernel
+
+        def cpu_seconds():
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            return usage.ru_utime + usage.ru_stime
+
+        cuda_context(0)
+        _, function = load_spin_kernel()
+        first = check("cuStreamCreate", driver.cuStreamCreate(1))
+        second = check("cuStreamCreate", driver.cuStreamCreate(1))
+        event = check("cuEventCreate", driver.cuEventCreate(0))
+        launch_spin(function, 1_000_000_000, stream=first)
+        check("cuEventRecord", driver.cuEventRecord(event, first))
+        check("cuStreamWaitEvent", driver.cuStreamWaitEvent(second, event, 0))
+        cpu0, wall0 = cpu_seconds(), time.monotonic()
+        check("cuStreamSynchronize", driver.cuStreamSynchronize(second))
+        cpu1, wall1 = cpu_seconds(), time.monotonic()
+
+        callback_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+        slow = callback_type(lambda data: time.sleep(1.0))
+        check("cuLaunchHostFunc", driver.cuLaunchHostFunc(first, ctypes.cast(slow, ctypes.c_void_p).value, 0))
+        cpu2, wall2 = cpu_seconds(), time.monotonic()
+        check("cuStreamSynchronize", driver.cuStreamSynchronize(first))
+        cpu3, wall3 = cpu_seconds(), time.monotonic()
+        emit({"event_cpu": cpu1 - cpu0, "event_wall": wall1 - wall0,
+              "host_cpu": cpu3 - cpu2, "host_wall": wall3 - wall2})
+    """, timeout=60)
+    line = report.json
+    assert line["event_wall"] >= 0.9, line
+    assert line["host_wall"] >= 0.9, line
+    # The host function itself sleeps (no CPU); the waiting thread must not spin either.
+    assert line["event_cpu"] / line["event_wall"] < 0.05, line
+    assert line["host_cpu"] / line["host_wall"] < 0.05, line

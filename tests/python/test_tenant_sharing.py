@@ -75,6 +75,13 @@ def test_two_tenants_share_the_device_evenly(fake_gpu, tenant_available):
     assert len(steady) >= 20, f"too few NVML samples while both ran: {steady}"
     assert statistics.median(steady) >= 95 and min(steady) >= 85, f"NVML utilization while both ran: {steady}"
 
+    # Per-process samples: each 200 ms sample names one process at ~100 % (not 50/50), and two equal tenants
+    # alternate rather than one of them never being named.
+    named = [sample for sample in utilization["process_samples"]
+             if started_t + 0.5 <= sample["t"] <= ended_t - 0.3 and sample["pid"] in pids]
+    assert {sample["pid"] for sample in named} == set(pids), f"per-process samples named only: {named}"
+    assert all(sample["sm_util"] >= 90 for sample in named), f"per-process samples: {named}"
+
 
 def test_allocation_past_device_memory_fails_with_out_of_memory(fake_gpu, tenant_available):
     result = fake_gpu.tenant("--alloc", "100g", "--kernels", "1", timeout=60, check=False)

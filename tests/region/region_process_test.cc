@@ -120,7 +120,7 @@ struct HammerShared {
 TEST(RegionConcurrency, ProcessesAndThreadsHammeringOneLimitNeverPassIt) {
   constexpr int kProcesses = 8;
   constexpr int kThreads = 4;
-  constexpr int kStepsPerThread = 2500;
+  constexpr int kStepsPerThread = 20000;
   constexpr std::uint64_t kLimit = 64ull << 20;
   const std::uint64_t seed = test::Seed("ProcessesAndThreadsHammeringOneLimitNeverPassIt");
   test::TempFolder folder;
@@ -227,7 +227,8 @@ TEST_P(RegionOwnerDeath, TheNextLockerRepairsAtOnceAndUsageIsExact) {
     return 3;  // should have stopped before this
   });
   ASSERT_TRUE(stopped.ReadBytes(1, 10s)) << "the victim never reached the point";
-  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_GT(victim, 0);
+  test::KillChild(victim);
   ASSERT_EQ(test::WaitExit(victim, 10s), kKilled);
 
   // The lock's owner is dead. The next locker must get it at once, repair, and see exactly the living usage.
@@ -264,8 +265,8 @@ INSTANTIATE_TEST_SUITE_P(EveryPoint, RegionOwnerDeath,
                          ::testing::Values(AttachmentTestPeer::kClaiming, AttachmentTestPeer::kReserveBetweenWrites,
                                            AttachmentTestPeer::kReleaseBetweenWrites,
                                            AttachmentTestPeer::kReapBetweenWrites),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           switch (info.param) {
+                         [](const ::testing::TestParamInfo<int>& point_info) {
+                           switch (point_info.param) {
                              case AttachmentTestPeer::kClaiming: return std::string("Claiming");
                              case AttachmentTestPeer::kReserveBetweenWrites: return std::string("ReserveBetweenWrites");
                              case AttachmentTestPeer::kReleaseBetweenWrites: return std::string("ReleaseBetweenWrites");
@@ -372,7 +373,8 @@ TEST(RegionKill, HundredsOfRandomKillsLeaveExactUsageAndNoDeadlock) {
   std::uint64_t above_limit = 0;
   int bad_exits = 0;
   const auto started = std::chrono::steady_clock::now();
-  while (kills < kKills) {
+  // Kill and replace until the last kLanes kills, which only kill.
+  while (kills < kKills - kLanes) {
     const int lane = static_cast<int>(random.Below(kLanes));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(random.Below(3000));
     do {
@@ -382,7 +384,7 @@ TEST(RegionKill, HundredsOfRandomKillsLeaveExactUsageAndNoDeadlock) {
       std::this_thread::sleep_for(50us);
     } while (std::chrono::steady_clock::now() < deadline);
     const bool inside_lock = shared->stalled[lane].load() != 0;
-    kill(victims[lane], SIGKILL);
+    test::KillChild(victims[lane]);
     const int status = test::WaitExit(victims[lane], 5s);
     if (status != kKilled) {
       ++bad_exits;
@@ -391,14 +393,13 @@ TEST(RegionKill, HundredsOfRandomKillsLeaveExactUsageAndNoDeadlock) {
     shared->stalled[lane].store(0);
     ++kills;
     kills_inside_lock += inside_lock ? 1 : 0;
-    if (kills + kLanes <= kKills) spawn_victim(lane);
-    else victims[lane] = -1;
+    spawn_victim(lane);
     if (bad_exits > 3) break;
   }
   for (int lane = 0; lane < kLanes; ++lane) {
-    if (victims[lane] < 0) continue;
-    kill(victims[lane], SIGKILL);
+    test::KillChild(victims[lane]);
     EXPECT_EQ(test::WaitExit(victims[lane], 5s), kKilled);
+    ++kills;
   }
   const double storm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 

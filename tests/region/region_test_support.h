@@ -155,10 +155,17 @@ pid_t Spawn(Body body) {
 }
 
 inline constexpr int kTimedOut = -1;
+inline constexpr int kNoChild = -2;
+
+// SIGKILL to one child of ours. Never kill() a pid <= 0 (a failed fork's -1 would signal every process we may).
+inline void KillChild(pid_t pid) {
+  if (pid > 0) kill(pid, SIGKILL);
+}
 
 // The child's exit code, 128 + signal if a signal ended it, or kTimedOut (after killing it) if it did not end
 // within `timeout`: a stuck child is a deadlock, and the test must say so rather than hang.
 inline int WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
+  if (pid <= 0) return kNoChild;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     int status = 0;
@@ -166,7 +173,7 @@ inline int WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
     if (done == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (done < 0 && errno != EINTR) return kTimedOut;
     if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
+      KillChild(pid);
       waitpid(pid, &status, 0);
       return kTimedOut;
     }

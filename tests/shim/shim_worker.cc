@@ -1,0 +1,449 @@
+// The child program of the shim tests: one command a run (views, failclosed, cycle, fill, churn, observe), results
+// as key=value lines on stdout; the test that started it decides the environment (with or without the shim).
+//
+//   views     [ctx=ORDINAL] [alloc=BYTES] [hold=1]  every memory view, CUDA and NVML; hold: wait for EOF on fd 5
+//   failclosed                                     every way to reach the GPU, each result; exits 42 (its own code)
+//   cycle     bytes= [timeout_ms=] [device=]       context + alloc + free, retrying OOM until the deadline
+//   fill                                           context, allocate all that cuMemGetInfo says is free, then 512 more
+//   churn     threads= rounds= seed= min= max= hold= [until_stop=1] [wait_go=1] [pipes=1]
+//                                                  random alloc/free in threads; fd 3 started, fd 4 done, fd 5 go
+//   observe   limit= [device=]                     (run without the shim) poll NVML until EOF on fd 5
+//
+// Exit codes: 0 done, 2 bad arguments, 3 deadline passed, 4 unexpected CUDA/NVML error, 42 failclosed's own code.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <nvml.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kStartedFd = 3;
+constexpr int kDoneFd = 4;
+constexpr int kGoFd = 5;
+
+std::map<std::string, std::string> g_args;
+std::mutex g_print_mutex;
+
+std::uint64_t Arg(const std::string& key, std::uint64_t fallback) {
+  const auto it = g_args.find(key);
+  return it == g_args.end() ? fallback : std::strtoull(it->second.c_str(), nullptr, 10);
+}
+bool Has(const std::string& key) { return g_args.count(key) != 0; }
+
+template <typename T>
+void Print(const std::string& key, T value) {
+  std::lock_guard<std::mutex> guard(g_print_mutex);
+  if constexpr (std::is_same_v<T, std::string>) {
+    std::printf("%s=%s\n", key.c_str(), value.c_str());
+  } else if constexpr (std::is_signed_v<T>) {
+    std::printf("%s=%lld\n", key.c_str(), static_cast<long long>(value));
+  } else {
+    std::printf("%s=%llu\n", key.c_str(), static_cast<unsigned long long>(value));
+  }
+}
+
+void WriteByte(int fd) {
+  const char byte = 1;
+  while (write(fd, &byte, 1) < 0 && errno == EINTR) {
+  }
+}
+
+// Blocks until the parent closes its end of the go pipe (or it dies).
+void WaitForGo() {
+  char buffer[16];
+  for (;;) {
+    const ssize_t n = read(kGoFd, buffer, sizeof buffer);
+    if (n == 0 || (n < 0 && errno != EINTR)) return;
+  }
+}
+
+bool GoClosed() {
+  pollfd p{kGoFd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+std::uint64_t SplitMix(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::string UuidText(const CUuuid& uuid) {
+  const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  char text[64];
+  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return text;
+}
+
+// Retains and makes current the primary context of `ordinal`, retrying CUDA_ERROR_OUT_OF_MEMORY until `deadline`.
+CUresult RetainContext(int ordinal, Clock::time_point deadline, CUcontext& context, std::uint64_t* retries = nullptr) {
+  CUdevice device = 0;
+  CUresult r = cuDeviceGet(&device, ordinal);
+  if (r != CUDA_SUCCESS) return r;
+  for (;;) {
+    r = cuDevicePrimaryCtxRetain(&context, device);
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || Clock::now() >= deadline) break;
+    if (retries != nullptr) ++*retries;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (r != CUDA_SUCCESS) return r;
+  return cuCtxSetCurrent(context);
+}
+
+int Views() {
+  const CUresult init = cuInit(0);
+  Print("cuInit", static_cast<int>(init));
+  if (init == CUDA_SUCCESS) {
+    int count = 0;
+    Print("cuda.count.result", static_cast<int>(cuDeviceGetCount(&count)));
+    Print("cuda.count", count);
+    for (int i = 0; i < count; ++i) {
+      CUdevice device = 0;
+      cuDeviceGet(&device, i);
+      std::size_t total = 0;
+      const std::string prefix = "cuda." + std::to_string(i);
+      Print(prefix + ".total_mem.result", static_cast<int>(cuDeviceTotalMem_v2(&total, device)));
+      Print(prefix + ".total_mem", total);
+      CUuuid uuid{};
+      if (cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS) Print(prefix + ".uuid", UuidText(uuid));
+    }
+    if (Has("ctx")) {
+      CUcontext context = nullptr;
+      const CUresult r =
+          RetainContext(static_cast<int>(Arg("ctx", 0)), Clock::now(), context);  // no retry: the view is the point
+      Print("ctx.result", static_cast<int>(r));
+      if (r == CUDA_SUCCESS) {
+        std::size_t free_bytes = 0, total = 0;
+        Print("cu.result", static_cast<int>(cuMemGetInfo_v2(&free_bytes, &total)));
+        Print("cu.free", free_bytes);
+        Print("cu.total", total);
+        if (Has("alloc")) {
+          CUdeviceptr pointer = 0;
+          Print("alloc.result", static_cast<int>(cuMemAlloc_v2(&pointer, Arg("alloc", 0))));
+          cuMemGetInfo_v2(&free_bytes, &total);
+          Print("cu.free_after", free_bytes);
+        }
+      }
+    }
+  }
+  const nvmlReturn_t nvml = nvmlInit_v2();
+  Print("nvmlInit", static_cast<int>(nvml));
+  if (nvml == NVML_SUCCESS) {
+    unsigned int count = 0;
+    nvmlDeviceGetCount_v2(&count);
+    Print("nvml.count", count);
+    for (unsigned int i = 0; i < count; ++i) {
+      const std::string prefix = "nvml." + std::to_string(i);
+      nvmlDevice_t device = nullptr;
+      if (nvmlDeviceGetHandleByIndex_v2(i, &device) != NVML_SUCCESS) continue;
+      char uuid[96] = {};
+      if (nvmlDeviceGetUUID(device, uuid, sizeof uuid) == NVML_SUCCESS) Print(prefix + ".uuid", std::string(uuid));
+      nvmlMemory_t v1{};
+      Print(prefix + ".v1.result", static_cast<int>(nvmlDeviceGetMemoryInfo(device, &v1)));
+      Print(prefix + ".v1.total", v1.total);
+      Print(prefix + ".v1.used", v1.used);
+      Print(prefix + ".v1.free", v1.free);
+      nvmlMemory_v2_t v2{};
+      v2.version = nvmlMemory_v2;
+      Print(prefix + ".v2.result", static_cast<int>(nvmlDeviceGetMemoryInfo_v2(device, &v2)));
+      Print(prefix + ".v2.total", v2.total);
+      Print(prefix + ".v2.reserved", v2.reserved);
+      Print(prefix + ".v2.used", v2.used);
+      Print(prefix + ".v2.free", v2.free);
+      nvmlProcessInfo_t processes[64];
+      unsigned int listed = 64;
+      std::uint64_t sum = 0, own = 0;
+      if (nvmlDeviceGetComputeRunningProcesses_v3(device, &listed, processes) == NVML_SUCCESS) {
+        for (unsigned int p = 0; p < listed; ++p) {
+          sum += processes[p].usedGpuMemory;
+          if (static_cast<pid_t>(processes[p].pid) == getpid()) own = processes[p].usedGpuMemory;
+        }
+      }
+      Print(prefix + ".processes", listed);
+      Print(prefix + ".process_sum", sum);
+      Print(prefix + ".own", own);
+    }
+  }
+  std::fflush(stdout);
+  if (Arg("hold", 0) != 0) {
+    WriteByte(kDoneFd);
+    WaitForGo();
+  }
+  return 0;
+}
+
+int FailClosed() {
+  Print("cuInit", static_cast<int>(cuInit(0)));
+  int count = -1;
+  Print("cuDeviceGetCount", static_cast<int>(cuDeviceGetCount(&count)));
+  CUcontext context = nullptr;
+  Print("cuDevicePrimaryCtxRetain", static_cast<int>(cuDevicePrimaryCtxRetain(&context, 0)));
+  CUcontext created = nullptr;
+  Print("cuCtxCreate", static_cast<int>(cuCtxCreate(&created, nullptr, 0, 0)));
+  CUdeviceptr pointer = 0;
+  Print("cuMemAlloc", static_cast<int>(cuMemAlloc_v2(&pointer, 1 << 20)));
+  std::size_t free_bytes = 0, total = 0;
+  Print("cuMemGetInfo", static_cast<int>(cuMemGetInfo_v2(&free_bytes, &total)));
+  Print("nvmlInit_v2", static_cast<int>(nvmlInit_v2()));
+  Print("nvmlInitWithFlags", static_cast<int>(nvmlInitWithFlags(0)));
+  // Other routes to the driver's own cuInit: dlsym on the library and cuGetProcAddress.
+  using InitFunction = CUresult (*)(unsigned int);
+  void* library = dlopen("libcuda.so.1", RTLD_NOW);
+  auto dlsym_init = library != nullptr ? reinterpret_cast<InitFunction>(dlsym(library, "cuInit")) : nullptr;
+  Print("dlsym.cuInit", dlsym_init != nullptr ? static_cast<int>(dlsym_init(0)) : -1);
+  void* function = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  const CUresult proc = cuGetProcAddress_v2("cuInit", &function, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+  Print("cuGetProcAddress", static_cast<int>(proc));
+  Print("procaddress.cuInit", function != nullptr && proc == CUDA_SUCCESS
+                                  ? static_cast<int>(reinterpret_cast<InitFunction>(function)(0))
+                                  : -1);
+  std::fflush(stdout);
+  std::exit(42);  // an ordinary exit with the program's own code: the shim must not have ended the process
+}
+
+int Cycle() {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(Arg("timeout_ms", 10000));
+  if (const CUresult r = cuInit(0); r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuInit: %d\n", r);
+    return 4;
+  }
+  CUcontext context = nullptr;
+  std::uint64_t ctx_retries = 0, alloc_retries = 0;
+  CUresult r = RetainContext(static_cast<int>(Arg("device", 0)), deadline, context, &ctx_retries);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "context: %d after %" PRIu64 " retries\n", r, ctx_retries);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? 3 : 4;
+  }
+  CUdeviceptr pointer = 0;
+  for (;;) {
+    r = cuMemAlloc_v2(&pointer, Arg("bytes", 1 << 20));
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || Clock::now() >= deadline) break;
+    ++alloc_retries;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuMemAlloc_v2: %d after %" PRIu64 " retries\n", r, alloc_retries);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? 3 : 4;
+  }
+  if ((r = cuMemFree_v2(pointer)) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuMemFree_v2: %d\n", r);
+    return 4;
+  }
+  Print("cycle", std::string("ok"));
+  Print("ctx.retries", ctx_retries);
+  Print("alloc.retries", alloc_retries);
+  Print("cycle.ms", static_cast<std::uint64_t>(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()));
+  return Clock::now() <= deadline ? 0 : 3;
+}
+
+int Fill() {
+  if (cuInit(0) != CUDA_SUCCESS) return 4;
+  CUcontext context = nullptr;
+  const CUresult r = RetainContext(static_cast<int>(Arg("device", 0)), Clock::now(), context);
+  Print("ctx.result", static_cast<int>(r));
+  if (r != CUDA_SUCCESS) return 4;
+  std::size_t free_bytes = 0, total = 0;
+  Print("cu.result", static_cast<int>(cuMemGetInfo_v2(&free_bytes, &total)));
+  Print("cu.free", free_bytes);
+  Print("cu.total", total);
+  CUdeviceptr all = 0, more = 0;
+  Print("fill.result", static_cast<int>(cuMemAlloc_v2(&all, free_bytes)));
+  std::size_t free_after = 0;
+  cuMemGetInfo_v2(&free_after, &total);
+  Print("cu.free_after", free_after);
+  Print("over.result", static_cast<int>(cuMemAlloc_v2(&more, 512)));
+  if (all != 0) Print("free.result", static_cast<int>(cuMemFree_v2(all)));
+  return 0;
+}
+
+struct ChurnCounts {
+  std::atomic<std::uint64_t> ok{0}, oom{0}, errors{0}, frees{0}, max_call_us{0};
+};
+
+void ChurnThread(int index, CUcontext context, std::atomic<bool>& stop, ChurnCounts& counts) {
+  if (cuCtxSetCurrent(context) != CUDA_SUCCESS) {
+    counts.errors.fetch_add(1);
+    return;
+  }
+  std::uint64_t rng = Arg("seed", 1) * 1000003 + static_cast<std::uint64_t>(index);
+  const std::uint64_t rounds = Arg("rounds", 1000);
+  const std::uint64_t low = Arg("min", 1 << 20), high = std::max(Arg("max", 64 << 20), low);
+  const std::size_t hold = static_cast<std::size_t>(Arg("hold", 2));
+  const bool until_stop = Arg("until_stop", 0) != 0;
+  std::vector<CUdeviceptr> held;
+  auto timed = [&](auto&& call) {
+    const auto start = Clock::now();
+    const CUresult r = call();
+    const auto us = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+    std::uint64_t seen = counts.max_call_us.load();
+    while (us > seen && !counts.max_call_us.compare_exchange_weak(seen, us)) {
+    }
+    return r;
+  };
+  for (std::uint64_t round = 0; until_stop ? !stop.load(std::memory_order_relaxed) : round < rounds; ++round) {
+    const std::uint64_t draw = SplitMix(rng);
+    if (held.size() < hold && (held.empty() || (draw & 1) != 0)) {
+      const std::uint64_t bytes = low + (draw >> 1) % (high - low + 1);
+      CUdeviceptr pointer = 0;
+      const CUresult r = timed([&] { return cuMemAlloc_v2(&pointer, bytes); });
+      if (r == CUDA_SUCCESS) {
+        held.push_back(pointer);
+        counts.ok.fetch_add(1);
+      } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        counts.oom.fetch_add(1);
+      } else {
+        if (counts.errors.fetch_add(1) == 0) std::fprintf(stderr, "cuMemAlloc_v2(%" PRIu64 "): %d\n", bytes, r);
+      }
+    } else {
+      const std::size_t victim = static_cast<std::size_t>((draw >> 1) % held.size());
+      const CUdeviceptr pointer = held[victim];
+      held[victim] = held.back();
+      held.pop_back();
+      const CUresult r = timed([&] { return cuMemFree_v2(pointer); });
+      if (r == CUDA_SUCCESS) {
+        counts.frees.fetch_add(1);
+      } else if (counts.errors.fetch_add(1) == 0) {
+        std::fprintf(stderr, "cuMemFree_v2: %d\n", r);
+      }
+    }
+  }
+  for (CUdeviceptr pointer : held) {
+    if (cuMemFree_v2(pointer) != CUDA_SUCCESS) counts.errors.fetch_add(1);
+  }
+}
+
+int Churn() {
+  const bool pipes = Arg("pipes", 0) != 0;
+  if (const CUresult r = cuInit(0); r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuInit: %d\n", r);
+    return 4;
+  }
+  CUcontext context = nullptr;
+  std::uint64_t ctx_retries = 0;
+  const CUresult r = RetainContext(static_cast<int>(Arg("device", 0)), Clock::now() + std::chrono::seconds(10), context,
+                                   &ctx_retries);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "context: %d after %" PRIu64 " retries\n", r, ctx_retries);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? 3 : 4;
+  }
+  std::atomic<bool> stop{false};
+  ChurnCounts counts;
+  std::vector<std::thread> threads;
+  const int thread_count = static_cast<int>(std::max<std::uint64_t>(Arg("threads", 1), 1));
+  for (int i = 0; i < thread_count; ++i) threads.emplace_back(ChurnThread, i, context, std::ref(stop), std::ref(counts));
+  if (pipes) WriteByte(kStartedFd);
+  std::thread stopper;
+  if (Arg("until_stop", 0) != 0) {
+    stopper = std::thread([&] {
+      WaitForGo();
+      stop.store(true);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Print("ok", counts.ok.load());
+  Print("oom", counts.oom.load());
+  Print("frees", counts.frees.load());
+  Print("errors", counts.errors.load());
+  Print("max_call_us", counts.max_call_us.load());
+  Print("ctx.retries", ctx_retries);
+  std::fflush(stdout);
+  if (pipes) WriteByte(kDoneFd);
+  if (stopper.joinable()) stopper.join();
+  if (Arg("wait_go", 0) != 0) WaitForGo();
+  return counts.errors.load() == 0 ? 0 : 4;
+}
+
+int Observe() {
+  const std::uint64_t limit = Arg("limit", 0);
+  if (nvmlInit_v2() != NVML_SUCCESS) return 4;
+  nvmlDevice_t device = nullptr;
+  if (nvmlDeviceGetHandleByIndex_v2(static_cast<unsigned int>(Arg("device", 0)), &device) != NVML_SUCCESS) return 4;
+  WriteByte(kStartedFd);
+  std::uint64_t polls = 0, max_used = 0, max_sum = 0, violations = 0, errors = 0, last_used = 0;
+  std::string first_violation;
+  while (!GoClosed()) {
+    nvmlMemory_v2_t v2{};
+    v2.version = nvmlMemory_v2;
+    if (nvmlDeviceGetMemoryInfo_v2(device, &v2) != NVML_SUCCESS) {
+      ++errors;
+      continue;
+    }
+    nvmlProcessInfo_t processes[64];
+    unsigned int listed = 64;
+    std::uint64_t sum = 0;
+    if (nvmlDeviceGetComputeRunningProcesses_v3(device, &listed, processes) == NVML_SUCCESS) {
+      for (unsigned int p = 0; p < listed; ++p) sum += processes[p].usedGpuMemory;
+    } else {
+      ++errors;
+    }
+    ++polls;
+    last_used = v2.used;
+    max_used = std::max<std::uint64_t>(max_used, v2.used);
+    max_sum = std::max(max_sum, sum);
+    if (v2.used > limit || sum > limit) {
+      if (violations++ == 0) {
+        first_violation = "poll " + std::to_string(polls) + ": used " + std::to_string(v2.used) + ", process sum " +
+                          std::to_string(sum) + ", " + std::to_string(listed) + " processes";
+      }
+    }
+  }
+  Print("polls", polls);
+  Print("max_used", max_used);
+  Print("max_process_sum", max_sum);
+  Print("violations", violations);
+  Print("first_violation", first_violation);
+  Print("last_used", last_used);
+  Print("errors", errors);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe [key=value ...]\n");
+    return 2;
+  }
+  for (int i = 2; i < argc; ++i) {
+    const char* equals = std::strchr(argv[i], '=');
+    if (equals == nullptr) {
+      std::fprintf(stderr, "shim_worker: '%s' is not key=value\n", argv[i]);
+      return 2;
+    }
+    g_args[std::string(argv[i], equals)] = equals + 1;
+  }
+  const std::string command = argv[1];
+  int status = 2;
+  if (command == "views") status = Views();
+  else if (command == "failclosed") status = FailClosed();
+  else if (command == "cycle") status = Cycle();
+  else if (command == "fill") status = Fill();
+  else if (command == "churn") status = Churn();
+  else if (command == "observe") status = Observe();
+  else std::fprintf(stderr, "shim_worker: unknown command %s\n", command.c_str());
+  std::fflush(stdout);
+  return status;
+}
