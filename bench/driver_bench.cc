@@ -73,5 +73,50 @@ void DriverLaunchKernel(benchmark::State& state) {
 }
 BENCHMARK(DriverLaunchKernel)->Unit(benchmark::kNanosecond);
 
+// An allocation and its free: the path the shim's memory ledger sits on (bench/shim_overhead.py compares it
+// with and without libvgpu.so).
+void DriverMemAllocFree(benchmark::State& state) {
+  UseFreshState("alloc");
+  BENCH_CUDA(state, cuInit(0));
+  CUdevice device = 0;
+  BENCH_CUDA(state, cuDeviceGet(&device, 0));
+  CUcontext context = nullptr;
+  BENCH_CUDA(state, cuDevicePrimaryCtxRetain(&context, device));
+  BENCH_CUDA(state, cuCtxSetCurrent(context));
+  for (auto _ : state) {
+    CUdeviceptr pointer = 0;
+    const CUresult allocated = cuMemAlloc(&pointer, 1 << 20);
+    const CUresult freed = allocated == CUDA_SUCCESS ? cuMemFree(pointer) : allocated;
+    if (freed != CUDA_SUCCESS) {
+      state.SkipWithError(Describe("cuMemAlloc/cuMemFree", freed).c_str());
+      break;
+    }
+  }
+  cuDevicePrimaryCtxRelease(device);
+}
+BENCHMARK(DriverMemAllocFree)->Unit(benchmark::kNanosecond);
+
+// cuMemGetInfo: what frameworks poll, and what the shim rewrites into the slice's view.
+void DriverMemGetInfo(benchmark::State& state) {
+  UseFreshState("meminfo");
+  BENCH_CUDA(state, cuInit(0));
+  CUdevice device = 0;
+  BENCH_CUDA(state, cuDeviceGet(&device, 0));
+  CUcontext context = nullptr;
+  BENCH_CUDA(state, cuDevicePrimaryCtxRetain(&context, device));
+  BENCH_CUDA(state, cuCtxSetCurrent(context));
+  for (auto _ : state) {
+    size_t free_bytes = 0, total_bytes = 0;
+    const CUresult result = cuMemGetInfo(&free_bytes, &total_bytes);
+    if (result != CUDA_SUCCESS) {
+      state.SkipWithError(Describe("cuMemGetInfo", result).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(free_bytes);
+  }
+  cuDevicePrimaryCtxRelease(device);
+}
+BENCHMARK(DriverMemGetInfo)->Unit(benchmark::kNanosecond);
+
 }  // namespace
 }  // namespace fakecuda::bench

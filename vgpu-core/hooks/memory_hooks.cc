@@ -655,14 +655,19 @@ extern "C" VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) 
 
 extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemGetInfo_v2, free_bytes, total_bytes);
-  // The driver first: it decides what a missing context or NULL outputs mean (HAMi-core#333).
-  const CUresult result = Real::cuMemGetInfo_v2(free_bytes, total_bytes);
+  // The driver decides what a missing context or two NULL outputs mean; one NULL output is skipped
+  // (HAMi-core#333).
+  if (free_bytes == nullptr && total_bytes == nullptr) return Real::cuMemGetInfo_v2(free_bytes, total_bytes);
+  std::size_t physical_total = 0, physical_free = 0;
+  const CUresult result = Real::cuMemGetInfo_v2(&physical_free, &physical_total);
   if (result != CUDA_SUCCESS) return result;
   const int ordinal = CurrentOrdinal();
   const std::uint64_t limit = MemoryLimit(ordinal);
-  if (limit == 0) return result;
-  std::size_t physical_total = 0, physical_free = 0;
-  Real::cuMemGetInfo_v2(&physical_free, &physical_total);
+  if (limit == 0) {
+    if (total_bytes != nullptr) *total_bytes = physical_total;
+    if (free_bytes != nullptr) *free_bytes = physical_free;
+    return result;
+  }
   ReconcilePools();
   const std::uint64_t total = std::min<std::uint64_t>(limit, physical_total);
   const std::uint64_t used = Used(ordinal);

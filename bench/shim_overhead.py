@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Prints what libvgpu.so adds to driver calls over fakecuda: the same Google Benchmark binary run three times,
+without the shim, with the shim and no limit, and with a limit that does not bind; medians and ratios.
+
+    python3 bench/shim_overhead.py [--build build/default] [--repetitions 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCHMARKS = "DriverLaunchKernel|DriverMemAllocFree|DriverMemGetInfo"
+
+
+def run(binary: Path, env: dict[str, str], repetitions: int) -> dict[str, float]:
+    command = [str(binary), f"--benchmark_filter={BENCHMARKS}", f"--benchmark_repetitions={repetitions}",
+               "--benchmark_report_aggregates_only=true", "--benchmark_format=json"]
+    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    medians = {}
+    for row in json.loads(output)["benchmarks"]:
+        if row.get("aggregate_name") == "median":
+            medians[row["run_name"]] = row["real_time"]
+    return medians
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build/default", help="CMake build folder (default: build/default)")
+    parser.add_argument("--repetitions", type=int, default=5)
+    args = parser.parse_args()
+    build = Path(args.build).resolve()
+    binary, shim = build / "bin" / "fakecuda_bench", build / "lib" / "libvgpu.so"
+    for needed in (binary, shim):
+        if not needed.exists():
+            print(f"shim_overhead: {needed} is missing; build the default preset first", file=sys.stderr)
+            return 2
+    with tempfile.TemporaryDirectory() as scratch:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "FAKECUDA_", "LD_PRELOAD"))}
+        base["LD_LIBRARY_PATH"] = str(build / "lib")
+        configurations = {
+            "no shim": base,
+            "shim, no limit": {**base, "LD_PRELOAD": str(shim)},
+            "shim, 70Gi limit": {**base, "LD_PRELOAD": str(shim), "CUDA_DEVICE_MEMORY_LIMIT": "70Gi",
+                                 "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{scratch}/region"},
+        }
+        results = {name: run(binary, env, args.repetitions) for name, env in configurations.items()}
+    names = sorted(results["no shim"])
+    print(f"{'benchmark (median ns)':<24}" + "".join(f"{name:>20}" for name in configurations) + f"{'ratio (limit)':>16}")
+    for bench in names:
+        row = [results[name].get(bench, float("nan")) for name in configurations]
+        print(f"{bench:<24}" + "".join(f"{value:>20.1f}" for value in row) + f"{row[2] / row[0]:>16.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
