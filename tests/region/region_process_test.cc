@@ -18,6 +18,10 @@
 #include "region_test_support.h"
 #include "vgpu/region/region.h"
 
+// Under ThreadSanitizer: stop at the first report. Children end with _exit, which skips the exit-time failure
+// status, so a race seen in a child would otherwise only be printed. Unused in other builds.
+extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
+
 namespace vgpu::region {
 namespace {
 
@@ -106,6 +110,45 @@ TEST(RegionCreation, ProcessesRacingToCreateAllAttachToOneValidRegion) {
   EXPECT_FALSE(test::AnyTemporaryLeft(folder.path()));
 }
 
+struct StormTimes {
+  std::atomic<std::uint64_t> attach_ns[100];
+};
+
+TEST(RegionCreation, AStartupStormDoesNotSerializeOnAnythingSlow) {
+  constexpr int kProcesses = 100;
+  test::TempFolder folder;
+  const std::string path = folder.File("region");
+  test::Shared<StormTimes> times;
+  ASSERT_TRUE(times.ok());
+  test::Pipe start;
+  std::vector<pid_t> children;
+  for (int k = 0; k < kProcesses; ++k) {
+    children.push_back(test::Spawn([&, k] {
+      start.CloseWrite();
+      start.WaitForClose();
+      const auto begun = std::chrono::steady_clock::now();
+      Attachment* attachment = test::OpenOrNull(path);
+      const auto ended = std::chrono::steady_clock::now();
+      CHILD_CHECK(attachment != nullptr, 1);
+      CHILD_CHECK(attachment->Reserve(0, 1, kNoLimit), 2);
+      times->attach_ns[k].store(static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(ended - begun).count()));
+      return 0;
+    }));
+  }
+  start.CloseWrite();
+  for (pid_t child : children) EXPECT_EQ(test::WaitExit(child, 20s), 0);
+  std::vector<std::uint64_t> attach_ns;
+  for (int k = 0; k < kProcesses; ++k) attach_ns.push_back(times->attach_ns[k].load());
+  std::sort(attach_ns.begin(), attach_ns.end());
+  std::printf("[ figures  ] %d processes attaching at once: median %.0f us, slowest %.0f us\n", kProcesses,
+              static_cast<double>(attach_ns[kProcesses / 2]) / 1e3, static_cast<double>(attach_ns.back()) / 1e3);
+  // HAMi#1662 measured 0.3 s per process there; here the slowest of all should be far below that.
+  EXPECT_LT(attach_ns.back(), 1'000'000'000u);
+  auto observer = MustOpen(path);
+  EXPECT_EQ(observer->Used(0), 0u) << "every racer exited; attach reaped them all";
+}
+
 // ---- concurrency -----------------------------------------------------------------------------------------
 
 struct HammerShared {
@@ -157,7 +200,9 @@ TEST(RegionConcurrency, ProcessesAndThreadsHammeringOneLimitNeverPassIt) {
           test::Random random(seed + static_cast<std::uint64_t>(p * kThreads + t) * 0x9e3779b97f4a7c15ull);
           std::vector<std::uint64_t> held;
           for (int step = 0; step < kStepsPerThread; ++step) {
-            RandomStep(*attachment, random, held, 4, kLimit / 16, kLimit, &shared->granted, &shared->refused);
+            // One process alone asks for about twice the limit (4 threads x 8 x kLimit/16 on average), so the
+            // limit is pressed even when the scheduler runs the processes one after another.
+            RandomStep(*attachment, random, held, 8, kLimit / 8, kLimit, &shared->granted, &shared->refused);
           }
           for (std::uint64_t bytes : held) attachment->Release(0, bytes);
         });
@@ -405,7 +450,9 @@ TEST(RegionKill, HundredsOfRandomKillsLeaveExactUsageAndNoDeadlock) {
 
   // Quiesce the survivors and compare the region with what they say they hold.
   shared->stop.store(1);
-  ASSERT_TRUE(WaitUntil(shared->reported, kSurvivors, 20s)) << "survivors did not pause: deadlock?";
+  ASSERT_TRUE(WaitUntil(shared->reported, kSurvivors, 20s))
+      << "survivors did not pause: deadlock? " << test::DescribeLock(observer->region()) << "; "
+      << test::DescribeThreads(survivors[0]) << "; " << test::DescribeThreads(survivors[1]);
   std::uint64_t survivors_hold = 0;
   for (int s = 0; s < kSurvivors; ++s) survivors_hold += shared->own[s].load();
   const pid_t checker = test::Spawn([&] {

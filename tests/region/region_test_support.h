@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <new>
 #include <string>
@@ -278,6 +280,35 @@ inline std::uint64_t LiveSlotSum(const Region& region, int device) {
     if (slot.state == SlotState::live) sum += slot.used_bytes[device];
   }
   return sum;
+}
+
+// For a failure message: the robust mutex's futex word (owner tid and flag bits) as glibc lays it out on Linux.
+inline std::string DescribeLock(const Region& region) {
+  unsigned word = 0;
+  int owner = 0;
+  std::memcpy(&word, region.lock_storage, sizeof word);            // __lock
+  std::memcpy(&owner, region.lock_storage + 8, sizeof owner);      // __owner
+  char text[160];
+  std::snprintf(text, sizeof text, "lock word 0x%08x (tid %u%s%s), __owner %d", word, word & 0x3fffffffu,
+                (word & 0x80000000u) != 0 ? ", waiters" : "", (word & 0x40000000u) != 0 ? ", owner died" : "", owner);
+  return text;
+}
+
+// For a failure message: each thread of `pid` with its state and where it waits in the kernel.
+inline std::string DescribeThreads(pid_t pid) {
+  std::string text = "process " + std::to_string(pid) + ":";
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+    std::string stat, wchan, syscall;
+    { std::ifstream in(task.path() / "stat"); std::getline(in, stat); }
+    { std::ifstream in(task.path() / "wchan"); std::getline(in, wchan); }
+    { std::ifstream in(task.path() / "syscall"); std::getline(in, syscall); }
+    const std::size_t state = stat.rfind(')');
+    text += " [tid " + task.path().filename().string() + " state " +
+            (state != std::string::npos && state + 2 < stat.size() ? stat.substr(state + 2, 1) : "?") +
+            " wchan " + wchan + " syscall " + syscall.substr(0, 40) + "]";
+  }
+  return text;
 }
 
 // True if a creator's temporary file was left behind in `folder`.

@@ -138,6 +138,8 @@ struct Pipe {
 inline constexpr int kStartedFd = 3;
 inline constexpr int kDoneFd = 4;
 inline constexpr int kGoFd = 5;
+// With barrier=1 a churn worker writes on kStartedFd once its context exists, then waits for EOF on kBeginFd.
+inline constexpr int kBeginFd = 6;
 
 double MillisecondsSince(std::chrono::steady_clock::time_point start);
 

@@ -5,8 +5,9 @@
 //   failclosed                                     every way to reach the GPU, each result; exits 42 (its own code)
 //   cycle     bytes= [timeout_ms=] [device=]       context + alloc + free, retrying OOM until the deadline
 //   fill                                           context, allocate all that cuMemGetInfo says is free, then 512 more
-//   churn     threads= rounds= seed= min= max= hold= [until_stop=1] [wait_go=1] [pipes=1]
-//                                                  random alloc/free in threads; fd 3 started, fd 4 done, fd 5 go
+//   churn     threads= rounds= seed= min= max= hold= [until_stop=1] [wait_go=1] [pipes=1] [barrier=1]
+//                                                  random alloc/free in threads; fd 3 started, fd 4 done, fd 5 go;
+//                                                  barrier: after fd 3, wait for EOF on fd 6 before the rounds
 //   observe   limit= [device=]                     (run without the shim) poll NVML until EOF on fd 5
 //
 // Exit codes: 0 done, 2 bad arguments, 3 deadline passed, 4 unexpected CUDA/NVML error, 42 failclosed's own code.
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
@@ -28,6 +30,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -37,6 +40,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kStartedFd = 3;
 constexpr int kDoneFd = 4;
 constexpr int kGoFd = 5;
+constexpr int kBeginFd = 6;
 
 std::map<std::string, std::string> g_args;
 std::mutex g_print_mutex;
@@ -65,14 +69,15 @@ void WriteByte(int fd) {
   }
 }
 
-// Blocks until the parent closes its end of the go pipe (or it dies).
-void WaitForGo() {
+// Blocks until the parent closes its end of the pipe on `fd` (or it dies).
+void WaitForEof(int fd) {
   char buffer[16];
   for (;;) {
-    const ssize_t n = read(kGoFd, buffer, sizeof buffer);
+    const ssize_t n = read(fd, buffer, sizeof buffer);
     if (n == 0 || (n < 0 && errno != EINTR)) return;
   }
 }
+void WaitForGo() { WaitForEof(kGoFd); }
 
 bool GoClosed() {
   pollfd p{kGoFd, POLLIN, 0};
@@ -353,8 +358,14 @@ int Churn() {
   ChurnCounts counts;
   std::vector<std::thread> threads;
   const int thread_count = static_cast<int>(std::max<std::uint64_t>(Arg("threads", 1), 1));
+  const bool barrier = Arg("barrier", 0) != 0;
+  if (barrier) {
+    // Every process of the race has its context: they start their rounds together when the parent says so.
+    WriteByte(kStartedFd);
+    WaitForEof(kBeginFd);
+  }
   for (int i = 0; i < thread_count; ++i) threads.emplace_back(ChurnThread, i, context, std::ref(stop), std::ref(counts));
-  if (pipes) WriteByte(kStartedFd);
+  if (pipes && !barrier) WriteByte(kStartedFd);
   std::thread stopper;
   if (Arg("until_stop", 0) != 0) {
     stopper = std::thread([&] {
@@ -433,7 +444,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "shim_worker: '%s' is not key=value\n", argv[i]);
       return 2;
     }
-    g_args[std::string(argv[i], equals)] = equals + 1;
+    g_args[std::string(argv[i], static_cast<std::size_t>(equals - argv[i]))] = equals + 1;
   }
   const std::string command = argv[1];
   int status = 2;

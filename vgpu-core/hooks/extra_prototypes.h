@@ -6,6 +6,11 @@
 #include <cuda.h>
 
 #undef cuGetProcAddress
+#undef cuMemAlloc
+#undef cuMemAllocPitch
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuCtxCreate
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
@@ -17,6 +22,13 @@ CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice de
 CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int count, unsigned int flags, CUdevice dev);
 CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
+// The CUDA 2.x/3.0 ABI (32-bit sizes), still exported by the driver: hooked so it cannot be a way around a cap.
+CUresult CUDAAPI cuMemAlloc(unsigned int* dptr, unsigned int bytesize);
+CUresult CUDAAPI cuMemAllocPitch(unsigned int* dptr, unsigned int* pitch, unsigned int width, unsigned int height,
+                                 unsigned int element_bytes);
+CUresult CUDAAPI cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes);
+CUresult CUDAAPI cuDeviceTotalMem(unsigned int* bytes, CUdevice dev);
+CUresult CUDAAPI cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev);
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
 CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);

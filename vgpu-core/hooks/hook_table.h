@@ -58,7 +58,14 @@
   X(cuMipmappedArrayDestroy)                                                                  \
   /* the view */                                                                              \
   X(cuMemGetInfo_v2)                                                                          \
-  X(cuDeviceTotalMem_v2)
+  X(cuDeviceTotalMem_v2)                                                                      \
+  X(cuMemRetainAllocationHandle)                                                              \
+  /* the CUDA 2.x/3.0 ABI: refused while a limit applies (it would count nothing) */          \
+  X(cuMemAlloc)                                                                               \
+  X(cuMemAllocPitch)                                                                          \
+  X(cuMemGetInfo)                                                                             \
+  X(cuDeviceTotalMem)                                                                         \
+  X(cuCtxCreate)
 
 #define VGPU_NVML_HOOKS(X)                                                                    \
   X(nvmlInit_v2)                                                                              \

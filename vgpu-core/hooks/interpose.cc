@@ -92,7 +92,16 @@ void* NextAfter(const void* caller, const char* symbol) {
   if (dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || map == nullptr) return nullptr;
   DlsymFunction real = RealDlsym();
   for (struct link_map* next = map->l_next; next != nullptr; next = next->l_next) {
-    if (void* found = real(next, symbol); found != nullptr) return found;
+    // A link_map is not a handle for every object (a preloaded one has no search list): take a real handle of
+    // the loaded object by name, without loading anything.
+    if (next->l_name == nullptr || next->l_name[0] == '\0' || next->l_addr == reinterpret_cast<ElfW(Addr)>(OwnBase())) {
+      continue;
+    }
+    void* handle = dlopen(next->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr) continue;
+    void* found = real(handle, symbol);
+    dlclose(handle);
+    if (found != nullptr) return found;
   }
   return nullptr;
 }
@@ -160,7 +169,7 @@ using namespace vgpu::hooks;
 
 // The dlsym route: an application (or cuda-python, or PyTorch's lazy loader) that looks a hooked CUDA or NVML
 // symbol up on any handle gets the hook; every other lookup is glibc's answer.
-extern "C" VGPU_EXPORT void* dlsym(void* handle, const char* symbol) {
+extern "C" VGPU_EXPORT void* dlsym(void* handle, const char* symbol) noexcept {
   void* found = nullptr;
   if (handle == RTLD_NEXT) {
     found = NextAfter(__builtin_return_address(0), symbol);

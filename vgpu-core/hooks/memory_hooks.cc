@@ -220,9 +220,19 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
     return call();
   }
   Shim& shim = TheShim();
-  // Reserve the request up front (a pool may have to grow by it), then settle to the pool's real size.
-  const std::uint64_t upfront = Rounded(bytes);
-  if (!Charge(ordinal, upfront)) return CUDA_ERROR_OUT_OF_MEMORY;
+  // Reserve the request up front (a pool may have to grow by it), then settle to the pool's real size. At the
+  // limit, a request the pool can serve from memory it already holds (reserved - used) grows nothing and needs
+  // no reservation.
+  std::uint64_t upfront = Rounded(bytes);
+  if (!Charge(ordinal, upfront)) {
+    cuuint64_t reserved_now = 0, used_now = 0;
+    if (Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved_now) != CUDA_SUCCESS ||
+        Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used_now) != CUDA_SUCCESS ||
+        reserved_now < used_now || reserved_now - used_now < bytes) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    upfront = 0;
+  }
   const CUresult result = call();
   cuuint64_t reserved = 0;
   const bool known = Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
@@ -266,24 +276,34 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
 
 CUresult FreeToPool(CUdeviceptr pointer, CUstream stream, CUresult (*real)(CUdeviceptr, CUstream)) {
   if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
-  const CUresult result = real(pointer, stream);
-  if (result == CUDA_SUCCESS && CurrentMode() == Mode::limited) {
-    Shim& shim = TheShim();
-    bool ordinary = false;
-    Shim::Allocation allocation{};
-    {
-      std::lock_guard<std::mutex> guard(shim.mutex);
-      shim.pool_blocks.erase(pointer);
-      if (auto it = shim.allocations.find(pointer); it != shim.allocations.end()) {
-        // cuMemFreeAsync of cuMemAlloc'ed memory frees it too.
-        allocation = it->second;
-        ordinary = true;
-        shim.allocations.erase(it);
-      }
+  if (CurrentMode() != Mode::limited) return real(pointer, stream);
+  // As in cuMemFree: forget the record before the driver can hand the address to someone else.
+  Shim& shim = TheShim();
+  bool ordinary = false, pooled = false;
+  Shim::Allocation allocation{};
+  CUmemoryPool pool = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (auto block = shim.pool_blocks.find(pointer); block != shim.pool_blocks.end()) {
+      pool = block->second;
+      pooled = true;
+      shim.pool_blocks.erase(block);
     }
-    if (ordinary) Uncharge(allocation.ordinal, allocation.bytes);
-    // The block went back to its pool, which keeps it until trimmed: reconciled when memory is needed.
+    if (auto it = shim.allocations.find(pointer); it != shim.allocations.end()) {
+      allocation = it->second;  // cuMemFreeAsync of cuMemAlloc'ed memory frees it too
+      ordinary = true;
+      shim.allocations.erase(it);
+    }
   }
+  const CUresult result = real(pointer, stream);
+  if (result != CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (pooled) shim.pool_blocks.emplace(pointer, pool);
+    if (ordinary) shim.allocations.emplace(pointer, allocation);
+    return result;
+  }
+  if (ordinary) Uncharge(allocation.ordinal, allocation.bytes);
+  // A pool block went back to its pool, which keeps it until trimmed: reconciled when memory is needed.
   return result;
 }
 
@@ -319,19 +339,22 @@ CUresult CreateArrayCharged(Handle* out, std::uint64_t bytes, const std::functio
 }
 
 CUresult DestroyArrayCharged(CUarray array, const std::function<CUresult()>& call) {
-  const CUresult result = call();
-  if (result == CUDA_SUCCESS && CurrentMode() == Mode::limited) {
-    Shim& shim = TheShim();
-    Shim::Allocation allocation{-1, 0, nullptr};
-    {
-      std::lock_guard<std::mutex> guard(shim.mutex);
-      if (auto it = shim.arrays.find(array); it != shim.arrays.end()) {
-        allocation = it->second;
-        shim.arrays.erase(it);
-      }
+  Shim& shim = TheShim();
+  Shim::Allocation allocation{-1, 0, nullptr};
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);  // forget first: the handle may be reused once destroyed
+    if (auto it = shim.arrays.find(array); it != shim.arrays.end()) {
+      allocation = it->second;
+      shim.arrays.erase(it);
     }
-    if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
   }
+  const CUresult result = call();
+  if (result != CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (allocation.ordinal >= 0) shim.arrays.emplace(array, allocation);
+    return result;
+  }
+  if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
   return result;
 }
 
@@ -478,9 +501,9 @@ extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t*
 
 extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemFree_v2, pointer);
-  // An unknown pointer is the driver's business: passed on untouched (HAMi-core#321).
-  const CUresult result = Real::cuMemFree_v2(pointer);
-  if (result != CUDA_SUCCESS) return result;
+  // The record goes first, the memory second: once the driver has freed it, another thread's allocation may be
+  // given the same address, and its record must not be the one erased. An unknown pointer is the driver's
+  // business: passed on untouched (HAMi-core#321).
   Shim& shim = TheShim();
   Shim::Allocation allocation{-1, 0, nullptr};
   CUmemoryPool pool = nullptr;
@@ -490,11 +513,17 @@ extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
       allocation = it->second;
       shim.allocations.erase(it);
     } else if (auto block = shim.pool_blocks.find(pointer); block != shim.pool_blocks.end()) {
-      pool = block->second;  // cuMemFree of a stream-ordered block: back to its pool, reconciled later
+      pool = block->second;  // a stream-ordered block: back to its pool, reconciled with the pool's size
       shim.pool_blocks.erase(block);
     }
   }
-  (void)pool;
+  const CUresult result = Real::cuMemFree_v2(pointer);
+  if (result != CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (allocation.ordinal >= 0) shim.allocations.emplace(pointer, allocation);
+    if (pool != nullptr) shim.pool_blocks.emplace(pointer, pool);
+    return result;
+  }
   if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
   return result;
 }
@@ -615,6 +644,18 @@ extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) {
   return result;
 }
 
+extern "C" VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* address) {
+  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemRetainAllocationHandle, handle, address);
+  const CUresult result = Real::cuMemRetainAllocationHandle(handle, address);
+  if (result == CUDA_SUCCESS && handle != nullptr) {
+    Shim& shim = TheShim();
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    // One more reference: the memory stays until this handle is released too.
+    if (auto it = shim.vmm.find(*handle); it != shim.vmm.end()) ++it->second.references;
+  }
+  return result;
+}
+
 // ---- arrays ---------------------------------------------------------------------------------------------
 
 extern "C" VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
@@ -685,4 +726,35 @@ extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice devi
   const std::uint64_t limit = MemoryLimit(device);
   if (limit != 0) *bytes = std::min<std::uint64_t>(limit, *bytes);  // a limit above the device is not a bigger GPU
   return result;
+}
+
+// ---- the CUDA 2.x/3.0 ABI -------------------------------------------------------------------------------
+// 32-bit sizes, kept by the driver for ancient binaries. Under a limit it is refused rather than left as a way
+// around the cap; without one it is passed through.
+
+#define VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(real, ...)          \
+  do {                                                      \
+    if (Real::real == nullptr) ResolveReal();               \
+    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND; \
+    const Mode mode_ = CurrentMode();                       \
+    if (mode_ == Mode::failed) return kFailedClosedCuda;    \
+    if (mode_ == Mode::limited) return CUDA_ERROR_NOT_SUPPORTED; \
+    return Real::real(__VA_ARGS__);                         \
+  } while (0)
+
+extern "C" VGPU_EXPORT CUresult cuMemAlloc(unsigned int* pointer, unsigned int bytes) {
+  VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemAlloc, pointer, bytes);
+}
+extern "C" VGPU_EXPORT CUresult cuMemAllocPitch(unsigned int* pointer, unsigned int* pitch, unsigned int width,
+                                                unsigned int height, unsigned int element_bytes) {
+  VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemAllocPitch, pointer, pitch, width, height, element_bytes);
+}
+extern "C" VGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes) {
+  VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemGetInfo, free_bytes, total_bytes);
+}
+extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice device) {
+  VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuDeviceTotalMem, bytes, device);
+}
+extern "C" VGPU_EXPORT CUresult cuCtxCreate(CUcontext* context, unsigned int flags, CUdevice device) {
+  VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuCtxCreate, context, flags, device);
 }

@@ -30,15 +30,15 @@ int OrdinalOf(nvmlDevice_t device) {
 }
 
 // total = min(limit, physical), used = the container's usage, free = total - used (never below zero).
-bool SliceView(nvmlDevice_t device, unsigned long long physical_total, unsigned long long& total,
-               unsigned long long& used, unsigned long long& free_bytes) {
+bool SliceView(nvmlDevice_t device, unsigned long long physical_total, unsigned long long physical_free,
+               unsigned long long& total, unsigned long long& used, unsigned long long& free_bytes) {
   const int ordinal = OrdinalOf(device);
   const std::uint64_t limit = MemoryLimit(ordinal);
   if (ordinal < 0 || limit == 0) return false;
   ReconcilePools();
   total = std::min<unsigned long long>(limit, physical_total);
   used = std::min<unsigned long long>(Used(ordinal), total);
-  free_bytes = total - used;
+  free_bytes = std::min(total - used, physical_free);  // never more than the device really has free
   return true;
 }
 
@@ -70,7 +70,7 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
   const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo(device, memory);
   if (result != NVML_SUCCESS || mode != Mode::limited) return result;
   unsigned long long total = 0, used = 0, free_bytes = 0;
-  if (SliceView(device, memory->total, total, used, free_bytes)) {
+  if (SliceView(device, memory->total, memory->free, total, used, free_bytes)) {
     memory->total = total;
     memory->used = used;
     memory->free = free_bytes;
@@ -85,7 +85,7 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t devi
   const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo_v2(device, memory);
   if (result != NVML_SUCCESS || mode != Mode::limited) return result;
   unsigned long long total = 0, used = 0, free_bytes = 0;
-  if (SliceView(device, memory->total, total, used, free_bytes)) {
+  if (SliceView(device, memory->total, memory->free, total, used, free_bytes)) {
     memory->total = total;
     memory->reserved = 0;  // the slice has no driver reserve: total = used + free, as cuMemGetInfo shows it
     memory->used = used;

@@ -78,7 +78,7 @@ Mode Initialize() {
     // No driver at all: nothing to protect; hooks report what the missing driver would.
     mode = Mode::passthrough;
   } else if (!policy::LoadConfig(shim.config, error)) {
-    std::fprintf(stderr, "vgpu[%d]: %s; GPU access is refused (fail closed)\n", static_cast<int>(getpid()), error.c_str());
+    std::fprintf(stderr, "%s (pid %d); GPU access is refused (fail closed)\n", error.c_str(), static_cast<int>(getpid()));
     mode = Mode::failed;
   } else if (!shim.config.AnyMemoryLimit()) {
     mode = Mode::passthrough;

@@ -10,6 +10,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__SANITIZE_THREAD__)
+#define VGPU_REGION_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define VGPU_REGION_TSAN 1
+#endif
+#endif
+#if defined(VGPU_REGION_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
@@ -28,6 +39,12 @@ static_assert(sizeof(pthread_mutex_t) <= sizeof(Region::lock_storage));
 static_assert(alignof(pthread_mutex_t) <= alignof(Region));
 
 constexpr std::uint64_t kReapIntervalNs = 100'000'000;
+// Waiting for the lock goes in slices: glibc's robust mutex can lose a wake-up when a woken waiter is killed
+// before it re-takes the lock while a newcomer takes it without the waiters bit (the kernel re-wakes only if the
+// word is 0 at the death). A slice bounds what such a loss costs; the whole wait is bounded too, after which the
+// operation fails closed (a holder stopped or hung that long is not coming back soon).
+constexpr std::uint64_t kLockSliceNs = 10'000'000;
+constexpr std::uint64_t kLockWaitMaxNs = 10'000'000'000;
 constexpr const char* kDefaultFolder = "/tmp/vgpu";
 constexpr const char* kPathVariable = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 // What validation reads before mapping anything: magic, version, region_bytes.
@@ -78,6 +95,21 @@ bool HeldByAnother(int fd, int slot) {
   lock.l_len = 1;
   if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: assume alive, never reap wrongly
   return lock.l_type != F_UNLCK;
+}
+
+// A new open file description of the file behind `fd` (even if its path now names another file), through
+// /proc/self/fd. Allocates nothing and makes only async-signal-safe calls: usable in a fork child. -1 without /proc.
+int ReopenDescription(int fd) {
+  char proc_path[32] = "/proc/self/fd/";
+  std::size_t length = std::strlen(proc_path);
+  char digits[12];
+  std::size_t count = 0;
+  for (unsigned value = static_cast<unsigned>(fd); count == 0 || value != 0; value /= 10) {
+    digits[count++] = static_cast<char>('0' + value % 10);
+  }
+  while (count > 0) proc_path[length++] = digits[--count];
+  proc_path[length] = '\0';
+  return open(proc_path, O_RDWR | O_CLOEXEC | O_NOCTTY);
 }
 
 void ClearSlot(Slot& slot) {
@@ -217,7 +249,8 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
   const std::string expected_size = "a version " + std::to_string(kRegionVersion) + " region is " +
                                     std::to_string(sizeof(Region)) + " bytes";
   unsigned char prefix[kPrefixBytes];
-  if (st.st_size < static_cast<off_t>(kPrefixBytes) || pread(fd, prefix, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
+  if (st.st_size < static_cast<off_t>(kPrefixBytes) ||
+      pread(fd, prefix, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
     error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" +
             Remedy();
     return false;
@@ -254,20 +287,25 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
 
 }  // namespace
 
-// Holds the region's robust lock for a scope. A lock inherited from a dead owner is repaired before use. The
-// calling thread cannot be cancelled inside (fcntl is a cancellation point), so it never leaves half-done work.
+// Holds the region's robust lock for a scope. A lock inherited from a dead owner is repaired before use. Waits
+// go in slices (kLockSliceNs) and are bounded (kLockWaitMaxNs). The calling thread cannot be cancelled inside
+// (fcntl is a cancellation point), so it never leaves half-done work.
 class Attachment::Lock {
  public:
   explicit Lock(Attachment& attachment) : attachment_(attachment) {
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state_);
     pthread_mutex_t* mutex = MutexOf(*attachment_.region_);
-    error_ = pthread_mutex_lock(mutex);
+    error_ = pthread_mutex_trylock(mutex);  // uncontended: one compare-and-swap, no clock, no system call
+    if (error_ == EBUSY) error_ = WaitInSlices(mutex);
     if (error_ == EOWNERDEAD) {
       // If we die here too, the next owner gets EOWNERDEAD again and repeats: the repair is idempotent.
       RepairAfterOwnerDeath(*attachment_.region_);
-      error_ = pthread_mutex_consistent(mutex);
+      // EOWNERDEAD means we hold the lock: whatever consistent() says (it can only fail on a lock that is not
+      // inconsistent, i.e. usable), we own it now and must unlock it later.
+      pthread_mutex_consistent(mutex);
+      error_ = 0;
       // Whoever died holding the lock is probably not the only one gone: return everything now.
-      if (error_ == 0) attachment_.ReapLocked(MonotonicNs(), true);
+      attachment_.ReapLocked(MonotonicNs(), true);
     }
   }
   ~Lock() {
@@ -278,11 +316,35 @@ class Attachment::Lock {
   Lock& operator=(const Lock&) = delete;
 
   bool held() const { return error_ == 0; }
+  // ETIMEDOUT: held by someone for kLockWaitMaxNs.
   // ENOTRECOVERABLE: someone unlocked a repaired lock without marking it consistent; nothing can fix that
   // while other processes use the file.
   int error() const { return error_; }
 
  private:
+  static int WaitInSlices(pthread_mutex_t* mutex) {
+    const std::uint64_t started = MonotonicNs();
+    for (;;) {
+      // timedlock takes CLOCK_REALTIME; a clock step only stretches or shortens one slice (the total is counted
+      // on the monotonic clock).
+      const std::uint64_t slice_end = ClockNs(CLOCK_REALTIME) + kLockSliceNs;
+      struct timespec deadline {};
+      deadline.tv_sec = static_cast<time_t>(slice_end / 1'000'000'000ull);
+      deadline.tv_nsec = static_cast<long>(slice_end % 1'000'000'000ull);
+      const int r = pthread_mutex_timedlock(mutex, &deadline);
+#if defined(VGPU_REGION_TSAN)
+      // ThreadSanitizer's timedlock interceptor records an acquisition only on 0, but EOWNERDEAD acquires too
+      // (its lock and trylock interceptors know); without this it reports our unlock as one of an unlocked mutex.
+      if (r == EOWNERDEAD) {
+        __tsan_mutex_pre_lock(mutex, __tsan_mutex_try_lock);
+        __tsan_mutex_post_lock(mutex, __tsan_mutex_try_lock, 0);
+      }
+#endif
+      if (r != ETIMEDOUT) return r;
+      if (MonotonicNs() - started >= kLockWaitMaxNs) return ETIMEDOUT;
+    }
+  }
+
   Attachment& attachment_;
   int cancel_state_ = 0;
   int error_ = 0;
@@ -304,15 +366,31 @@ Attachment* Attachment::Open(const std::string& requested_path, std::string& err
     close(fd);
     return nullptr;
   }
-  auto* attachment = new (std::nothrow) Attachment();
-  if (attachment == nullptr) {
-    error = "out of host memory attaching to " + Quoted(path);
+  // The liveness lock goes on a description of its own, never the mapped one. OFD locks last until the last
+  // reference to their description is gone, and a mapping is such a reference: a fork child inherits the
+  // mapping, so a lock on the mapped description would keep a dead parent "alive" for the child's whole life.
+  int liveness_fd = ReopenDescription(fd);
+  if (liveness_fd < 0) liveness_fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);  // no /proc
+  struct stat liveness_st {};
+  if (liveness_fd < 0 || fstat(liveness_fd, &liveness_st) != 0 || liveness_st.st_dev != st.st_dev ||
+      liveness_st.st_ino != st.st_ino) {
+    error = "cannot open " + Quoted(path) + " a second time" +
+            (liveness_fd < 0 ? std::string(": ") + std::strerror(errno) : std::string(": it was replaced meanwhile"));
+    if (liveness_fd >= 0) close(liveness_fd);
     munmap(mapped, sizeof(Region));
     close(fd);
     return nullptr;
   }
+  close(fd);  // the mapping keeps what it needs
+  auto* attachment = new (std::nothrow) Attachment();
+  if (attachment == nullptr) {
+    error = "out of host memory attaching to " + Quoted(path);
+    munmap(mapped, sizeof(Region));
+    close(liveness_fd);
+    return nullptr;
+  }
   attachment->region_ = static_cast<Region*>(mapped);
-  attachment->fd_ = fd;
+  attachment->fd_ = liveness_fd;
   attachment->file_device_ = static_cast<std::uint64_t>(st.st_dev);
   attachment->file_inode_ = static_cast<std::uint64_t>(st.st_ino);
   attachment->path_ = path;
@@ -320,7 +398,10 @@ Attachment* Attachment::Open(const std::string& requested_path, std::string& err
   {
     Lock lock(*attachment);
     if (!lock.held()) {
-      error = "cannot take the lock of " + Quoted(path) + ": " + std::strerror(lock.error()) + Remedy();
+      error = "cannot take the lock of " + Quoted(path) + ": " +
+              (lock.error() == ETIMEDOUT ? std::string("held by another process for over 10 s (stopped or hung?)")
+                                         : std::strerror(lock.error())) +
+              Remedy();
     } else {
       // Reap first, unconditionally: a process reusing the region after others exited sees only live usage.
       const std::uint64_t now = MonotonicNs();
@@ -563,25 +644,16 @@ void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
 
 void Attachment::ForgetAfterFork() {
   // One thread, in a fork child: no locks (their owners may be gone with the parent), no allocation, only
-  // async-signal-safe calls. The shared mapping stays: MAP_SHARED is inherited and remains valid.
+  // async-signal-safe calls. The shared mapping stays valid (MAP_SHARED is inherited) and holds no lock: Open
+  // mapped the file through a description of its own, so only the liveness descriptor ties us to the parent.
   slot_.store(-1, std::memory_order_relaxed);
   generation_ = 0;
   const int inherited = fd_;
   fd_ = -1;
   if (inherited < 0) return;
-  // A description of our own for the same file (even if the path now names another one). Closing the
-  // inherited descriptor matters: while any process holds the parent's description, the parent's liveness
-  // lock lives on and its slot could never be reaped.
-  char proc_path[32] = "/proc/self/fd/";
-  std::size_t length = std::strlen(proc_path);
-  char digits[12];
-  std::size_t count = 0;
-  for (unsigned value = static_cast<unsigned>(inherited); count == 0 || value != 0; value /= 10) {
-    digits[count++] = static_cast<char>('0' + value % 10);
-  }
-  while (count > 0) proc_path[length++] = digits[--count];
-  proc_path[length] = '\0';
-  fd_ = open(proc_path, O_RDWR | O_CLOEXEC | O_NOCTTY);  // -1 without /proc: ReopenLocked tries the path later
+  // A description of our own for the same file. Closing the inherited descriptor matters: while any process
+  // holds the parent's description, the parent's liveness lock lives on and its slot can never be reaped.
+  fd_ = ReopenDescription(inherited);  // -1 without /proc: ReopenLocked tries the path at the next claim
   close(inherited);
 }
 

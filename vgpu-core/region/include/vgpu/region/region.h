@@ -31,7 +31,8 @@ class Attachment {
   // Reserves `bytes` on `device` for this process if the container's usage stays within `limit_bytes`
   // (one atomic step under the robust lock). On refusal, reaps dead processes and tries once more.
   // `limit_bytes` is a hard cap: pass UINT64_MAX for "no limit" (0 admits nothing but zero-byte requests).
-  // False also when `device` is out of range or no slot can be had (fail closed).
+  // False also when `device` is out of range, no slot can be had, or the lock stays held by another process for
+  // 10 s (fail closed).
   bool Reserve(int device, std::uint64_t bytes, std::uint64_t limit_bytes);
   // Gives back what Reserve took (clamped at what this process holds: never wraps).
   void Release(int device, std::uint64_t bytes);
@@ -75,7 +76,7 @@ class Attachment {
   bool ReopenLocked(std::string* error);
 
   Region* region_ = nullptr;
-  int fd_ = -1;                     // our own open file description: it holds our liveness lock
+  int fd_ = -1;                     // our own open file description, never the mapped one: it holds our liveness lock
   std::atomic<int> slot_{-1};       // read without the lock by OwnUsed and slot()
   std::uint64_t generation_ = 0;    // the slot's generation when we claimed it
   std::uint64_t file_device_ = 0;   // st_dev and st_ino of the mapped file, to reopen the same file after fork
