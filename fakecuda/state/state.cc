@@ -300,7 +300,20 @@ void EnsureOwnSlot(Attachment& a) {
 
 MachineLock::MachineLock(Attachment& attachment) : attachment_(attachment) {
   pthread_mutex_t* mutex = MutexOf(*attachment_.machine);
-  const int r = pthread_mutex_lock(mutex);
+  // Not a plain pthread_mutex_lock: glibc's robust mutex can lose a wake-up when a woken waiter is killed before
+  // it re-takes the lock (seen in the region's kill storms: survivors asleep in futex_wait forever). Waiting in
+  // 10 ms slices re-checks the lock word, so a lost wake-up costs 10 ms, never a wedge.
+  int r = pthread_mutex_trylock(mutex);
+  while (r == EBUSY || r == ETIMEDOUT) {
+    struct timespec deadline {};
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_nsec += 10'000'000;
+    if (deadline.tv_nsec >= 1'000'000'000) {
+      deadline.tv_nsec -= 1'000'000'000;
+      ++deadline.tv_sec;
+    }
+    r = pthread_mutex_timedlock(mutex, &deadline);
+  }
   if (r == EOWNERDEAD) {
     const std::uint32_t fixes = model::RepairMachine(*attachment_.machine);
     pthread_mutex_consistent(mutex);
