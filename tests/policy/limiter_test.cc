@@ -1,0 +1,165 @@
+// The compute limiter under a fake clock: budget, debt waits, refill cap, settlement, cost learning, in-flight
+// bound, garbage measurements, the default policy's lending, and the achieved share of a simple serial GPU.
+#include "vgpu/policy/limiter.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <deque>
+
+namespace vgpu::policy {
+namespace {
+
+constexpr std::uint64_t kMs = 1'000'000;
+constexpr std::uint64_t kUs = 1'000;
+const KernelKey kKernel{reinterpret_cast<const void*>(0x1000), 42};
+
+LimiterConfig Share(std::uint32_t permille) {
+  LimiterConfig config;
+  config.share_permille = permille;
+  return config;
+}
+
+TEST(Limiter, AFullBudgetAdmitsAtOnceAndDebtWaitsExactlyForTheRefill) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 250, 20 * kMs, 0);  // 25 %: the burst holds 5 ms
+  Limiter limiter(cell, Share(250));
+  // Learn a 4 ms kernel.
+  Admission first = limiter.Admit(kKernel, 0);
+  limiter.Settle(kKernel, first.charged_ns, 4 * kMs, 0);
+  EXPECT_EQ(limiter.EstimateNs(kKernel), 4 * kMs);
+  // The learning run cost 4 ms of the 5 ms burst: 1 ms left. The next 4 ms kernel leaves 3 ms of debt, repaid at
+  // 25 % in 12 ms of wall time; the one after adds 4 ms more: 7 ms of debt, 28 ms.
+  Admission second = limiter.Admit(kKernel, 0);
+  EXPECT_EQ(second.ready_at_ns, 12 * kMs);
+  Admission third = limiter.Admit(kKernel, 0);
+  EXPECT_EQ(third.ready_at_ns, 28 * kMs);
+  EXPECT_FALSE(third.wait_for_completion);
+}
+
+TEST(Limiter, TheBudgetNeverHoldsMoreThanTheBurst) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 500, 20 * kMs, 0);
+  Limiter limiter(cell, Share(500));
+  limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 1 * kMs, 0);
+  // An hour idle refills to the burst (10 ms at 50 %), not to 30 minutes of GPU time.
+  limiter.Admit(kKernel, 3600'000 * kMs);
+  EXPECT_LE(cell.budget_ns, static_cast<std::int64_t>(10 * kMs));
+}
+
+TEST(Limiter, SettlementGivesBackWhatTheEstimateOvercharged) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 1000, 20 * kMs, 0);
+  Limiter limiter(cell, Share(1000));
+  const Admission a = limiter.Admit(kKernel, 0);  // charged the 100 us default
+  const std::int64_t before = cell.budget_ns;
+  limiter.Settle(kKernel, a.charged_ns, 30 * kUs, 0);
+  EXPECT_EQ(cell.budget_ns - before, static_cast<std::int64_t>(70 * kUs));
+  EXPECT_EQ(limiter.in_flight_ns(), 0u);
+}
+
+TEST(Limiter, ThePreemptedLongerMeasurementsDoNotRaiseTheCost) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  Limiter limiter(cell, Share(300));
+  for (int i = 0; i < 8; ++i) {
+    const Admission a = limiter.Admit(kKernel, 0);
+    // Every other run was preempted by another container's 2 ms slice.
+    limiter.Settle(kKernel, a.charged_ns, i % 2 == 0 ? 1 * kMs : 3 * kMs, 0);
+  }
+  EXPECT_EQ(limiter.EstimateNs(kKernel), 1 * kMs);
+  // A kernel that really became longer raises the estimate once its old measurements leave the window.
+  for (int i = 0; i < 16; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 5 * kMs, 0);
+  EXPECT_EQ(limiter.EstimateNs(kKernel), 5 * kMs);
+}
+
+TEST(Limiter, QueuedUnmeasuredWorkIsBounded) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 1000, 20 * kMs, 0);
+  LimiterConfig config = Share(1000);
+  config.in_flight_max_ns = 10 * kMs;
+  Limiter limiter(cell, config);
+  const Admission learn = limiter.Admit(kKernel, 0);
+  limiter.Settle(kKernel, learn.charged_ns, 4 * kMs, 0);
+  EXPECT_FALSE(limiter.Admit(kKernel, 0).wait_for_completion);   // 4 ms queued
+  EXPECT_FALSE(limiter.Admit(kKernel, 0).wait_for_completion);   // 8 ms
+  EXPECT_TRUE(limiter.Admit(kKernel, 0).wait_for_completion);    // 12 ms > 10: settle something first
+  limiter.Settle(kKernel, 4 * kMs, 4 * kMs, 5 * kMs);
+  EXPECT_FALSE(limiter.Admit(kKernel, 5 * kMs).wait_for_completion);
+}
+
+TEST(Limiter, GarbageMeasurementsAreIgnoredAndNeverBlock) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  Limiter limiter(cell, Share(300));
+  const Admission learn = limiter.Admit(kKernel, 0);
+  limiter.Settle(kKernel, learn.charged_ns, 2 * kMs, 0);
+  for (std::optional<std::uint64_t> garbage : {std::optional<std::uint64_t>{}, std::optional<std::uint64_t>{0},
+                                               std::optional<std::uint64_t>{3'600'000 * kMs}}) {
+    const Admission a = limiter.Admit(kKernel, 0);
+    limiter.Settle(kKernel, a.charged_ns, garbage, 0);
+  }
+  EXPECT_EQ(limiter.ignored_measurements(), 3u);
+  EXPECT_EQ(limiter.EstimateNs(kKernel), 2 * kMs);
+  // The wait for the next launch is finite: the debt divided by the rate.
+  const Admission next = limiter.Admit(kKernel, 0);
+  EXPECT_LT(next.ready_at_ns, 100 * kMs);
+}
+
+TEST(Limiter, DisableMeasuresAndPublishesButNeverWaits) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 100, 20 * kMs, 0);
+  LimiterConfig config = Share(100);
+  config.throttle = false;
+  Limiter limiter(cell, config);
+  std::uint64_t now = 0;
+  for (int i = 0; i < 1000; ++i, now += kMs) {
+    const Admission a = limiter.Admit(kKernel, now);
+    EXPECT_EQ(a.ready_at_ns, now);
+    limiter.Settle(kKernel, a.charged_ns, kMs, now + kMs);
+  }
+  EXPECT_NEAR(Limiter::PublishedShare(cell, now), 1.0, 0.01);
+}
+
+// A serial GPU fed by one closed-loop tenant: each kernel starts when admitted and the GPU is free.
+double AchievedShare(std::uint32_t permille, std::uint64_t kernel_ns, std::uint64_t seconds) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, permille, 20 * kMs, 0);
+  Limiter limiter(cell, Share(permille));
+  std::uint64_t now = 0, busy_after_settling = 0;
+  const std::uint64_t settle = 1000 * kMs, end = seconds * 1000 * kMs;
+  while (now < end) {
+    const Admission a = limiter.Admit(kKernel, now);
+    const std::uint64_t start = std::max(now, a.ready_at_ns);
+    const std::uint64_t finish = start + kernel_ns;
+    limiter.Settle(kKernel, a.charged_ns, kernel_ns, finish);
+    if (start >= settle && finish <= end) busy_after_settling += kernel_ns;
+    now = finish;
+  }
+  return static_cast<double>(busy_after_settling) / static_cast<double>(end - settle);
+}
+
+TEST(Limiter, ASerialTenantGetsItsShareForLongAndShortKernels) {
+  for (std::uint32_t permille : {100u, 300u, 500u, 700u, 900u}) {
+    for (std::uint64_t kernel : {20 * kMs, 5 * kUs, 1 * kMs}) {
+      EXPECT_NEAR(AchievedShare(permille, kernel, 5), permille / 1000.0, 0.02)
+          << permille / 10 << " % with kernels of " << kernel << " ns";
+    }
+  }
+}
+
+TEST(Limiter, DefaultPolicyLendsTheIdleGpuAndTakesItBack) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  LimiterConfig config = Share(300);
+  config.lend_when_idle = true;
+  Limiter limiter(cell, config);
+  limiter.ObserveOthers(0.0, 0);
+  EXPECT_EQ(cell.rate_permille, 1000u);
+  limiter.ObserveOthers(0.5, 10 * kMs);
+  EXPECT_EQ(cell.rate_permille, 300u);
+  EXPECT_LE(cell.budget_ns, static_cast<std::int64_t>(6 * kMs)) << "no hoard survives handing the GPU back";
+}
+
+}  // namespace
+}  // namespace vgpu::policy

@@ -1,0 +1,99 @@
+// The compute limiter (docs/compute-limit.md): a container-wide budget of GPU time per device, charged before each
+// launch with the kernel's expected GPU time and corrected with its measured time. Pure: the time is passed in,
+// nothing here sleeps or reads a clock; the shim and the simulator wrap it with their own Clock and GpuObserver.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+
+namespace vgpu::policy {
+
+// The shared part: lives in the container region (one per device) or in the simulator's memory. Every field is
+// read and written with atomics: no lock, safe under SIGKILL (a process that dies mid-update loses at most one
+// refill interval).
+struct BudgetCell {
+  std::int64_t budget_ns;          // GPU time the container may still start; negative = debt being repaid
+  std::uint64_t refilled_at_ns;    // the budget includes refills up to this time
+  std::uint32_t rate_permille;     // refill rate now: the share, or 1000 while `default` lets the container run free
+  std::uint32_t share_permille;    // the configured share (monitoring)
+  std::uint64_t bucket_epoch;      // index (time / kBucketNs) of buckets[0 .. kBuckets) ring's newest bucket
+  std::uint64_t busy_ns[4];        // measured GPU time per 250 ms bucket, a ring indexed by epoch % 4
+};
+inline constexpr std::uint64_t kBucketNs = 250'000'000;
+inline constexpr std::uint32_t kBuckets = 4;
+
+// What identifies a kernel for cost learning: the function and the launch shape.
+struct KernelKey {
+  const void* function;
+  std::uint64_t shape;             // grid and block sizes hashed together
+  bool operator==(const KernelKey& other) const { return function == other.function && shape == other.shape; }
+};
+
+struct LimiterConfig {
+  std::uint32_t share_permille = 1000;   // 300 = 30 %
+  bool throttle = true;                  // false for `disable`: measure and publish only
+  bool lend_when_idle = false;           // `default`: run free while nobody else wants the GPU
+  std::uint64_t burst_ns = 20'000'000;   // the most the budget holds, times the share (see docs)
+  std::uint64_t default_cost_ns = 100'000;
+  std::uint64_t in_flight_max_ns = 20'000'000;  // expected-but-unmeasured GPU time one process may have queued
+  std::uint64_t settle_after_ns = 60'000'000'000ull;  // a launch never measured is settled at its estimate
+};
+
+// The decision for one launch.
+struct Admission {
+  bool wait_for_completion = false;  // too much unmeasured work queued: settle completions first, then ask again
+  std::uint64_t ready_at_ns = 0;     // the launch may go at this time (<= now: at once)
+  std::uint64_t charged_ns = 0;      // what was taken from the budget; Settle gives back the difference
+};
+
+class Limiter {
+ public:
+  Limiter(BudgetCell& cell, const LimiterConfig& config);
+
+  // Charges a launch of `key` at `now_ns` and says when it may start.
+  Admission Admit(const KernelKey& key, std::uint64_t now_ns);
+
+  // The launch's GPU time is known (`measured_ns`), or will never be (nullopt: settled at the estimate). Corrects
+  // the budget, learns the cost, publishes utilization.
+  void Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
+              std::uint64_t now_ns);
+
+  // `default` policy: the fraction of the last second in which others' kernels ran (device utilization minus
+  // our own share). Below 5 % the container runs free; above, it is held to its share.
+  void ObserveOthers(double others_busy_fraction, std::uint64_t now_ns);
+
+  // The container's measured share over the last second, from the shared buckets.
+  static double PublishedShare(const BudgetCell& cell, std::uint64_t now_ns);
+
+  std::uint64_t EstimateNs(const KernelKey& key) const;
+  std::uint64_t in_flight_ns() const { return in_flight_ns_; }
+  std::uint64_t ignored_measurements() const { return ignored_measurements_; }
+
+  // Initializes a fresh cell (by whoever creates the region or the simulator).
+  static void InitCell(BudgetCell& cell, std::uint32_t share_permille, std::uint64_t burst_ns, std::uint64_t now_ns);
+
+ private:
+  void Refill(std::uint64_t now_ns);
+  std::uint64_t BurstNs() const;
+
+  struct KeyHash {
+    std::size_t operator()(const KernelKey& key) const {
+      return std::hash<const void*>()(key.function) ^ (key.shape * 0x9e3779b97f4a7c15ull);
+    }
+  };
+  struct Cost {
+    std::uint64_t recent[16] = {};
+    std::uint32_t count = 0;
+    std::uint64_t estimate_ns = 0;
+  };
+
+  BudgetCell& cell_;
+  LimiterConfig config_;
+  std::unordered_map<KernelKey, Cost, KeyHash> costs_;
+  std::uint64_t in_flight_ns_ = 0;
+  std::uint64_t ignored_measurements_ = 0;
+};
+
+}  // namespace vgpu::policy

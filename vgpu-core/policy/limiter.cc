@@ -1,0 +1,158 @@
+// The compute limiter: a token bucket in GPU time shared through atomics, charged at launch with a learned
+// estimate and settled with the measured time (docs/compute-limit.md).
+#include "vgpu/policy/limiter.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace vgpu::policy {
+namespace {
+
+constexpr std::uint64_t kAbsurdNs = 60'000'000'000ull;  // a "measurement" over a minute is garbage
+constexpr std::uint64_t kMaxRefillGapNs = 3'600'000'000'000ull;
+
+template <typename T>
+std::atomic_ref<T> Atomic(T& field) {
+  return std::atomic_ref<T>(field);
+}
+
+void AddBusy(BudgetCell& cell, std::uint64_t now_ns, std::uint64_t busy_ns) {
+  const std::uint64_t epoch = now_ns / kBucketNs;
+  auto stored = Atomic(cell.bucket_epoch);
+  std::uint64_t current = stored.load(std::memory_order_acquire);
+  while (epoch > current) {
+    // Moving to a newer bucket: whoever wins the exchange clears the buckets skipped over.
+    if (stored.compare_exchange_weak(current, epoch, std::memory_order_acq_rel)) {
+      for (std::uint64_t e = std::max(current + 1, epoch >= kBuckets ? epoch - kBuckets + 1 : 0); e <= epoch; ++e) {
+        Atomic(cell.busy_ns[e % kBuckets]).store(0, std::memory_order_relaxed);
+      }
+      current = epoch;
+    }
+  }
+  if (epoch + kBuckets <= current) return;  // too old to count anywhere
+  Atomic(cell.busy_ns[epoch % kBuckets]).fetch_add(busy_ns, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void Limiter::InitCell(BudgetCell& cell, std::uint32_t share_permille, std::uint64_t burst_ns, std::uint64_t now_ns) {
+  cell = BudgetCell{};
+  cell.share_permille = share_permille;
+  cell.rate_permille = share_permille;
+  cell.budget_ns = static_cast<std::int64_t>(burst_ns * share_permille / 1000);
+  cell.refilled_at_ns = now_ns;
+  cell.bucket_epoch = now_ns / kBucketNs;
+}
+
+Limiter::Limiter(BudgetCell& cell, const LimiterConfig& config) : cell_(cell), config_(config) {
+  config_.share_permille = std::clamp<std::uint32_t>(config_.share_permille, 1, 1000);
+}
+
+std::uint64_t Limiter::BurstNs() const { return config_.burst_ns * config_.share_permille / 1000; }
+
+void Limiter::Refill(std::uint64_t now_ns) {
+  auto refilled_at = Atomic(cell_.refilled_at_ns);
+  std::uint64_t last = refilled_at.load(std::memory_order_acquire);
+  while (now_ns > last) {
+    // The exchange gives one caller the interval (last, now]: nobody refills a moment twice.
+    if (!refilled_at.compare_exchange_weak(last, now_ns, std::memory_order_acq_rel)) continue;
+    const std::uint64_t gap = std::min(now_ns - last, kMaxRefillGapNs);
+    const std::uint32_t rate = std::max<std::uint32_t>(Atomic(cell_.rate_permille).load(std::memory_order_relaxed), 1);
+    const auto add = static_cast<std::int64_t>(gap * rate / 1000);
+    const auto burst = static_cast<std::int64_t>(std::max<std::uint64_t>(BurstNs(), config_.burst_ns * rate / 1000));
+    auto budget = Atomic(cell_.budget_ns);
+    std::int64_t current = budget.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::int64_t next = current >= burst ? current : std::min(current + add, burst);
+      if (budget.compare_exchange_weak(current, next, std::memory_order_acq_rel)) break;
+    }
+    return;
+  }
+}
+
+std::uint64_t Limiter::EstimateNs(const KernelKey& key) const {
+  const auto it = costs_.find(key);
+  return it != costs_.end() && it->second.count > 0 ? it->second.estimate_ns : config_.default_cost_ns;
+}
+
+Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns) {
+  Admission admission;
+  const std::uint64_t estimate = std::max<std::uint64_t>(EstimateNs(key), 1);
+  // Bound what may be queued unmeasured: queued kernels cannot overrun the cap however wrong their estimates.
+  if (config_.throttle && in_flight_ns_ > 0 && in_flight_ns_ + estimate > config_.in_flight_max_ns) {
+    admission.wait_for_completion = true;
+    return admission;
+  }
+  in_flight_ns_ += estimate;
+  admission.charged_ns = estimate;
+  admission.ready_at_ns = now_ns;
+  if (!config_.throttle) return admission;
+  Refill(now_ns);
+  const std::int64_t after =
+      Atomic(cell_.budget_ns).fetch_sub(static_cast<std::int64_t>(estimate), std::memory_order_acq_rel) -
+      static_cast<std::int64_t>(estimate);
+  if (after < 0) {
+    // In debt: wait until the refill has paid it back. Precise: a deadline, not a nap.
+    const std::uint32_t rate = std::max<std::uint32_t>(Atomic(cell_.rate_permille).load(std::memory_order_relaxed), 1);
+    const auto debt = static_cast<std::uint64_t>(-after);
+    admission.ready_at_ns = now_ns + (debt * 1000 + rate - 1) / rate;
+  }
+  return admission;
+}
+
+void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
+                     std::uint64_t now_ns) {
+  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+  std::uint64_t accounted = charged_ns;
+  if (measured_ns.has_value() && *measured_ns > 0 && *measured_ns < kAbsurdNs) {
+    Cost& cost = costs_[key];
+    cost.recent[cost.count % 16] = *measured_ns;
+    ++cost.count;
+    const std::uint32_t n = std::min<std::uint32_t>(cost.count, 16);
+    // A robust low estimate: a kernel preempted by another container's time slice measures longer than it ran,
+    // so the least of the recent measurements is its cost; it rises as soon as every recent one is higher.
+    cost.estimate_ns = *std::min_element(cost.recent, cost.recent + n);
+    accounted = std::min(*measured_ns, cost.estimate_ns);
+  } else {
+    ++ignored_measurements_;  // missing or garbage: the estimate stands, nothing blocks on it
+  }
+  if (config_.throttle) {
+    Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted),
+                                      std::memory_order_acq_rel);
+  }
+  AddBusy(cell_, now_ns, accounted);
+}
+
+void Limiter::ObserveOthers(double others_busy_fraction, std::uint64_t now_ns) {
+  if (!config_.lend_when_idle) return;
+  const std::uint32_t wanted = others_busy_fraction < 0.05 ? 1000 : config_.share_permille;
+  auto rate = Atomic(cell_.rate_permille);
+  if (rate.load(std::memory_order_relaxed) == wanted) return;
+  Refill(now_ns);  // the time so far refills at the old rate
+  rate.store(wanted, std::memory_order_relaxed);
+  if (wanted == config_.share_permille) {
+    // Handing the GPU back: no hoard from the free-running period survives the switch.
+    auto budget = Atomic(cell_.budget_ns);
+    std::int64_t current = budget.load(std::memory_order_relaxed);
+    const auto burst = static_cast<std::int64_t>(BurstNs());
+    while (current > burst && !budget.compare_exchange_weak(current, burst, std::memory_order_acq_rel)) {
+    }
+  }
+}
+
+double Limiter::PublishedShare(const BudgetCell& cell, std::uint64_t now_ns) {
+  // The buckets before the current one: the last 750 ms of completed measurement.
+  auto& mutable_cell = const_cast<BudgetCell&>(cell);
+  const std::uint64_t newest = Atomic(mutable_cell.bucket_epoch).load(std::memory_order_acquire);
+  const std::uint64_t current = now_ns / kBucketNs;
+  std::uint64_t busy = 0;
+  for (std::uint64_t back = 1; back < kBuckets; ++back) {
+    if (current < back) break;
+    const std::uint64_t epoch = current - back;
+    if (epoch > newest || epoch + kBuckets <= newest) continue;  // not recorded, or overwritten
+    busy += Atomic(mutable_cell.busy_ns[epoch % kBuckets]).load(std::memory_order_relaxed);
+  }
+  return static_cast<double>(busy) / static_cast<double>((kBuckets - 1) * kBucketNs);
+}
+
+}  // namespace vgpu::policy
