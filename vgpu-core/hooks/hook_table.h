@@ -56,6 +56,15 @@
   X(cuArrayDestroy)                                                                           \
   X(cuMipmappedArrayCreate)                                                                   \
   X(cuMipmappedArrayDestroy)                                                                  \
+  /* launches: admitted by the compute limiter */                                            \
+  X(cuLaunchKernel)                                                                           \
+  X(cuLaunchKernel_ptsz)                                                                      \
+  X(cuLaunchKernelEx)                                                                         \
+  X(cuLaunchKernelEx_ptsz)                                                                    \
+  X(cuLaunchCooperativeKernel)                                                                \
+  X(cuLaunchCooperativeKernel_ptsz)                                                           \
+  X(cuGraphLaunch)                                                                            \
+  X(cuGraphLaunch_ptsz)                                                                       \
   /* the view */                                                                              \
   X(cuMemGetInfo_v2)                                                                          \
   X(cuDeviceTotalMem_v2)                                                                      \
@@ -87,11 +96,17 @@
   X(cuStreamGetCtx)          \
   X(cuCtxPushCurrent_v2)     \
   X(cuCtxPopCurrent_v2)      \
-  X(cuArrayGetMemoryRequirements)
+  X(cuArrayGetMemoryRequirements) \
+  X(cuEventCreate)           \
+  X(cuEventRecord)           \
+  X(cuEventQuery)            \
+  X(cuEventSynchronize)      \
+  X(cuEventElapsedTime_v2)
 
 #define VGPU_NVML_HELPERS(X)           \
   X(nvmlDeviceGetUUID)                 \
   X(nvmlDeviceGetHandleByUUID)         \
+  X(nvmlDeviceGetUtilizationRates)     \
   X(nvmlDeviceGetComputeRunningProcesses_v3)
 
 namespace vgpu::hooks {

@@ -80,7 +80,7 @@ Mode Initialize() {
   } else if (!policy::LoadConfig(shim.config, error)) {
     std::fprintf(stderr, "%s (pid %d); GPU access is refused (fail closed)\n", error.c_str(), static_cast<int>(getpid()));
     mode = Mode::failed;
-  } else if (!shim.config.AnyMemoryLimit()) {
+  } else if (!shim.config.AnyLimit()) {
     mode = Mode::passthrough;
   } else {
     shim.region = region::Attachment::Open(shim.config.region_path, error);

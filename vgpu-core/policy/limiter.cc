@@ -123,6 +123,16 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
   AddBusy(cell_, now_ns, accounted);
 }
 
+void Limiter::Cancel(std::uint64_t charged_ns) {
+  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+  if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns), std::memory_order_acq_rel);
+}
+
+void Limiter::SettleUnmeasured(std::uint64_t charged_ns, std::uint64_t now_ns) {
+  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+  AddBusy(cell_, now_ns, charged_ns);
+}
+
 void Limiter::ObserveOthers(double others_busy_fraction, std::uint64_t now_ns) {
   if (!config_.lend_when_idle) return;
   const std::uint32_t wanted = others_busy_fraction < 0.05 ? 1000 : config_.share_permille;

@@ -642,6 +642,10 @@ void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
   if (ValidDevice(device)) Store(region_->devices[device].limit_bytes, bytes);
 }
 
+void* Attachment::ComputeArea(int device) {
+  return ValidDevice(device) ? static_cast<void*>(region_->devices[device].compute) : nullptr;
+}
+
 void Attachment::ForgetAfterFork() {
   // One thread, in a fork child: no locks (their owners may be gone with the parent), no allocation, only
   // async-signal-safe calls. The shared mapping stays valid (MAP_SHARED is inherited) and holds no lock: Open

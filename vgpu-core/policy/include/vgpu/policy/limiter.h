@@ -60,6 +60,11 @@ class Limiter {
   void Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
               std::uint64_t now_ns);
 
+  // The launch did not happen (the driver refused it): everything it was charged goes back.
+  void Cancel(std::uint64_t charged_ns);
+  // A launch the caller chose not to measure (sampling): settled at its estimate, no correction.
+  void SettleUnmeasured(std::uint64_t charged_ns, std::uint64_t now_ns);
+
   // `default` policy: the fraction of the last second in which others' kernels ran (device utilization minus
   // our own share). Below 5 % the container runs free; above, it is held to its share.
   void ObserveOthers(double others_busy_fraction, std::uint64_t now_ns);

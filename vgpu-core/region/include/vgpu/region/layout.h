@@ -11,7 +11,7 @@
 namespace vgpu::region {
 
 inline constexpr std::uint64_t kRegionMagic = 0x4e47455255504756ULL;  // "VGPUREGN" little-endian
-inline constexpr std::uint32_t kRegionVersion = 1;
+inline constexpr std::uint32_t kRegionVersion = 2;  // 2: the compute budget in Device::compute
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 
@@ -24,7 +24,9 @@ struct Device {
   std::uint64_t used_bytes;              // derived: sum of the live slots' used_bytes (a cache, repaired)
   std::uint64_t context_bytes;           // measured context overhead on this device, 0 = not yet known
   std::uint64_t limit_bytes;             // as configured by the last process that attached; monitoring only
-  std::uint64_t reserved[11];            // the compute budget of issue 4 goes here (with a version bump)
+  // The compute limiter's shared budget (vgpu::policy::BudgetCell, docs/compute-limit.md), updated with atomics
+  // only. Opaque here: the region does not depend on the policy code; the shim checks that it fits.
+  alignas(8) std::uint8_t compute[88];
 };
 
 struct Slot {

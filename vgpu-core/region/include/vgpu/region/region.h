@@ -44,6 +44,8 @@ class Attachment {
   std::uint64_t ContextBytes(int device) const;
   void SetContextBytes(int device, std::uint64_t bytes);
   void SetLimitForMonitoring(int device, std::uint64_t bytes);
+  // The device's compute area (Device::compute, 88 bytes, zero in a new region), or null for a bad index.
+  void* ComputeArea(int device);
 
   // Frees the slots of processes that have died and returns their usage. Rate-limited to once per 100 ms
   // unless `force`. Returns the number of slots reaped.
