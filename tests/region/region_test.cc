@@ -82,6 +82,12 @@ TEST(RegionOpen, CreatesACompleteRegionReadableByEveryUser) {
 TEST(RegionOpen, EmptyPathMeansTheDefaultPerUserFile) {
   std::string error;
   std::unique_ptr<Attachment> attachment(Attachment::Open("", error));
+  if (attachment == nullptr && error.find("version") != std::string::npos) {
+    // A default file left by an older build (another layout version) is refused, rightly; this machine's test
+    // run may replace it.
+    unlink(("/tmp/vgpu/region." + std::to_string(getuid())).c_str());
+    attachment.reset(Attachment::Open("", error));
+  }
   ASSERT_NE(attachment, nullptr) << error;
   EXPECT_EQ(attachment->path(), "/tmp/vgpu/region." + std::to_string(getuid()));
   struct stat st {};

@@ -1,6 +1,8 @@
 // Helpers of the shim's integration tests: CUresult assertions, the memory views, child processes and pipes.
 #include "shim_support.h"
 
+#include <dlfcn.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -43,6 +45,13 @@ std::uint64_t ConfiguredLimit() { return std::strtoull(Env("SHIM_LIMIT_BYTES", "
 std::string TestFolder() { return Env("SHIM_TMP", "/tmp/vgpu-shimtest"); }
 std::string WorkerPath() { return Env("SHIM_WORKER"); }
 std::string ShimPath() { return Env("SHIM_LIBRARY"); }
+
+bool ShimInterposesDlsym() {
+  Dl_info info{};
+  void* found = dlsym(RTLD_DEFAULT, "dlsym");
+  return found != nullptr && dladdr(found, &info) != 0 && info.dli_fname != nullptr &&
+         std::string(info.dli_fname).find("libvgpu") != std::string::npos;
+}
 
 std::uint64_t Seed(std::uint64_t fallback) {
   const std::string text = Env("SHIM_SEED");

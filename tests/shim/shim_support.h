@@ -38,6 +38,10 @@ std::uint64_t ConfiguredLimit();
 std::string TestFolder();
 // The worker program (SHIM_WORKER).
 std::string WorkerPath();
+// True if the preloaded libvgpu.so interposes dlsym (sanitizer builds leave the dlsym route out, see
+// vgpu-core/hooks/CMakeLists.txt; tests of that route skip there).
+bool ShimInterposesDlsym();
+
 // The shim (SHIM_LIBRARY): what LD_PRELOAD names.
 std::string ShimPath();
 

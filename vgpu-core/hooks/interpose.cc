@@ -20,6 +20,11 @@ namespace {
 
 using DlsymFunction = void* (*)(void*, const char*);
 
+// Code on the dlsym path may run inside a sanitizer runtime's start-up: keep it uninstrumented. (Sanitizer builds
+// do not export dlsym at all, see VGPU_SHIM_EXPORT_DLSYM: ASan calls dlsym before it can serve the dlopen its
+// interceptor stands for.)
+#define VGPU_UNINSTRUMENTED __attribute__((no_sanitize("address", "thread", "undefined")))
+
 struct NamedHook {
   const char* name;
   void* hook;
@@ -46,23 +51,30 @@ std::atomic<bool> g_cuda_resolved{false};
 std::atomic<bool> g_nvml_resolved{false};
 
 // glibc's own dlsym, never ours: from the next object that defines it (libc.so.6 since glibc 2.34, libdl before).
-DlsymFunction RealDlsym() {
-  static const DlsymFunction real = [] {
-    auto found = reinterpret_cast<DlsymFunction>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
+// No lambdas or guarded statics here: they would be instrumented code. Every thread computes the same value, so a
+// racing first call is harmless; the atomics make that explicit.
+VGPU_UNINSTRUMENTED DlsymFunction RealDlsym() {
+  static DlsymFunction real = nullptr;
+  DlsymFunction found = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+  if (found == nullptr) {
+    // glibc's own: the next object after this library that defines it (libc.so.6 since glibc 2.34, libdl before).
+    found = reinterpret_cast<DlsymFunction>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
     if (found == nullptr) found = reinterpret_cast<DlsymFunction>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
-    return found;
-  }();
-  return real;
+    if (found != nullptr) __atomic_store_n(&real, found, __ATOMIC_RELEASE);  // a failure is retried next time
+  }
+  return found;
 }
 
 // The base address of this library, to reject a "real" function that is one of our own hooks.
-const void* OwnBase() {
-  static const void* base = [] {
-    Dl_info info{};
-    dladdr(reinterpret_cast<const void*>(&RealDlsym), &info);
-    return info.dli_fbase;
-  }();
-  return base;
+VGPU_UNINSTRUMENTED const void* OwnBase() {
+  static const void* base = nullptr;
+  const void* found = __atomic_load_n(&base, __ATOMIC_ACQUIRE);
+  if (found == nullptr) {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<const void*>(&RealDlsym), &info) != 0) found = info.dli_fbase;
+    __atomic_store_n(&base, found, __ATOMIC_RELEASE);
+  }
+  return found;
 }
 
 void* Resolve(void* handle, const char* name) {
@@ -80,13 +92,13 @@ void* OpenLibrary(const char* soname) {
   return handle != nullptr ? handle : dlopen(soname, RTLD_LAZY);
 }
 
-bool IsDriverName(const char* symbol) {
+VGPU_UNINSTRUMENTED bool IsDriverName(const char* symbol) {
   return symbol != nullptr && ((symbol[0] == 'c' && symbol[1] == 'u') || std::strncmp(symbol, "nvml", 4) == 0);
 }
 
 // dlsym(RTLD_NEXT, ...) forwarded through us would mean "next after libvgpu"; the caller meant "next after
 // itself": search the objects loaded after the caller's, in order.
-void* NextAfter(const void* caller, const char* symbol) {
+[[maybe_unused]] VGPU_UNINSTRUMENTED void* NextAfter(const void* caller, const char* symbol) {
   Dl_info info{};
   struct link_map* map = nullptr;
   if (dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || map == nullptr) return nullptr;
@@ -167,9 +179,10 @@ void* HookForRealAddress(const void* real_address) {
 
 using namespace vgpu::hooks;
 
+#if VGPU_SHIM_EXPORT_DLSYM
 // The dlsym route: an application (or cuda-python, or PyTorch's lazy loader) that looks a hooked CUDA or NVML
 // symbol up on any handle gets the hook; every other lookup is glibc's answer.
-extern "C" VGPU_EXPORT void* dlsym(void* handle, const char* symbol) noexcept {
+extern "C" VGPU_EXPORT VGPU_UNINSTRUMENTED void* dlsym(void* handle, const char* symbol) noexcept {
   void* found = nullptr;
   if (handle == RTLD_NEXT) {
     found = NextAfter(__builtin_return_address(0), symbol);
@@ -181,6 +194,7 @@ extern "C" VGPU_EXPORT void* dlsym(void* handle, const char* symbol) noexcept {
   }
   return found;
 }
+#endif  // VGPU_SHIM_EXPORT_DLSYM
 
 // The cuGetProcAddress route: ask the driver (so versions and flags are resolved exactly as it does), then hand
 // out our hook for the function it chose.

@@ -1,0 +1,102 @@
+// The virtual-time simulator: the shim's compute limiter and fakecuda's device model driven by a virtual clock and
+// seeded workloads. Deterministic: one scenario and seed give one trace, byte for byte (sim/core/README.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vgpu::sim {
+
+inline constexpr std::uint64_t kMicrosecondNs = 1'000;
+inline constexpr std::uint64_t kMillisecondNs = 1'000'000;
+inline constexpr std::uint64_t kSecondNs = 1'000'000'000;
+
+// GPU_CORE_UTILIZATION_POLICY: `force` caps hard, `default` lends the GPU while nobody else wants it, `disable`
+// measures and never throttles.
+enum class Policy { force, default_policy, disable };
+
+enum class WorkloadKind {
+  closed_loop,  // kernels back to back, at most `queue_depth` launched and not complete; depth 1 = launch-sync-launch
+  mixed,        // the same loop, each kernel drawn from `sizes_ns`
+  rate,         // `launches_per_second` on a fixed schedule (a late launch goes at once), `queue_depth` at most
+};
+
+struct Workload {
+  WorkloadKind kind = WorkloadKind::closed_loop;
+  std::uint64_t kernel_ns = kMillisecondNs;  // closed_loop, rate: each kernel's duration alone on the device
+  std::vector<std::uint64_t> sizes_ns;       // mixed: the sizes, each drawn with equal probability
+  // mixed: every size is one function with one launch shape (a spin kernel told its duration by an argument, as
+  // vgpu-tenant's is), so the limiter cannot tell them apart. false: each size is its own kernel.
+  bool sizes_share_one_kernel = false;
+  std::uint32_t jitter_permille = 0;         // each kernel's duration varies uniformly by +/- this much
+  std::uint32_t queue_depth = 4;             // 1 .. 128 (the model's stream queue)
+  double launches_per_second = 1000;         // rate
+};
+
+// Workloads named as docs/compute-limit.md names them.
+Workload Persistent(std::uint64_t kernel_ns, std::uint32_t queue_depth = 2);  // one-wave kernels, closed loop
+Workload BackToBack(std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);  // e.g. 5 us kernels
+Workload SyncLoop(std::uint64_t kernel_ns);                                   // launch, wait for it, launch
+Workload Mixed(std::uint32_t queue_depth = 4);  // 5 us .. 20 ms, 1-2-5 steps (log-uniform over 13 sizes)
+Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);
+
+struct Process {
+  Workload workload;
+  std::uint64_t start_ns = 0;                // first launch (idle before: a tenant that arrives later)
+  std::uint64_t stop_ns = UINT64_MAX;        // no launch from here on
+  std::uint64_t launch_overhead_ns = 3 * kMicrosecondNs;  // host time of one launch call; the kernel is queued at
+                                                          // its end, and the next call starts then
+};
+
+struct Tenant {
+  std::string name;                          // letters, digits, '-', '_', '.'
+  std::uint32_t share_percent = 100;         // CUDA_DEVICE_SM_LIMIT: 1 .. 100; 0 = no limit, as 100
+  Policy policy = Policy::force;
+  std::vector<Process> processes;            // each its own limiter over the tenant's one budget cell
+};
+
+struct Scenario {
+  std::string device = "h100-80gb";          // a FAKECUDA_DEVICES spec; the simulator uses device 0
+  std::uint64_t timeslice_ns = 2 * kMillisecondNs;
+  std::uint64_t duration_ns = 6 * kSecondNs;
+  std::uint64_t settle_ns = kSecondNs;       // windows starting before this are not judged
+  std::uint64_t window_ns = kSecondNs;       // the share is measured per window; duration and settle are multiples
+  std::uint64_t observe_period_ns = 100 * kMillisecondNs;  // `default` policy: how often NVML is read
+  std::uint64_t seed = 1;
+  std::vector<Tenant> tenants;
+  bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
+};
+
+struct TenantResult {
+  std::string name;
+  double cap = 1.0;                          // the share as a fraction
+  std::vector<double> window_shares;         // every whole window from time 0: busy fraction of the window
+  double mean_share = 0;                     // over the windows from settle_ns on
+  double worst_window_error = 0;             // largest |window share - cap| over those windows
+  std::uint64_t kernels = 0;                 // completed
+};
+
+struct Result {
+  std::string error;                         // not empty: the scenario was refused, nothing ran
+  std::uint64_t seed = 0;
+  std::vector<TenantResult> tenants;
+  std::string trace;                         // JSON lines (sim/core/README.md), when Scenario::record_trace
+  std::uint64_t trace_digest = 0;            // FNV-1a 64 of `trace`
+  std::uint64_t kernels = 0;
+  std::uint64_t loop_steps = 0;              // iterations of the event loop
+  std::uint64_t late_completions = 0;        // kernels seen complete after their end time: must be 0
+};
+
+// Runs a scenario to its end in virtual time. No wall clock is read.
+Result Run(const Scenario& scenario);
+
+// "" if the scenario can run, else a one-line message naming the field, its value and what is accepted.
+std::string Validate(const Scenario& scenario);
+
+// A few lines: the seed, then per tenant its cap, mean share after settling, worst window and window shares.
+std::string Summary(const Result& result);
+
+const char* PolicyName(Policy policy);
+
+}  // namespace vgpu::sim

@@ -1,0 +1,164 @@
+// The scenario's side of the simulator: named workloads, validation with messages that say what is accepted, and
+// the human summary of a result.
+#include <cstdio>
+#include <string>
+
+#include "fakecuda/model/layout.h"
+#include "fakecuda/model/model.h"
+#include "vgpu/sim/sim.h"
+
+namespace vgpu::sim {
+namespace {
+
+constexpr std::uint64_t kMaxKernelNs = 3600 * kSecondNs;  // an hour: far above any kernel, far from overflow
+constexpr std::uint64_t kMaxDurationNs = 100 * 3600 * kSecondNs;
+
+bool NameIsPlain(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                    c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string Field(const std::string& where, const char* name, std::uint64_t value, const char* accepted) {
+  return where + name + " = " + std::to_string(value) + "; accepted: " + accepted;
+}
+
+std::string ValidateWorkload(const Workload& w, const std::string& where) {
+  if (w.queue_depth < 1 || w.queue_depth > fakecuda::model::kStreamDepth) {
+    return Field(where, "queue_depth", w.queue_depth, "1 .. 128, e.g. 4");
+  }
+  if (w.jitter_permille > 999) return Field(where, "jitter_permille", w.jitter_permille, "0 .. 999, e.g. 50");
+  if (w.kind == WorkloadKind::mixed) {
+    if (w.sizes_ns.empty()) return where + "sizes_ns is empty; accepted: one or more sizes, e.g. {5000, 20000000}";
+    if (w.sizes_ns.size() > 1024) return Field(where, "sizes_ns.size()", w.sizes_ns.size(), "1 .. 1024 sizes");
+    for (const std::uint64_t size : w.sizes_ns) {
+      if (size < 1 || size > kMaxKernelNs) return Field(where, "sizes_ns[]", size, "1 ns .. 1 hour, e.g. 5000");
+    }
+  } else if (w.kernel_ns < 1 || w.kernel_ns > kMaxKernelNs) {
+    return Field(where, "kernel_ns", w.kernel_ns, "1 ns .. 1 hour, e.g. 1000000");
+  }
+  if (w.kind == WorkloadKind::rate && !(w.launches_per_second >= 0.001 && w.launches_per_second <= 1e9)) {
+    return where + "launches_per_second = " + std::to_string(w.launches_per_second) +
+           "; accepted: 0.001 .. 1e9, e.g. 1000";
+  }
+  return {};
+}
+
+}  // namespace
+
+Workload Persistent(std::uint64_t kernel_ns, std::uint32_t queue_depth) {
+  Workload w;
+  w.kind = WorkloadKind::closed_loop;
+  w.kernel_ns = kernel_ns;
+  w.queue_depth = queue_depth;
+  return w;
+}
+
+Workload BackToBack(std::uint64_t kernel_ns, std::uint32_t queue_depth) { return Persistent(kernel_ns, queue_depth); }
+
+Workload SyncLoop(std::uint64_t kernel_ns) { return Persistent(kernel_ns, 1); }
+
+Workload Mixed(std::uint32_t queue_depth) {
+  Workload w;
+  w.kind = WorkloadKind::mixed;
+  w.queue_depth = queue_depth;
+  for (std::uint64_t decade = kMicrosecondNs; decade <= 10 * kMillisecondNs; decade *= 10) {
+    for (const std::uint64_t step : {1u, 2u, 5u}) {
+      const std::uint64_t size = decade * step;
+      if (size >= 5 * kMicrosecondNs && size <= 20 * kMillisecondNs) w.sizes_ns.push_back(size);
+    }
+  }
+  return w;
+}
+
+Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t queue_depth) {
+  Workload w;
+  w.kind = WorkloadKind::rate;
+  w.launches_per_second = launches_per_second;
+  w.kernel_ns = kernel_ns;
+  w.queue_depth = queue_depth;
+  return w;
+}
+
+const char* PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::force: return "force";
+    case Policy::default_policy: return "default";
+    case Policy::disable: return "disable";
+  }
+  return "?";
+}
+
+std::string Validate(const Scenario& s) {
+  fakecuda::model::MachineConfig config = fakecuda::model::DefaultConfig();
+  std::string error;
+  if (!fakecuda::model::ParseDevices(s.device, config, error)) return "device: " + error;
+  if (s.timeslice_ns < kMicrosecondNs || s.timeslice_ns > kSecondNs) {
+    return Field("", "timeslice_ns", s.timeslice_ns, "1 us .. 1 s, e.g. 2000000");
+  }
+  if (s.window_ns < kMillisecondNs || s.window_ns > kMaxDurationNs) {
+    return Field("", "window_ns", s.window_ns, "1 ms .. 100 h, e.g. 1000000000");
+  }
+  if (s.duration_ns < s.window_ns || s.duration_ns > kMaxDurationNs || s.duration_ns % s.window_ns != 0) {
+    return Field("", "duration_ns", s.duration_ns, "a whole number of windows up to 100 h, e.g. 6000000000");
+  }
+  if (s.settle_ns >= s.duration_ns || s.settle_ns % s.window_ns != 0) {
+    return Field("", "settle_ns", s.settle_ns, "a whole number of windows below duration_ns, e.g. 1000000000");
+  }
+  if (s.observe_period_ns < kMillisecondNs || s.observe_period_ns > kSecondNs * 60) {
+    return Field("", "observe_period_ns", s.observe_period_ns, "1 ms .. 60 s, e.g. 100000000");
+  }
+  if (s.tenants.empty()) return "tenants is empty; accepted: one or more tenants";
+  std::uint64_t processes = 0;
+  for (std::size_t t = 0; t < s.tenants.size(); ++t) {
+    const Tenant& tenant = s.tenants[t];
+    const std::string where = "tenants[" + std::to_string(t) + "].";
+    if (!NameIsPlain(tenant.name)) {
+      return where + "name = '" + tenant.name + "'; accepted: 1 .. 64 letters, digits, '-', '_', '.', e.g. a";
+    }
+    for (std::size_t other = 0; other < t; ++other) {
+      if (s.tenants[other].name == tenant.name) return where + "name = '" + tenant.name + "' is used twice";
+    }
+    if (tenant.share_percent > 100) return Field(where, "share_percent", tenant.share_percent, "0 .. 100, e.g. 30");
+    if (tenant.processes.empty()) return where + "processes is empty; accepted: one or more processes";
+    for (std::size_t p = 0; p < tenant.processes.size(); ++p) {
+      const Process& process = tenant.processes[p];
+      const std::string at = where + "processes[" + std::to_string(p) + "].";
+      if (process.launch_overhead_ns < 1 || process.launch_overhead_ns > kSecondNs) {
+        return Field(at, "launch_overhead_ns", process.launch_overhead_ns, "1 ns .. 1 s, e.g. 3000");
+      }
+      if (process.start_ns >= process.stop_ns) return Field(at, "start_ns", process.start_ns, "below stop_ns");
+      const std::string workload_error = ValidateWorkload(process.workload, at + "workload.");
+      if (!workload_error.empty()) return workload_error;
+      ++processes;
+    }
+  }
+  if (processes > fakecuda::model::kMaxProcesses) {
+    return Field("", "processes in all tenants", processes, "1 .. 256 (the model's process slots)");
+  }
+  return {};
+}
+
+std::string Summary(const Result& result) {
+  std::string text = "seed " + std::to_string(result.seed) + "\n";
+  if (!result.error.empty()) return text + "error: " + result.error + "\n";
+  char line[256];
+  for (const TenantResult& tenant : result.tenants) {
+    std::snprintf(line, sizeof line, "tenant %s: cap %.1f %%, mean %.2f %%, worst window %.2f points off, %llu kernels;"
+                  " windows (%%):", tenant.name.c_str(), tenant.cap * 100, tenant.mean_share * 100,
+                  tenant.worst_window_error * 100, static_cast<unsigned long long>(tenant.kernels));
+    text += line;
+    for (const double share : tenant.window_shares) {
+      std::snprintf(line, sizeof line, " %.1f", share * 100);
+      text += line;
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+}  // namespace vgpu::sim
