@@ -1,0 +1,62 @@
+"""Compute caps live over fakecuda: real tenant processes under the real shim (LD_PRELOAD=libvgpu.so) achieve their
+GPU-time shares, from their own throughput and from the device's trace."""
+
+from __future__ import annotations
+
+import pytest
+
+from fakegpu_harness import kernel_shares, read_trace
+
+
+@pytest.fixture
+def shim_path(fake_gpu):
+    path = fake_gpu.library_dir / "libvgpu.so"
+    if not path.exists():
+        pytest.skip(f"{path} is not built")
+    return path
+
+
+def contain(fake_gpu, shim_path, name: str, percent: int) -> None:
+    """Makes the next processes started by `fake_gpu` one container capped at `percent` (force policy)."""
+    fake_gpu.env.update({
+        "LD_PRELOAD": str(shim_path),
+        "CUDA_DEVICE_SM_LIMIT": str(percent),
+        "GPU_CORE_UTILIZATION_POLICY": "force",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / f"{name}.region"),
+    })
+
+
+@pytest.mark.parametrize("kernel_args", [["--kernel-us", "1000"], ["--kernel-us", "20000", "--blocks", "132"],
+                                         ["--kernel-us", "5", "--depth", "8"]],
+                         ids=["1ms", "persistent-20ms", "5us"])
+def test_a_lone_tenant_capped_at_30_percent_gets_30_percent(fake_gpu, tenant_available, shim_path, kernel_args):
+    trace_path = fake_gpu.enable_trace()
+    contain(fake_gpu, shim_path, "alone", 30)
+    result = fake_gpu.tenant("--seconds", "4", *kernel_args, timeout=60)
+    assert result.returncode == 0, result.describe()
+    line = result.json
+    assert abs(line["busy_fraction"] - 0.30) <= 0.03, line
+    # The device's view: the tenant's kernels occupied 30 % of the time it ran.
+    shares = kernel_shares(read_trace(trace_path), [result.pid])
+    assert abs(shares.share(result.pid) - 0.30) <= 0.03, shares.share(result.pid)
+
+
+def test_two_containers_capped_30_and_70_get_30_and_70(fake_gpu, tenant_available, shim_path):
+    trace_path = fake_gpu.enable_trace()
+    contain(fake_gpu, shim_path, "thirty", 30)
+    low = fake_gpu.start_tenant("--seconds", "5", "--kernel-us", "1000")
+    contain(fake_gpu, shim_path, "seventy", 70)
+    high = fake_gpu.start_tenant("--seconds", "5", "--kernel-us", "1000")
+    low_line, high_line = low.finish(timeout=60).json, high.finish(timeout=60).json
+    assert abs(low_line["busy_fraction"] - 0.30) <= 0.03, low_line
+    assert abs(high_line["busy_fraction"] - 0.70) <= 0.03, high_line
+    shares = kernel_shares(read_trace(trace_path), [low.pid, high.pid])
+    assert abs(shares.share(low.pid) - 0.30) <= 0.03, shares.share(low.pid)
+    assert abs(shares.share(high.pid) - 0.70) <= 0.03, shares.share(high.pid)
+
+
+def test_no_limit_leaves_a_tenant_the_whole_device(fake_gpu, tenant_available, shim_path):
+    fake_gpu.env.update({"LD_PRELOAD": str(shim_path),
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "free.region")})
+    line = fake_gpu.tenant("--seconds", "2", "--kernel-us", "1000", timeout=60).json
+    assert line["busy_fraction"] >= 0.95, line
