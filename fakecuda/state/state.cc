@@ -1,6 +1,11 @@
 // The shared state file: atomic creation, mapping, robust locking, slots with OFD-lock liveness, reaping.
 #include "fakecuda/state/state.h"
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define FAKECUDA_TSAN 1
+#endif
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -313,6 +318,13 @@ MachineLock::MachineLock(Attachment& attachment) : attachment_(attachment) {
       ++deadline.tv_sec;
     }
     r = pthread_mutex_timedlock(mutex, &deadline);
+#if defined(FAKECUDA_TSAN)
+    // ThreadSanitizer's timedlock interceptor records an acquisition only on 0, but EOWNERDEAD acquires too.
+    if (r == EOWNERDEAD) {
+      __tsan_mutex_pre_lock(mutex, __tsan_mutex_try_lock);
+      __tsan_mutex_post_lock(mutex, __tsan_mutex_try_lock, 0);
+    }
+#endif
   }
   if (r == EOWNERDEAD) {
     const std::uint32_t fixes = model::RepairMachine(*attachment_.machine);

@@ -124,6 +124,10 @@ std::string Validate(const Scenario& s) {
       if (s.tenants[other].name == tenant.name) return where + "name = '" + tenant.name + "' is used twice";
     }
     if (tenant.share_percent > 100) return Field(where, "share_percent", tenant.share_percent, "0 .. 100, e.g. 30");
+    if (tenant.burst_ns > 60 * kSecondNs) return Field(where, "burst_ns", tenant.burst_ns, "0 (default) .. 60 s");
+    if (tenant.in_flight_max_ns > 60 * kSecondNs) {
+      return Field(where, "in_flight_max_ns", tenant.in_flight_max_ns, "0 (default) .. 60 s");
+    }
     if (tenant.processes.empty()) return where + "processes is empty; accepted: one or more processes";
     for (std::size_t p = 0; p < tenant.processes.size(); ++p) {
       const Process& process = tenant.processes[p];

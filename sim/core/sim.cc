@@ -7,7 +7,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <queue>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +24,7 @@ namespace model = fakecuda::model;
 
 constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 constexpr std::uint32_t kDevice = 0;
+constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 constexpr std::int32_t kFirstPid = 1000;
 constexpr std::uintptr_t kFirstFunction = 0x10000;  // kernel "functions" are addresses only the limiter sees
 
@@ -106,10 +106,13 @@ class InFlightQueue {
   std::uint32_t count_ = 0;
 };
 
+// A launch call: the host's own work (launch_overhead_ns), then the limiter's Admit, then (after the shim's sleep
+// until ready_at, if any) the kernel is queued and the call returns; the next call begins at once.
 enum class HostState {
-  launch_due,              // the next launch call begins at the wake-up
-  submitting,              // admitted: the call returns (the kernel is queued) at the wake-up
-  waiting_for_completion,  // the queue is full or the limiter asked to settle first: woken by a completion
+  calling,              // in a launch call: Admit at the wake-up
+  sleeping,             // admitted: the kernel is queued at the wake-up (ready_at)
+  waiting_for_queue,    // queue_depth kernels in flight: the next call begins at a completion
+  waiting_for_limiter,  // in a launch call, the limiter asked to settle first: Admit again at a completion
   stopped,
 };
 
@@ -122,13 +125,19 @@ struct ProcessState {
   std::vector<KernelKind> kinds;
   std::uint32_t slot = model::kNoSlot;
   std::uint32_t stream = model::kNoSlot;
-  HostState state = HostState::launch_due;
+  HostState state = HostState::calling;
   bool has_pending = false;  // a kernel is chosen for the launch being made (kept across waits)
   std::uint32_t pending_kind = 0;
   std::uint64_t pending_duration_ns = 0;
   policy::Admission pending_admission;
-  InFlightQueue in_flight;
   std::uint64_t launches = 0;
+  InFlightQueue in_flight;
+};
+
+// A tenant's busy time at the end of an NVML sample window.
+struct BusyAt {
+  std::uint64_t end_ns = kNever;
+  std::uint64_t busy_ns = 0;
 };
 
 struct TenantState {
@@ -138,15 +147,8 @@ struct TenantState {
   std::vector<std::uint32_t> processes;
   std::uint64_t busy_at_window_start_ns = 0;
   std::uint32_t reported_rate_permille = 0;
+  BusyAt busy_at_nvml_end[model::kWindowHistory];  // ring by window index
   TenantResult result;
-};
-
-struct Wake {
-  std::uint64_t time_ns;
-  std::uint32_t process;
-  bool operator>(const Wake& other) const {
-    return time_ns != other.time_ns ? time_ns > other.time_ns : process > other.process;
-  }
 };
 
 class Engine final : public model::TimelineListener {
@@ -174,13 +176,15 @@ class Engine final : public model::TimelineListener {
     }
     const InFlight done = p.in_flight.Front();
     p.in_flight.Pop();
+    --in_flight_count_[process_by_stream_[stream]];
     // What CUDA events around the kernel measure: from its start to its end, time slices of others included.
-    const std::uint64_t measured_ns = op.end_ns - op.start_ns;
+    // (Under time-slicing a running kernel has the device to itself, so its own GPU time is alone_ns.)
+    const std::uint64_t measured_ns =
+        scenario_.measurement == Measurement::events ? op.end_ns - op.start_ns : op.alone_ns;
     p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
     TenantState& tenant = tenants_[p.tenant];
     ++tenant.result.kernels;
     ++result_.kernels;
-    if (op.end_ns != advancing_to_ns_) ++result_.late_completions;
     if (scenario_.record_trace) {
       LineWriter(result_.trace)
           .Begin("kernel")
@@ -197,9 +201,11 @@ class Engine final : public model::TimelineListener {
           .Number("measured_ns", measured_ns)
           .End();
     }
-    if (p.state == HostState::waiting_for_completion) {
-      p.state = HostState::launch_due;
-      Schedule(process_by_stream_[stream], std::max(op.end_ns, now_ns_));
+    if (p.state == HostState::waiting_for_queue) {
+      BeginCall(process_by_stream_[stream], op.end_ns);
+    } else if (p.state == HostState::waiting_for_limiter) {
+      p.state = HostState::calling;
+      Schedule(process_by_stream_[stream], op.end_ns);
     }
   }
 
@@ -231,8 +237,13 @@ class Engine final : public model::TimelineListener {
       TenantState& state = tenants_[t];
       state.spec = &tenant;
       state.share_permille = tenant.share_percent == 0 ? 1000 : tenant.share_percent * 10;
-      policy::LimiterConfig defaults;
-      policy::Limiter::InitCell(state.cell, state.share_permille, defaults.burst_ns, 0);
+      policy::LimiterConfig limiter_config;
+      limiter_config.share_permille = state.share_permille;
+      limiter_config.throttle = tenant.policy != Policy::disable;
+      limiter_config.lend_when_idle = tenant.policy == Policy::default_policy;
+      if (tenant.burst_ns != 0) limiter_config.burst_ns = tenant.burst_ns;
+      if (tenant.in_flight_max_ns != 0) limiter_config.in_flight_max_ns = tenant.in_flight_max_ns;
+      policy::Limiter::InitCell(state.cell, state.share_permille, limiter_config.burst_ns, 0);
       state.reported_rate_permille = state.cell.rate_permille;
       state.result.name = tenant.name;
       state.result.cap = state.share_permille / 1000.0;
@@ -244,10 +255,6 @@ class Engine final : public model::TimelineListener {
         p.tenant = t;
         p.index_in_tenant = i;
         p.random = SplitMix64::Derive(scenario_.seed, index);
-        policy::LimiterConfig limiter_config;
-        limiter_config.share_permille = state.share_permille;
-        limiter_config.throttle = tenant.policy != Policy::disable;
-        limiter_config.lend_when_idle = tenant.policy == Policy::default_policy;
         p.limiter = std::make_unique<policy::Limiter>(state.cell, limiter_config);
         const Workload& w = p.spec->workload;
         const std::vector<std::uint64_t> sizes =
@@ -269,6 +276,8 @@ class Engine final : public model::TimelineListener {
         state.processes.push_back(index);
       }
     }
+    wake_ns_.assign(processes_.size(), kNever);
+    in_flight_count_.assign(processes_.size(), 0);
     for (std::uint32_t i = 0; i < processes_.size(); ++i) {
       ProcessState& p = processes_[i];
       if (p.spec->workload.kind == WorkloadKind::rate) {
@@ -278,10 +287,14 @@ class Engine final : public model::TimelineListener {
       } else {
         rate_origin_ns_.push_back(p.spec->start_ns);
       }
-      Schedule(i, rate_origin_ns_.back());
+      p.state = HostState::calling;
+      Schedule(i, rate_origin_ns_.back() + p.spec->launch_overhead_ns);
     }
     for (const Tenant& tenant : scenario_.tenants) lending_ = lending_ || tenant.policy == Policy::default_policy;
     next_observe_ns_ = lending_ ? 0 : kNever;
+    nvml_window_ns_ = machine_->config.nvml_window_ns;
+    next_nvml_end_ns_ =
+        lending_ && scenario_.others_estimate == OthersEstimate::nvml_minus_same_window ? nvml_window_ns_ : kNever;
     next_window_ns_ = scenario_.window_ns;
     if (scenario_.record_trace) WriteHeader();
     return true;
@@ -307,87 +320,145 @@ class Engine final : public model::TimelineListener {
     }
   }
 
-  // The earliest time at which any queued kernel could complete: no completion can happen before it, so the
-  // timeline may be advanced that far without a process missing the moment it should react.
-  std::uint64_t EarliestPossibleCompletion() const {
-    const model::DeviceTimeline& device = machine_->devices[kDevice];
-    std::uint64_t active_ns = kNever;  // least work left at the head of the running process's stream
-    std::uint64_t other_ns = kNever;   // ... of any other process's stream
-    for (const ProcessState& p : processes_) {
-      const model::Stream& s = machine_->streams[p.stream];
-      if (s.head >= s.tail) continue;
-      const model::Op& op = s.ring[s.head % model::kStreamDepth];
-      // The model completes a kernel once less than half a nanosecond is left, running at most at full speed.
-      const double left = std::ceil(op.remaining_ns - 0.5);
-      const std::uint64_t need_ns = left < 1 ? 1 : static_cast<std::uint64_t>(left);
-      std::uint64_t& least = p.slot == device.active_slot ? active_ns : other_ns;
-      least = std::min(least, need_ns);
+  // How long after its kernel completes a process acts on it, or kNever if it does not: then the completion only
+  // settles the budget, which the process's own next step (it advances the model first) will see in time. With
+  // other processes in the tenant, any completion may change what they are admitted, so it is acted on at once.
+  std::uint64_t ReactionDelayNs(const ProcessState& p) const {
+    if (tenants_[p.tenant].processes.size() > 1) return 0;
+    switch (p.state) {
+      case HostState::waiting_for_limiter: return 0;                               // Admit again at once
+      case HostState::waiting_for_queue: return p.spec->launch_overhead_ns;        // the next call's Admit
+      default: return kNever;
     }
-    if (active_ns == kNever) return other_ns == kNever ? kNever : now_ns_ + other_ns;
-    // Time-slicing: another process's kernel runs only after the running process's slice ends or its work does
-    // (the latter is no earlier than its own first completion, already the first term).
-    std::uint64_t earliest = now_ns_ + active_ns;
-    if (other_ns != kNever) earliest = std::min(earliest, std::max(now_ns_, device.slice_end_ns) + other_ns);
-    return earliest;
+  }
+
+  // Work left in the head kernel of process `i`'s stream, as the least time it needs to complete, or kNever.
+  std::uint64_t HeadNeedNs(std::uint32_t i) const {
+    if (in_flight_count_[i] == 0) return kNever;  // a compact copy: most processes have nothing queued
+    const model::Stream& s = machine_->streams[processes_[i].stream];
+    if (s.head >= s.tail) return kNever;
+    const model::Op& op = s.ring[s.head % model::kStreamDepth];
+    // The model completes a kernel once less than half a nanosecond is left, running at most at full speed.
+    const double left = std::ceil(op.remaining_ns - 0.5);
+    return left < 1 ? 1 : static_cast<std::uint64_t>(left);
+  }
+
+  // The first instant at which a kernel's completion may need a process to act: the loop must stop there. Each
+  // kernel completes no earlier than its work left at full speed after it can first run; under time-slicing a
+  // process other than the running one runs only after the running one's slice ends or its work does.
+  std::uint64_t NextCompletionStop() const {
+    const model::DeviceTimeline& device = machine_->devices[kDevice];
+    const std::uint64_t model_ns = device.advanced_to_ns;
+    std::uint64_t active_need_ns = kNever;
+    for (std::uint32_t i = 0; i < processes_.size(); ++i) {
+      if (processes_[i].slot == device.active_slot) active_need_ns = std::min(active_need_ns, HeadNeedNs(i));
+    }
+    const std::uint64_t others_start_ns = active_need_ns == kNever
+                                              ? model_ns
+                                              : std::min(model_ns + active_need_ns, std::max(model_ns, device.slice_end_ns));
+    std::uint64_t stop_ns = kNever;
+    for (std::uint32_t i = 0; i < processes_.size(); ++i) {
+      const std::uint64_t need_ns = HeadNeedNs(i);
+      if (need_ns == kNever) continue;
+      const std::uint64_t delay_ns = ReactionDelayNs(processes_[i]);
+      if (delay_ns == kNever) continue;
+      const std::uint64_t start_ns = processes_[i].slot == device.active_slot ? model_ns : others_start_ns;
+      stop_ns = std::min(stop_ns, start_ns + need_ns + delay_ns);
+    }
+    return stop_ns;
+  }
+
+  // Brings the device model up to now. The model is advanced lazily: only where a kernel may complete, before a
+  // kernel is queued, and where its state is read; host events in between leave it behind.
+  void AdvanceModel() {
+    if (machine_->devices[kDevice].advanced_to_ns >= now_ns_) return;
+    advancing_to_ns_ = now_ns_;
+    model::Advance(*machine_, kDevice, now_ns_, this);
   }
 
   void Loop() {
     const std::uint64_t end_ns = scenario_.duration_ns;
     for (;;) {
-      const std::uint64_t host_ns = wakes_.empty() ? kNever : wakes_.top().time_ns;
+      const std::uint32_t first_awake = NextWake();
+      const std::uint64_t host_ns = first_awake == kNone ? kNever : wake_ns_[first_awake];
+      const std::uint64_t completion_ns = NextCompletionStop();
       const std::uint64_t next_ns =
-          std::min({host_ns, next_observe_ns_, next_window_ns_, end_ns, EarliestPossibleCompletion()});
+          std::min({host_ns, next_observe_ns_, next_window_ns_, next_nvml_end_ns_, end_ns, completion_ns});
       ++result_.loop_steps;
-      if (next_ns > now_ns_) {
-        advancing_to_ns_ = next_ns;
-        model::Advance(*machine_, kDevice, next_ns, this);
-        now_ns_ = next_ns;
-      } else if (next_ns < now_ns_) {
+      if (next_ns < now_ns_) {
         Fail("the next event lies in the past: " + std::to_string(next_ns) + " < " + std::to_string(now_ns_));
+        return;
       }
+      // Completions up to next_ns come first: whoever waits for them acts at that instant, before other host events.
+      now_ns_ = next_ns;
+      if (completion_ns <= next_ns) AdvanceModel();
       if (!result_.error.empty()) return;
+      if (now_ns_ == next_nvml_end_ns_) RecordNvmlWindowEnd();
       if (now_ns_ == next_observe_ns_) Observe();
       if (now_ns_ == next_window_ns_) CloseWindow();
       if (now_ns_ >= end_ns) return;
-      while (!wakes_.empty() && wakes_.top().time_ns == now_ns_) {
-        const std::uint32_t index = wakes_.top().process;
-        wakes_.pop();
+      // In process order; a step schedules its process's next wake-up strictly later.
+      for (std::uint32_t index = first_awake; index != kNone && host_ns == now_ns_;) {
+        wake_ns_[index] = kNever;
         HostStep(index);
         if (!result_.error.empty()) return;
+        index = NextWake();
+        if (index != kNone && wake_ns_[index] != now_ns_) break;
       }
     }
   }
 
-  void Schedule(std::uint32_t process, std::uint64_t time_ns) { wakes_.push(Wake{time_ns, process}); }
+  // Each process has at most one wake-up pending: the host side of a process is one thread of control.
+  void Schedule(std::uint32_t process, std::uint64_t time_ns) {
+    if (wake_ns_[process] != kNever) Fail("process " + std::to_string(process) + " scheduled twice");
+    if (time_ns < now_ns_) {
+      ++result_.late_reactions;  // a reaction found too late to happen when it should: a bug in the loop
+      time_ns = now_ns_;
+    }
+    wake_ns_[process] = time_ns;
+  }
 
-  // One process's host side at `now_ns_`: what the shim and the application do between two waits.
-  void HostStep(std::uint32_t index) {
+  // The process with the earliest wake-up (the lowest index among equals), or kNone. A scan: the simulator runs
+  // tens of processes, for which it beats a heap.
+  std::uint32_t NextWake() const {
+    std::uint32_t best = kNone;
+    std::uint64_t best_ns = kNever;
+    for (std::uint32_t i = 0; i < wake_ns_.size(); ++i) {
+      if (wake_ns_[i] < best_ns) {
+        best_ns = wake_ns_[i];
+        best = i;
+      }
+    }
+    return best;
+  }
+
+  // The application begins its next launch call at `at_ns`: it reaches the shim's Admit after its own overhead.
+  void BeginCall(std::uint32_t index, std::uint64_t at_ns) {
     ProcessState& p = processes_[index];
     const Workload& w = p.spec->workload;
-    for (;;) {
-      if (p.state == HostState::submitting) {
-        Submit(index);
-        if (!result_.error.empty()) return;
-        p.state = HostState::launch_due;  // the call returned: the next one begins now
-        continue;
-      }
-      if (p.state != HostState::launch_due) return;
-      if (now_ns_ >= p.spec->stop_ns) {
-        p.state = HostState::stopped;
-        return;
-      }
-      if (p.in_flight.size() >= w.queue_depth) {
-        p.state = HostState::waiting_for_completion;
-        return;
-      }
-      if (w.kind == WorkloadKind::rate) {
-        const auto due_ns = rate_origin_ns_[index] +
-                            static_cast<std::uint64_t>(static_cast<double>(p.launches) * 1e9 / w.launches_per_second);
-        if (due_ns > now_ns_) {
-          Schedule(index, due_ns);
-          return;
-        }
-      }
+    if (at_ns >= p.spec->stop_ns) {
+      p.state = HostState::stopped;
+      return;
+    }
+    if (p.in_flight.size() >= w.queue_depth) {
+      p.state = HostState::waiting_for_queue;
+      return;
+    }
+    std::uint64_t begin_ns = at_ns;
+    if (w.kind == WorkloadKind::rate) {
+      const auto due_ns = rate_origin_ns_[index] +
+                          static_cast<std::uint64_t>(static_cast<double>(p.launches) * 1e9 / w.launches_per_second);
+      begin_ns = std::max(begin_ns, due_ns);  // a late launch goes at once
+    }
+    p.state = HostState::calling;
+    Schedule(index, begin_ns + p.spec->launch_overhead_ns);
+  }
+
+  // One process's host side at its wake-up: the shim's Admit, or the end of its sleep until ready_at.
+  void HostStep(std::uint32_t index) {
+    ProcessState& p = processes_[index];
+    AdvanceModel();  // its own completions up to now are settled before it asks the limiter anything
+    if (p.state == HostState::calling) {
       if (!p.has_pending) Choose(p);
       const policy::Admission admission = p.limiter->Admit(p.kinds[p.pending_kind].key, now_ns_);
       if (admission.wait_for_completion) {
@@ -395,15 +466,22 @@ class Engine final : public model::TimelineListener {
           Fail("the limiter asked process " + std::to_string(index) + " to wait for a completion with none pending");
           return;
         }
-        p.state = HostState::waiting_for_completion;
+        p.state = HostState::waiting_for_limiter;
         return;
       }
-      // The shim sleeps until ready_at, then launches; the call returns when the kernel is queued.
       p.pending_admission = admission;
-      p.state = HostState::submitting;
-      Schedule(index, std::max(now_ns_, admission.ready_at_ns) + p.spec->launch_overhead_ns);
+      if (admission.ready_at_ns > now_ns_) {
+        // The shim sleeps until ready_at, precisely, then launches.
+        p.state = HostState::sleeping;
+        Schedule(index, admission.ready_at_ns);
+        return;
+      }
+    } else if (p.state != HostState::sleeping) {
       return;
     }
+    Submit(index);
+    if (!result_.error.empty()) return;
+    BeginCall(index, now_ns_);
   }
 
   void Choose(ProcessState& p) {
@@ -422,6 +500,7 @@ class Engine final : public model::TimelineListener {
 
   void Submit(std::uint32_t index) {
     ProcessState& p = processes_[index];
+    AdvanceModel();  // the kernel must not run in the past
     model::KernelLaunch launch{};
     launch.shape = shape_;
     launch.per_wave_ns = p.pending_duration_ns;
@@ -434,14 +513,61 @@ class Engine final : public model::TimelineListener {
     }
     p.has_pending = false;
     ++p.launches;
+    ++in_flight_count_[index];
+  }
+
+  std::uint64_t TenantBusyNs(const TenantState& tenant) const {
+    std::uint64_t busy_ns = 0;
+    for (const std::uint32_t index : tenant.processes) {
+      busy_ns += machine_->slots[processes_[index].slot].busy_total_ns[kDevice];
+    }
+    return busy_ns;
+  }
+
+  // NVML's sample windows end every nvml_window_ns from the machine's creation (time 0).
+  void RecordNvmlWindowEnd() {
+    AdvanceModel();
+    const std::uint64_t index = now_ns_ / nvml_window_ns_;
+    for (TenantState& tenant : tenants_) {
+      tenant.busy_at_nvml_end[index % model::kWindowHistory] = BusyAt{now_ns_, TenantBusyNs(tenant)};
+    }
+    next_nvml_end_ns_ += nvml_window_ns_;
+  }
+
+  // The tenant's busy fraction in the NVML window ending at `end_ns`, if both of its ends were recorded.
+  static double BusyInNvmlWindow(const TenantState& tenant, std::uint64_t end_ns, std::uint64_t window_ns) {
+    if (end_ns < window_ns) return 0;
+    const BusyAt& end = tenant.busy_at_nvml_end[(end_ns / window_ns) % model::kWindowHistory];
+    const std::uint64_t start_ns = end_ns - window_ns;
+    const BusyAt& start = tenant.busy_at_nvml_end[(start_ns / window_ns) % model::kWindowHistory];
+    const std::uint64_t busy_at_start = start_ns == 0 ? 0 : (start.end_ns == start_ns ? start.busy_ns : kNever);
+    if (end.end_ns != end_ns || busy_at_start == kNever) return 0;
+    return static_cast<double>(end.busy_ns - busy_at_start) / static_cast<double>(window_ns);
+  }
+
+  // The end of the NVML window whose utilization is published at `now_ns_` (as PublishedUtilizationPercent
+  // finds it), or 0 if none is.
+  std::uint64_t PublishedNvmlWindowEnd() const {
+    const model::DeviceTimeline& d = machine_->devices[kDevice];
+    const std::uint32_t available = std::min<std::uint32_t>(d.window_count, model::kWindowHistory);
+    for (std::uint32_t back = 1; back <= available; ++back) {
+      const model::UtilWindow& w = d.windows[(d.window_count - back) % model::kWindowHistory];
+      if (w.end_ns + machine_->config.nvml_publish_lag_ns <= now_ns_) return w.end_ns;
+    }
+    return 0;
   }
 
   // `default` policy: what the shim learns from NVML, as fakecuda publishes it, minus the container's own share.
   void Observe() {
+    AdvanceModel();
     const double device_busy = model::PublishedUtilizationPercent(*machine_, kDevice, now_ns_) / 100.0;
+    const std::uint64_t nvml_end_ns = PublishedNvmlWindowEnd();
     for (TenantState& tenant : tenants_) {
       if (tenant.spec->policy != Policy::default_policy) continue;
-      const double others = device_busy - policy::Limiter::PublishedShare(tenant.cell, now_ns_);
+      const double own = scenario_.others_estimate == OthersEstimate::nvml_minus_published_share
+                             ? policy::Limiter::PublishedShare(tenant.cell, now_ns_)
+                             : BusyInNvmlWindow(tenant, nvml_end_ns, nvml_window_ns_);
+      const double others = device_busy - own;
       for (const std::uint32_t index : tenant.processes) processes_[index].limiter->ObserveOthers(others, now_ns_);
       if (tenant.cell.rate_permille != tenant.reported_rate_permille) {
         tenant.reported_rate_permille = tenant.cell.rate_permille;
@@ -461,11 +587,9 @@ class Engine final : public model::TimelineListener {
   // The share of a window is the time in which the tenant's kernels occupied the device: the model's exact
   // per-process busy time (a kernel's start..end would also count the slices of others that preempted it).
   void CloseWindow() {
+    AdvanceModel();
     for (TenantState& tenant : tenants_) {
-      std::uint64_t busy_ns = 0;
-      for (const std::uint32_t index : tenant.processes) {
-        busy_ns += machine_->slots[processes_[index].slot].busy_total_ns[kDevice];
-      }
+      const std::uint64_t busy_ns = TenantBusyNs(tenant);
       const std::uint64_t window_busy_ns = busy_ns - tenant.busy_at_window_start_ns;
       tenant.busy_at_window_start_ns = busy_ns;
       tenant.result.window_shares.push_back(static_cast<double>(window_busy_ns) /
@@ -510,12 +634,15 @@ class Engine final : public model::TimelineListener {
   std::vector<ProcessState> processes_;
   std::vector<std::uint32_t> process_by_stream_;
   std::vector<std::uint64_t> rate_origin_ns_;
-  std::priority_queue<Wake, std::vector<Wake>, std::greater<Wake>> wakes_;
+  std::vector<std::uint64_t> wake_ns_;  // per process; kNever = none pending
+  std::vector<std::uint32_t> in_flight_count_;  // per process: kernels queued and not seen complete
   bool lending_ = false;
   std::uint64_t now_ns_ = 0;
   std::uint64_t advancing_to_ns_ = 0;
   std::uint64_t next_observe_ns_ = kNever;
   std::uint64_t next_window_ns_ = kNever;
+  std::uint64_t nvml_window_ns_ = 0;
+  std::uint64_t next_nvml_end_ns_ = kNever;
 };
 
 }  // namespace

@@ -38,7 +38,7 @@ struct Workload {
 Workload Persistent(std::uint64_t kernel_ns, std::uint32_t queue_depth = 2);  // one-wave kernels, closed loop
 Workload BackToBack(std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);  // e.g. 5 us kernels
 Workload SyncLoop(std::uint64_t kernel_ns);                                   // launch, wait for it, launch
-Workload Mixed(std::uint32_t queue_depth = 4);  // 5 us .. 20 ms, 1-2-5 steps (log-uniform over 13 sizes)
+Workload Mixed(std::uint32_t queue_depth = 4);  // 5 us .. 20 ms in 1-2-5 steps: 12 sizes, log-uniform
 Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);
 
 struct Process {
@@ -54,6 +54,22 @@ struct Tenant {
   std::uint32_t share_percent = 100;         // CUDA_DEVICE_SM_LIMIT: 1 .. 100; 0 = no limit, as 100
   Policy policy = Policy::force;
   std::vector<Process> processes;            // each its own limiter over the tenant's one budget cell
+  // The limiter's own settings, for experiments; 0 = the limiter's default.
+  std::uint64_t burst_ns = 0;
+  std::uint64_t in_flight_max_ns = 0;
+};
+
+// What the limiter is told a kernel cost (Settle's `measured_ns`).
+enum class Measurement {
+  events,    // end - start, as CUDA events around the kernel see it: other processes' time slices included
+  run_time,  // the GPU time the kernel itself ran: what no CUDA API measures, to tell the limiter's part apart
+};
+
+// What the `default` policy is told others' share of the device is (ObserveOthers).
+enum class OthersEstimate {
+  nvml_minus_published_share,  // NVML's latest published utilization minus Limiter::PublishedShare (its 750 ms)
+  nvml_minus_same_window,      // NVML's latest published utilization minus the tenant's busy time in that very
+                               // 200 ms sample window (what a shim keeping finer own-busy records could compute)
 };
 
 struct Scenario {
@@ -64,6 +80,8 @@ struct Scenario {
   std::uint64_t window_ns = kSecondNs;       // the share is measured per window; duration and settle are multiples
   std::uint64_t observe_period_ns = 100 * kMillisecondNs;  // `default` policy: how often NVML is read
   std::uint64_t seed = 1;
+  Measurement measurement = Measurement::events;
+  OthersEstimate others_estimate = OthersEstimate::nvml_minus_published_share;
   std::vector<Tenant> tenants;
   bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
 };
@@ -85,7 +103,7 @@ struct Result {
   std::uint64_t trace_digest = 0;            // FNV-1a 64 of `trace`
   std::uint64_t kernels = 0;
   std::uint64_t loop_steps = 0;              // iterations of the event loop
-  std::uint64_t late_completions = 0;        // kernels seen complete after their end time: must be 0
+  std::uint64_t late_reactions = 0;          // a process acting later than it should have: must be 0
 };
 
 // Runs a scenario to its end in virtual time. No wall clock is read.
