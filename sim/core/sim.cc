@@ -1,6 +1,6 @@
 // The simulator's event loop: host-side processes calling the limiter and queueing kernels, fakecuda's timeline
-// running them, both in virtual nanoseconds. The loop stops exactly at every kernel completion, host wake-up,
-// NVML read and share window, so every process reacts at the instant it would in real life.
+// running them, both in virtual nanoseconds. The loop stops at every host wake-up, NVML read and share window, and
+// wherever a kernel completion makes a process act, so every process acts at the instant it would in real life.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -24,7 +24,6 @@ namespace model = fakecuda::model;
 
 constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 constexpr std::uint32_t kDevice = 0;
-constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 constexpr std::int32_t kFirstPid = 1000;
 constexpr std::uintptr_t kFirstFunction = 0x10000;  // kernel "functions" are addresses only the limiter sees
 
@@ -131,6 +130,7 @@ struct ProcessState {
   std::uint64_t pending_duration_ns = 0;
   policy::Admission pending_admission;
   std::uint64_t launches = 0;
+  std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
 };
 
@@ -177,10 +177,14 @@ class Engine final : public model::TimelineListener {
     const InFlight done = p.in_flight.Front();
     p.in_flight.Pop();
     --in_flight_count_[process_by_stream_[stream]];
-    // What CUDA events around the kernel measure: from its start to its end, time slices of others included.
-    // (Under time-slicing a running kernel has the device to itself, so its own GPU time is alone_ns.)
-    const std::uint64_t measured_ns =
-        scenario_.measurement == Measurement::events ? op.end_ns - op.start_ns : op.alone_ns;
+    // Under time-slicing a running kernel has the device to itself, so its own GPU time is alone_ns.
+    std::uint64_t measured_ns = op.alone_ns;
+    if (scenario_.measurement == Measurement::events) {
+      measured_ns = op.end_ns - op.start_ns;
+    } else if (scenario_.measurement == Measurement::event_pair) {
+      measured_ns = op.end_ns - std::max(op.queued_ns, p.last_end_ns);
+    }
+    p.last_end_ns = op.end_ns;
     p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
     TenantState& tenant = tenants_[p.tenant];
     ++tenant.result.kernels;
@@ -334,7 +338,6 @@ class Engine final : public model::TimelineListener {
 
   // Work left in the head kernel of process `i`'s stream, as the least time it needs to complete, or kNever.
   std::uint64_t HeadNeedNs(std::uint32_t i) const {
-    if (in_flight_count_[i] == 0) return kNever;  // a compact copy: most processes have nothing queued
     const model::Stream& s = machine_->streams[processes_[i].stream];
     if (s.head >= s.tail) return kNever;
     const model::Op& op = s.ring[s.head % model::kStreamDepth];
@@ -349,19 +352,28 @@ class Engine final : public model::TimelineListener {
   std::uint64_t NextCompletionStop() const {
     const model::DeviceTimeline& device = machine_->devices[kDevice];
     const std::uint64_t model_ns = device.advanced_to_ns;
+    bool any_reaction = false;
+    for (std::uint32_t i = 0; i < processes_.size() && !any_reaction; ++i) {
+      // in_flight_count_ is a compact copy: most processes have nothing queued.
+      any_reaction = in_flight_count_[i] != 0 && ReactionDelayNs(processes_[i]) != kNever;
+    }
+    if (!any_reaction) return kNever;
     std::uint64_t active_need_ns = kNever;
     for (std::uint32_t i = 0; i < processes_.size(); ++i) {
-      if (processes_[i].slot == device.active_slot) active_need_ns = std::min(active_need_ns, HeadNeedNs(i));
+      if (in_flight_count_[i] != 0 && processes_[i].slot == device.active_slot) {
+        active_need_ns = std::min(active_need_ns, HeadNeedNs(i));
+      }
     }
-    const std::uint64_t others_start_ns = active_need_ns == kNever
-                                              ? model_ns
-                                              : std::min(model_ns + active_need_ns, std::max(model_ns, device.slice_end_ns));
+    const std::uint64_t slice_end_ns = std::max(model_ns, device.slice_end_ns);
+    const std::uint64_t others_start_ns =
+        active_need_ns == kNever ? model_ns : std::min(model_ns + active_need_ns, slice_end_ns);
     std::uint64_t stop_ns = kNever;
     for (std::uint32_t i = 0; i < processes_.size(); ++i) {
-      const std::uint64_t need_ns = HeadNeedNs(i);
-      if (need_ns == kNever) continue;
+      if (in_flight_count_[i] == 0) continue;
       const std::uint64_t delay_ns = ReactionDelayNs(processes_[i]);
       if (delay_ns == kNever) continue;
+      const std::uint64_t need_ns = HeadNeedNs(i);
+      if (need_ns == kNever) continue;
       const std::uint64_t start_ns = processes_[i].slot == device.active_slot ? model_ns : others_start_ns;
       stop_ns = std::min(stop_ns, start_ns + need_ns + delay_ns);
     }
@@ -372,15 +384,13 @@ class Engine final : public model::TimelineListener {
   // kernel is queued, and where its state is read; host events in between leave it behind.
   void AdvanceModel() {
     if (machine_->devices[kDevice].advanced_to_ns >= now_ns_) return;
-    advancing_to_ns_ = now_ns_;
     model::Advance(*machine_, kDevice, now_ns_, this);
   }
 
   void Loop() {
     const std::uint64_t end_ns = scenario_.duration_ns;
     for (;;) {
-      const std::uint32_t first_awake = NextWake();
-      const std::uint64_t host_ns = first_awake == kNone ? kNever : wake_ns_[first_awake];
+      const std::uint64_t host_ns = NextWakeNs();
       const std::uint64_t completion_ns = NextCompletionStop();
       const std::uint64_t next_ns =
           std::min({host_ns, next_observe_ns_, next_window_ns_, next_nvml_end_ns_, end_ns, completion_ns});
@@ -397,13 +407,14 @@ class Engine final : public model::TimelineListener {
       if (now_ns_ == next_observe_ns_) Observe();
       if (now_ns_ == next_window_ns_) CloseWindow();
       if (now_ns_ >= end_ns) return;
-      // In process order; a step schedules its process's next wake-up strictly later.
-      for (std::uint32_t index = first_awake; index != kNone && host_ns == now_ns_;) {
+      // In process order. A step schedules its own process strictly later, and no other at this instant (its
+      // completions up to now were all settled before the first step here).
+      if (host_ns != now_ns_) continue;
+      for (std::uint32_t index = 0; index < wake_ns_.size(); ++index) {
+        if (wake_ns_[index] != now_ns_) continue;
         wake_ns_[index] = kNever;
         HostStep(index);
         if (!result_.error.empty()) return;
-        index = NextWake();
-        if (index != kNone && wake_ns_[index] != now_ns_) break;
       }
     }
   }
@@ -418,18 +429,11 @@ class Engine final : public model::TimelineListener {
     wake_ns_[process] = time_ns;
   }
 
-  // The process with the earliest wake-up (the lowest index among equals), or kNone. A scan: the simulator runs
-  // tens of processes, for which it beats a heap.
-  std::uint32_t NextWake() const {
-    std::uint32_t best = kNone;
-    std::uint64_t best_ns = kNever;
-    for (std::uint32_t i = 0; i < wake_ns_.size(); ++i) {
-      if (wake_ns_[i] < best_ns) {
-        best_ns = wake_ns_[i];
-        best = i;
-      }
-    }
-    return best;
+  // The earliest wake-up, or kNever. A scan: the simulator runs tens of processes, for which it beats a heap.
+  std::uint64_t NextWakeNs() const {
+    std::uint64_t earliest_ns = kNever;
+    for (const std::uint64_t wake_ns : wake_ns_) earliest_ns = std::min(earliest_ns, wake_ns);
+    return earliest_ns;
   }
 
   // The application begins its next launch call at `at_ns`: it reaches the shim's Admit after its own overhead.
@@ -492,7 +496,8 @@ class Engine final : public model::TimelineListener {
       const auto offset = static_cast<std::int64_t>(p.random.Below(2ull * w.jitter_permille + 1)) -
                           static_cast<std::int64_t>(w.jitter_permille);
       const auto delta = static_cast<std::int64_t>(duration_ns) * offset / 1000;
-      duration_ns = static_cast<std::uint64_t>(std::max<std::int64_t>(1, static_cast<std::int64_t>(duration_ns) + delta));
+      const std::int64_t varied_ns = static_cast<std::int64_t>(duration_ns) + delta;
+      duration_ns = static_cast<std::uint64_t>(std::max<std::int64_t>(1, varied_ns));
     }
     p.pending_duration_ns = duration_ns;
     p.has_pending = true;
@@ -638,7 +643,6 @@ class Engine final : public model::TimelineListener {
   std::vector<std::uint32_t> in_flight_count_;  // per process: kernels queued and not seen complete
   bool lending_ = false;
   std::uint64_t now_ns_ = 0;
-  std::uint64_t advancing_to_ns_ = 0;
   std::uint64_t next_observe_ns_ = kNever;
   std::uint64_t next_window_ns_ = kNever;
   std::uint64_t nvml_window_ns_ = 0;

@@ -1,1 +1,404 @@
-// placeholder
+// The compute limiter on fakecuda's device model under a virtual clock (issue 4, "What must be shown"): caps of one
+// tenant for four kernel shapes, tenants side by side, the `default` and `disable` policies, determinism, and the
+// DISABLED_ tests that pin what the limiter and the model still get wrong (sim/core/README.md, "Findings").
+// Each run prints its summary, seed first: a failure is repeated from that seed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fakecuda/model/layout.h"
+#include "fakecuda/model/model.h"
+#include "random.h"
+#include "vgpu/sim/sim.h"
+
+namespace vgpu::sim {
+namespace {
+
+constexpr double kMeanTolerance = 0.02;    // the share over all windows after settling: within 2 points
+constexpr double kWindowTolerance = 0.05;  // no single 1 s window off by more than 5 points
+
+Tenant OneProcess(const std::string& name, std::uint32_t share_percent, const Workload& workload,
+                  Policy policy = Policy::force, std::uint64_t start_ns = 0) {
+  Tenant tenant;
+  tenant.name = name;
+  tenant.share_percent = share_percent;
+  tenant.policy = policy;
+  Process process;
+  process.workload = workload;
+  process.start_ns = start_ns;
+  tenant.processes.push_back(process);
+  return tenant;
+}
+
+Scenario Of(std::vector<Tenant> tenants, std::uint64_t seed = 1) {
+  Scenario scenario;  // h100-80gb, 2 ms time slices, 6 s with 1 s of settling, 1 s windows
+  scenario.seed = seed;
+  scenario.tenants = std::move(tenants);
+  return scenario;
+}
+
+Result RunAndPrint(const Scenario& scenario) {
+  Result result = sim::Run(scenario);
+  std::fputs(Summary(result).c_str(), stdout);
+  EXPECT_EQ(result.error, "");
+  EXPECT_EQ(result.late_reactions, 0u) << "the event loop let a process act later than it should have";
+  return result;
+}
+
+// Every tenant's share is its cap: the mean after settling within 2 points, every window within 5.
+void ExpectCapsHeld(const Result& result) {
+  for (const TenantResult& tenant : result.tenants) {
+    EXPECT_NEAR(tenant.mean_share, tenant.cap, kMeanTolerance) << "tenant " << tenant.name << ", seed " << result.seed;
+    EXPECT_LE(tenant.worst_window_error, kWindowTolerance) << "tenant " << tenant.name << ", seed " << result.seed;
+  }
+}
+
+// ---- one tenant, each cap, each kernel shape ------------------------------------------------------------------
+
+enum class Shape { persistent_20ms, back_to_back_5us, mixed, sync_loop };
+
+Workload WorkloadOf(Shape shape) {
+  switch (shape) {
+    case Shape::persistent_20ms: return Persistent(20 * kMillisecondNs);
+    case Shape::back_to_back_5us: return BackToBack(5 * kMicrosecondNs);
+    case Shape::mixed: return Mixed();
+    case Shape::sync_loop: return SyncLoop(500 * kMicrosecondNs);
+  }
+  return {};
+}
+
+class OneTenant : public ::testing::TestWithParam<std::tuple<Shape, std::uint32_t>> {};
+
+TEST_P(OneTenant, HoldsItsCapInEveryWindow) {
+  const auto [shape, cap] = GetParam();
+  const Result result = RunAndPrint(Of({OneProcess("a", cap, WorkloadOf(shape))}));
+  ASSERT_EQ(result.tenants.size(), 1u);
+  EXPECT_GT(result.tenants[0].kernels, 0u);
+  ExpectCapsHeld(result);
+}
+
+std::string OneTenantName(const ::testing::TestParamInfo<OneTenant::ParamType>& info) {
+  static const char* const kNames[] = {"Persistent20ms", "BackToBack5us", "Mixed5usTo20ms", "SyncLoop500us"};
+  return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) + "_Cap" +
+         std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Caps, OneTenant,
+                         ::testing::Combine(::testing::Values(Shape::persistent_20ms, Shape::back_to_back_5us,
+                                                              Shape::mixed, Shape::sync_loop),
+                                            ::testing::Values(10u, 30u, 50u, 70u, 90u)),
+                         OneTenantName);
+
+// ---- tenants side by side under `force` ------------------------------------------------------------------------
+
+TEST(Force, ThirtySeventyWithOneMillisecondKernels) {
+  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, Persistent(kMillisecondNs, 4)),
+                                 OneProcess("b", 70, Persistent(kMillisecondNs, 4))})));
+}
+
+TEST(Force, ThirtySeventyWithFiveMicrosecondKernels) {
+  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, BackToBack(5 * kMicrosecondNs)),
+                                 OneProcess("b", 70, BackToBack(5 * kMicrosecondNs))})));
+}
+
+TEST(Force, TenTwentyThirtyFortyWithOneMillisecondKernels) {
+  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 10, Persistent(kMillisecondNs, 4)),
+                                 OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
+                                 OneProcess("c", 30, Persistent(kMillisecondNs, 4)),
+                                 OneProcess("d", 40, Persistent(kMillisecondNs, 4))})));
+}
+
+TEST(Force, ProcessesOfOneTenantShareItsBudget) {
+  Tenant a = OneProcess("a", 30, Persistent(kMillisecondNs, 4));
+  a.processes.push_back(a.processes[0]);
+  Tenant b = OneProcess("b", 50, BackToBack(5 * kMicrosecondNs));
+  b.processes.push_back(b.processes[0]);
+  b.processes.push_back(b.processes[0]);
+  ExpectCapsHeld(RunAndPrint(Of({a, b})));
+}
+
+// FAILS (finding 1 and 2 in sim/core/README.md): kernels longer than a time slice are measured with the other
+// tenant's slices inside them, and the budget drops the refill a tenant earns while its kernel is preempted.
+// Observed: a 21.0 %, b 62.0 % (seed 1).
+TEST(Force, DISABLED_ThirtySeventyWithMixedKernels) {
+  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, Mixed()), OneProcess("b", 70, Mixed())})));
+}
+
+// FAILS, as above. Observed: a 4.4 %, b 15.7 %, c 25.6 %, d 35.3 % (seed 1).
+TEST(Force, DISABLED_TenTwentyThirtyFortyWithMixedKernels) {
+  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()),
+                                 OneProcess("c", 30, Mixed()), OneProcess("d", 40, Mixed())})));
+}
+
+// FAILS, as above. Observed: a 17.2 % (its 20 ms kernels measure 30-38 ms), b 61.6 % (seed 1).
+TEST(Force, DISABLED_ThirtySeventyWithPersistentTwentyMillisecondKernels) {
+  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, Persistent(20 * kMillisecondNs)),
+                                 OneProcess("b", 70, Persistent(20 * kMillisecondNs))})));
+}
+
+// FAILS (finding 7): measured as the shim's event pair does (from when the stream reached the start event), 1 ms
+// kernels that queue behind other tenants' slices are inflated too, even though they fit in a slice; b's 16 recent
+// measurements are sometimes all inflated and it is charged up to 4 ms per 1 ms kernel. Observed: 10.0, 15.7, 30.0,
+// 40.1 % (seed 1).
+TEST(Force, DISABLED_TenTwentyThirtyFortyWithOneMillisecondKernelsMeasuredByAnEventPair) {
+  Scenario scenario = Of({OneProcess("a", 10, Persistent(kMillisecondNs, 4)),
+                          OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
+                          OneProcess("c", 30, Persistent(kMillisecondNs, 4)),
+                          OneProcess("d", 40, Persistent(kMillisecondNs, 4))});
+  scenario.measurement = Measurement::event_pair;
+  ExpectCapsHeld(RunAndPrint(scenario));
+}
+
+// One tenant alone is not affected by how its kernels are measured: nothing preempts them.
+TEST(Force, OneTenantHoldsItsCapMeasuredByAnEventPair) {
+  for (const Shape shape : {Shape::persistent_20ms, Shape::back_to_back_5us, Shape::mixed, Shape::sync_loop}) {
+    for (const std::uint32_t cap : {10u, 50u, 90u}) {
+      Scenario scenario = Of({OneProcess("a", cap, WorkloadOf(shape))});
+      scenario.measurement = Measurement::event_pair;
+      ExpectCapsHeld(RunAndPrint(scenario));
+    }
+  }
+}
+
+// The two mechanisms above are the whole story: told each kernel's own GPU time and given a budget that holds a
+// whole 20 ms kernel, the same limiter holds mixed and persistent tenants side by side.
+TEST(Force, MixedTenantsHoldTheirCapsWhenMeasuredWithoutPreemptionAndWithARoomierBudget) {
+  for (const Workload& workload : {Mixed(), Persistent(20 * kMillisecondNs)}) {
+    Scenario scenario = Of({OneProcess("a", 30, workload), OneProcess("b", 70, workload)});
+    scenario.measurement = Measurement::run_time;
+    for (Tenant& tenant : scenario.tenants) tenant.burst_ns = 100 * kMillisecondNs;
+    ExpectCapsHeld(RunAndPrint(scenario));
+  }
+  Scenario four = Of({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()), OneProcess("c", 30, Mixed()),
+                      OneProcess("d", 40, Mixed())});
+  four.measurement = Measurement::run_time;
+  for (Tenant& tenant : four.tenants) tenant.burst_ns = 100 * kMillisecondNs;
+  ExpectCapsHeld(RunAndPrint(four));
+}
+
+// A tenant launching on a schedule gets what it asks for below its cap, and its cap above it.
+TEST(Force, ARateBelowTheCapIsServedAndOneAboveItIsCapped) {
+  const Result result = RunAndPrint(Of({OneProcess("asks-10", 50, Rate(1000, 100 * kMicrosecondNs)),
+                                        OneProcess("asks-40", 20, Rate(2000, 200 * kMicrosecondNs))}));
+  ASSERT_EQ(result.tenants.size(), 2u);
+  EXPECT_NEAR(result.tenants[0].mean_share, 0.10, 0.005);
+  EXPECT_NEAR(result.tenants[1].mean_share, 0.20, kMeanTolerance);
+  EXPECT_LE(result.tenants[1].worst_window_error, kWindowTolerance);
+}
+
+// ---- `default` and `disable` -----------------------------------------------------------------------------------
+
+// A tenant capped at 30 % under `default` runs alone for 3 s, then one capped at 70 % (`force`) arrives.
+Scenario LoneThenArrival(OthersEstimate estimate) {
+  Scenario scenario = Of({OneProcess("a", 30, Persistent(kMillisecondNs, 4), Policy::default_policy),
+                          OneProcess("b", 70, Persistent(kMillisecondNs, 4), Policy::force, 3 * kSecondNs)});
+  scenario.duration_ns = 7 * kSecondNs;
+  scenario.others_estimate = estimate;
+  return scenario;
+}
+
+void ExpectFreeAloneThenShare(const Result& result) {
+  ASSERT_EQ(result.tenants.size(), 2u);
+  const TenantResult& a = result.tenants[0];
+  const TenantResult& b = result.tenants[1];
+  ASSERT_EQ(a.window_shares.size(), 7u);
+  for (std::size_t w = 1; w < 3; ++w) {
+    EXPECT_GE(a.window_shares[w], 0.90) << "alone, window " << w << ", seed " << result.seed;
+  }
+  // Within a second of b's arrival at 3 s, a is back at its share and b has its own.
+  for (std::size_t w = 4; w < 7; ++w) {
+    EXPECT_NEAR(a.window_shares[w], 0.30, kMeanTolerance) << "window " << w << ", seed " << result.seed;
+    EXPECT_NEAR(b.window_shares[w], 0.70, kMeanTolerance) << "window " << w << ", seed " << result.seed;
+  }
+}
+
+TEST(DefaultPolicy, ALoneTenantRunsFreeAndFallsToItsShareWithinASecondOfAnArrival) {
+  ExpectFreeAloneThenShare(RunAndPrint(LoneThenArrival(OthersEstimate::nvml_minus_same_window)));
+}
+
+// FAILS (finding 3): NVML's 200 ms sample minus the limiter's 750 ms PublishedShare compares two different
+// intervals; alone, the tenant flips between 30 % and 100 % every 200-400 ms. Observed: 72-79 % per window alone.
+TEST(DefaultPolicy, DISABLED_ALoneTenantRunsFreeWhenOthersAreNvmlMinusPublishedShare) {
+  ExpectFreeAloneThenShare(RunAndPrint(LoneThenArrival(OthersEstimate::nvml_minus_published_share)));
+}
+
+TEST(DisablePolicy, MeasuresButNeverThrottles) {
+  const Result result = RunAndPrint(Of({OneProcess("a", 30, Persistent(kMillisecondNs, 4), Policy::disable)}));
+  ASSERT_EQ(result.tenants.size(), 1u);
+  EXPECT_GE(result.tenants[0].mean_share, 0.99);
+}
+
+// ---- findings in the limiter and the model (DISABLED_: they fail today) --------------------------------------------
+
+// FAILS (finding 4): a kernel is accounted at min(measured, least of its last 16 measurements), so a kernel whose
+// duration varies is undercharged by the spread. 1 ms kernels varying +/-10 %: observed 32.9 % at a cap of 30,
+// 98.9 % at a cap of 90 (seed 1).
+TEST(LimiterFindings, DISABLED_KernelsWhoseDurationVariesAreChargedWhatTheyRan) {
+  for (const std::uint32_t cap : {30u, 90u}) {
+    Workload workload = Persistent(kMillisecondNs, 4);
+    workload.jitter_permille = 100;
+    ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", cap, workload)})));
+  }
+}
+
+// FAILS (finding 5): sizes launched as one function with one shape (vgpu-tenant's spin kernel takes its duration as
+// an argument) are all accounted as the smallest. Observed: 100 % at a cap of 30 (seed 1).
+TEST(LimiterFindings, DISABLED_SizesOfOneFunctionAndShapeAreChargedWhatTheyRan) {
+  Workload workload = Mixed();
+  workload.sizes_share_one_kernel = true;
+  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, workload)})));
+}
+
+// FAILS (finding 6): under time-slicing, when a second process arrives, how long the running one keeps the device
+// depends on when the model was last advanced (slice_end is renewed only at steps of an uncontended device), so
+// the same calls give different timelines. Observed: advanced once, b preempts a at once (b ends at 10 ms, a at
+// 11 ms); advanced every 1 ms, a runs on to 10 ms and b ends at 11 ms.
+TEST(ModelFindings, DISABLED_WhoRunsDoesNotDependOnHowOftenTheModelIsAdvanced) {
+  namespace model = fakecuda::model;
+  struct Recorder final : model::TimelineListener {
+    void OnKernelComplete(const model::Machine& machine, std::uint32_t, std::uint32_t stream,
+                          const model::Op& op) override {
+      ends.push_back({machine.streams[stream].slot, op.end_ns});
+    }
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> ends;
+  };
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> by_granularity[2];
+  for (int every_millisecond = 0; every_millisecond < 2; ++every_millisecond) {
+    auto machine = std::make_unique<model::Machine>();
+    model::InitMachine(*machine, model::DefaultConfig(), 0, 0);
+    const std::uint32_t a = model::CreateStream(*machine, model::ClaimSlot(*machine, 1, 0), 0, 0, 0);
+    const std::uint32_t b = model::CreateStream(*machine, model::ClaimSlot(*machine, 2, 0), 0, 0, 0);
+    model::KernelLaunch launch{};
+    launch.shape.grid[0] = launch.shape.grid[1] = launch.shape.grid[2] = 1;
+    launch.shape.block[0] = 32;
+    launch.shape.block[1] = launch.shape.block[2] = 1;
+    launch.name = "k";
+    launch.per_wave_ns = 10 * kMillisecondNs;
+    Recorder recorder;
+    ASSERT_EQ(model::EnqueueKernel(*machine, a, launch, 0, nullptr), model::EnqueueResult::ok);
+    if (every_millisecond != 0) {
+      for (std::uint64_t t = kMillisecondNs; t <= 9 * kMillisecondNs; t += kMillisecondNs) {
+        model::Advance(*machine, 0, t, &recorder);
+      }
+    }
+    model::Advance(*machine, 0, 9 * kMillisecondNs, &recorder);
+    launch.per_wave_ns = kMillisecondNs;
+    ASSERT_EQ(model::EnqueueKernel(*machine, b, launch, 9 * kMillisecondNs, nullptr), model::EnqueueResult::ok);
+    model::Advance(*machine, 0, 30 * kMillisecondNs, &recorder);
+    by_granularity[every_millisecond] = recorder.ends;
+  }
+  EXPECT_EQ(by_granularity[0], by_granularity[1]);
+}
+
+// ---- determinism -------------------------------------------------------------------------------------------------
+
+Scenario MixedPair(std::uint64_t seed) {
+  Scenario scenario = Of({OneProcess("a", 30, Mixed()), OneProcess("b", 50, Mixed())}, seed);
+  scenario.duration_ns = 3 * kSecondNs;
+  scenario.record_trace = true;
+  for (Tenant& tenant : scenario.tenants) tenant.processes[0].workload.jitter_permille = 50;
+  return scenario;
+}
+
+TEST(Determinism, TheSameScenarioAndSeedGiveTheSameTraceByteForByte) {
+  const Result first = RunAndPrint(MixedPair(42));
+  const Result second = RunAndPrint(MixedPair(42));
+  ASSERT_GT(first.kernels, 500u);
+  EXPECT_EQ(first.trace.size(), second.trace.size());
+  EXPECT_TRUE(first.trace == second.trace) << "seed 42: the traces differ";
+  EXPECT_EQ(first.trace_digest, second.trace_digest);
+  EXPECT_NE(first.trace_digest, 0u);
+}
+
+TEST(Determinism, ADifferentSeedGivesADifferentTraceForTheMixedWorkload) {
+  const Result first = RunAndPrint(MixedPair(42));
+  const Result other = RunAndPrint(MixedPair(43));
+  EXPECT_NE(first.trace_digest, other.trace_digest);
+  EXPECT_NE(first.trace, other.trace);
+}
+
+TEST(Determinism, TheTraceIsJsonLinesThatStartWithTheSeed) {
+  const Result result = RunAndPrint(MixedPair(7));
+  ASSERT_FALSE(result.trace.empty());
+  EXPECT_EQ(result.trace.rfind("{\"ev\":\"sim\",\"seed\":7,", 0), 0u) << result.trace.substr(0, 200);
+  std::size_t kernel_lines = 0;
+  std::size_t line_start = 0;
+  while (line_start < result.trace.size()) {
+    const std::size_t line_end = result.trace.find('\n', line_start);
+    ASSERT_NE(line_end, std::string::npos) << "the trace ends without a newline";
+    const std::string line = result.trace.substr(line_start, line_end - line_start);
+    ASSERT_EQ(line.front(), '{') << line;
+    ASSERT_EQ(line.back(), '}') << line;
+    if (line.rfind("{\"ev\":\"kernel\",", 0) == 0) {
+      ++kernel_lines;
+      for (const char* field : {"\"tenant\":", "\"process\":", "\"start_ns\":", "\"end_ns\":", "\"charged_ns\":",
+                                "\"measured_ns\":"}) {
+        EXPECT_NE(line.find(field), std::string::npos) << line;
+      }
+    }
+    line_start = line_end + 1;
+  }
+  EXPECT_EQ(kernel_lines, result.kernels);
+}
+
+// The generator is SplitMix64 as published (Steele, Lea, Flood 2014): the same draws on every platform.
+TEST(Determinism, SplitMix64DrawsThePublishedSequence) {
+  SplitMix64 random(0);
+  EXPECT_EQ(random.Next(), 0xe220a8397b1dcdafull);
+  EXPECT_EQ(random.Next(), 0x6e789e6aa1b965f4ull);
+  EXPECT_EQ(random.Next(), 0x06c45d188009454full);
+  SplitMix64 bounded(1);
+  for (int i = 0; i < 1000; ++i) EXPECT_LT(bounded.Below(7), 7u);
+}
+
+// ---- scenarios that cannot run --------------------------------------------------------------------------------------
+
+TEST(Validate, EachRefusalNamesTheFieldTheValueAndWhatIsAccepted) {
+  struct Case {
+    const char* what;
+    Scenario scenario;
+    std::vector<const char*> parts;
+  };
+  const Scenario good = Of({OneProcess("a", 30, Persistent(kMillisecondNs))});
+  EXPECT_EQ(Validate(good), "");
+  std::vector<Case> cases;
+  cases.push_back({"no tenants", Of({}), {"tenants is empty"}});
+  Scenario share = good;
+  share.tenants[0].share_percent = 130;
+  cases.push_back({"share", share, {"tenants[0].share_percent = 130", "0 .. 100"}});
+  Scenario depth = good;
+  depth.tenants[0].processes[0].workload.queue_depth = 0;
+  cases.push_back({"depth", depth, {"tenants[0].processes[0].workload.queue_depth = 0", "1 .. 128"}});
+  Scenario device = good;
+  device.device = "h200";
+  cases.push_back({"device", device, {"device: ", "unknown preset 'h200'"}});
+  Scenario duration = good;
+  duration.duration_ns = 1500 * kMillisecondNs;
+  cases.push_back({"duration", duration, {"duration_ns = 1500000000", "a whole number of windows"}});
+  Scenario name = good;
+  name.tenants[0].name = "a\"b";
+  cases.push_back({"name", name, {"tenants[0].name = 'a\"b'", "letters, digits"}});
+  Scenario twice = Of({OneProcess("a", 30, Persistent(kMillisecondNs)), OneProcess("a", 30, Mixed())});
+  cases.push_back({"twice", twice, {"tenants[1].name = 'a' is used twice"}});
+  Scenario sizes = good;
+  sizes.tenants[0].processes[0].workload = Mixed();
+  sizes.tenants[0].processes[0].workload.sizes_ns.clear();
+  cases.push_back({"sizes", sizes, {"workload.sizes_ns is empty"}});
+  for (const Case& c : cases) {
+    const std::string error = Validate(c.scenario);
+    for (const char* part : c.parts) {
+      EXPECT_NE(error.find(part), std::string::npos) << c.what << ": '" << error << "' lacks '" << part << "'";
+    }
+    const Result result = sim::Run(c.scenario);
+    EXPECT_EQ(result.error, error) << c.what;
+    EXPECT_EQ(result.kernels, 0u) << c.what;
+  }
+}
+
+}  // namespace
+}  // namespace vgpu::sim

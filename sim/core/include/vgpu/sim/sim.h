@@ -45,8 +45,9 @@ struct Process {
   Workload workload;
   std::uint64_t start_ns = 0;                // first launch (idle before: a tenant that arrives later)
   std::uint64_t stop_ns = UINT64_MAX;        // no launch from here on
-  std::uint64_t launch_overhead_ns = 3 * kMicrosecondNs;  // host time of one launch call; the kernel is queued at
-                                                          // its end, and the next call starts then
+  // Host time of a launch call before the shim's Admit. The kernel is queued at the Admit (or at ready_at, after
+  // the shim's sleep), and the application's next call begins then.
+  std::uint64_t launch_overhead_ns = 3 * kMicrosecondNs;
 };
 
 struct Tenant {
@@ -61,15 +62,20 @@ struct Tenant {
 
 // What the limiter is told a kernel cost (Settle's `measured_ns`).
 enum class Measurement {
-  events,    // end - start, as CUDA events around the kernel see it: other processes' time slices included
-  run_time,  // the GPU time the kernel itself ran: what no CUDA API measures, to tell the limiter's part apart
+  events,      // end - start of the kernel as it ran: other processes' time slices inside it included
+  event_pair,  // what the shim's cuEventRecord pair around the launch reads: from when the stream reached the start
+               // event (the kernel's queueing, or the previous kernel's end) to the kernel's end
+  run_time,    // the GPU time the kernel itself ran: what no CUDA API measures, to tell the limiter's part apart
 };
 
-// What the `default` policy is told others' share of the device is (ObserveOthers).
+// What the `default` policy is told others' share of the device is (ObserveOthers), every observe_period_ns.
 enum class OthersEstimate {
-  nvml_minus_published_share,  // NVML's latest published utilization minus Limiter::PublishedShare (its 750 ms)
-  nvml_minus_same_window,      // NVML's latest published utilization minus the tenant's busy time in that very
-                               // 200 ms sample window (what a shim keeping finer own-busy records could compute)
+  // NVML's latest published utilization minus the tenant's busy time in that very 200 ms sample window: what a
+  // shim that keeps its own busy time finer than the NVML window can compute (sim/core/README.md).
+  nvml_minus_same_window,
+  // NVML's latest published utilization minus Limiter::PublishedShare (the last 750 ms in 250 ms buckets): the two
+  // cover different intervals, and a lone tenant flips between its share and 100 % (sim/core/README.md).
+  nvml_minus_published_share,
 };
 
 struct Scenario {
@@ -81,7 +87,7 @@ struct Scenario {
   std::uint64_t observe_period_ns = 100 * kMillisecondNs;  // `default` policy: how often NVML is read
   std::uint64_t seed = 1;
   Measurement measurement = Measurement::events;
-  OthersEstimate others_estimate = OthersEstimate::nvml_minus_published_share;
+  OthersEstimate others_estimate = OthersEstimate::nvml_minus_same_window;
   std::vector<Tenant> tenants;
   bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
 };
