@@ -406,7 +406,12 @@ EnqueueResult EnqueueKernel(Machine& m, std::uint32_t stream, const KernelLaunch
   op.queued_ns = now_ns;
   std::memcpy(op.grid, launch.shape.grid, sizeof op.grid);
   std::memcpy(op.block, launch.shape.block, sizeof op.block);
-  std::snprintf(op.name, sizeof op.name, "%s", launch.name != nullptr ? launch.name : "");
+  // A bounded copy, not snprintf: this runs on every launch (and the simulator's hot loop).
+  if (launch.name != nullptr) {
+    const std::size_t length = strnlen(launch.name, sizeof op.name - 1);
+    std::memcpy(op.name, launch.name, length);
+    op.name[length] = '\0';
+  }
   return Push(m, stream, op, seq_out);
 }
 

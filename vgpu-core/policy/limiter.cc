@@ -48,7 +48,11 @@ Limiter::Limiter(BudgetCell& cell, const LimiterConfig& config) : cell_(cell), c
   config_.share_permille = std::clamp<std::uint32_t>(config_.share_permille, 1, 1000);
 }
 
-std::uint64_t Limiter::BurstNs() const { return config_.burst_ns * config_.share_permille / 1000; }
+// The budget holds the share of the burst, and never less than one of the longest kernels seen: a tenant whose
+// kernels are longer than share x burst must still be able to save up for one while others run.
+std::uint64_t Limiter::BurstNs() const {
+  return std::max(config_.burst_ns * config_.share_permille / 1000, largest_estimate_ns_);
+}
 
 void Limiter::Refill(std::uint64_t now_ns) {
   auto refilled_at = Atomic(cell_.refilled_at_ns);
@@ -109,10 +113,15 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
     cost.recent[cost.count % 16] = *measured_ns;
     ++cost.count;
     const std::uint32_t n = std::min<std::uint32_t>(cost.count, 16);
-    // A robust low estimate: a kernel preempted by another container's time slice measures longer than it ran,
-    // so the least of the recent measurements is its cost; it rises as soon as every recent one is higher.
-    cost.estimate_ns = *std::min_element(cost.recent, cost.recent + n);
-    accounted = std::min(*measured_ns, cost.estimate_ns);
+    // The estimate (what the next launch is charged up front) is the median of recent measurements: robust to a
+    // few preempted or odd runs. The settlement is the measurement itself: a kernel whose run time varies (or one
+    // function launched with different work, like the spin kernel) is charged what it took, not its typical cost.
+    std::uint64_t sorted[16];
+    std::copy(cost.recent, cost.recent + n, sorted);
+    std::nth_element(sorted, sorted + n / 2, sorted + n);
+    cost.estimate_ns = sorted[n / 2];
+    largest_estimate_ns_ = std::max(largest_estimate_ns_, cost.estimate_ns);
+    accounted = *measured_ns;
   } else {
     ++ignored_measurements_;  // missing or garbage: the estimate stands, nothing blocks on it
   }

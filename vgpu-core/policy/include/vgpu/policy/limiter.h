@@ -99,6 +99,7 @@ class Limiter {
   std::unordered_map<KernelKey, Cost, KeyHash> costs_;
   std::uint64_t in_flight_ns_ = 0;
   std::uint64_t ignored_measurements_ = 0;
+  std::uint64_t largest_estimate_ns_ = 0;
 };
 
 }  // namespace vgpu::policy
