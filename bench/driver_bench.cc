@@ -31,14 +31,20 @@ std::string Describe(const char* call, CUresult result) {
     }                                                      \
   } while (0)
 
+// cuInit, device 0, its primary context made current: what every benchmark here starts from.
+CUresult SetUpPrimaryContext(CUdevice& device) {
+  CUcontext context = nullptr;
+  CUresult result = cuInit(0);
+  if (result == CUDA_SUCCESS) result = cuDeviceGet(&device, 0);
+  if (result == CUDA_SUCCESS) result = cuDevicePrimaryCtxRetain(&context, device);
+  if (result == CUDA_SUCCESS) result = cuCtxSetCurrent(context);
+  return result;
+}
+
 void DriverLaunchKernel(benchmark::State& state) {
   UseFreshState("driver");
-  BENCH_CUDA(state, cuInit(0));
   CUdevice device = 0;
-  BENCH_CUDA(state, cuDeviceGet(&device, 0));
-  CUcontext context = nullptr;
-  BENCH_CUDA(state, cuDevicePrimaryCtxRetain(&context, device));
-  BENCH_CUDA(state, cuCtxSetCurrent(context));
+  BENCH_CUDA(state, SetUpPrimaryContext(device));
   CUmodule module = nullptr;
   BENCH_CUDA(state, cuModuleLoadData(&module, vgpu::tenant::kSpinPtx));
   CUfunction function = nullptr;
@@ -77,12 +83,8 @@ BENCHMARK(DriverLaunchKernel)->Unit(benchmark::kNanosecond);
 // with and without libvgpu.so).
 void DriverMemAllocFree(benchmark::State& state) {
   UseFreshState("alloc");
-  BENCH_CUDA(state, cuInit(0));
   CUdevice device = 0;
-  BENCH_CUDA(state, cuDeviceGet(&device, 0));
-  CUcontext context = nullptr;
-  BENCH_CUDA(state, cuDevicePrimaryCtxRetain(&context, device));
-  BENCH_CUDA(state, cuCtxSetCurrent(context));
+  BENCH_CUDA(state, SetUpPrimaryContext(device));
   for (auto _ : state) {
     CUdeviceptr pointer = 0;
     const CUresult allocated = cuMemAlloc(&pointer, 1 << 20);
@@ -99,12 +101,8 @@ BENCHMARK(DriverMemAllocFree)->Unit(benchmark::kNanosecond);
 // cuMemGetInfo: what frameworks poll, and what the shim rewrites into the slice's view.
 void DriverMemGetInfo(benchmark::State& state) {
   UseFreshState("meminfo");
-  BENCH_CUDA(state, cuInit(0));
   CUdevice device = 0;
-  BENCH_CUDA(state, cuDeviceGet(&device, 0));
-  CUcontext context = nullptr;
-  BENCH_CUDA(state, cuDevicePrimaryCtxRetain(&context, device));
-  BENCH_CUDA(state, cuCtxSetCurrent(context));
+  BENCH_CUDA(state, SetUpPrimaryContext(device));
   for (auto _ : state) {
     size_t free_bytes = 0, total_bytes = 0;
     const CUresult result = cuMemGetInfo(&free_bytes, &total_bytes);
