@@ -81,7 +81,7 @@ TEST(Limiter, TheBudgetCanSaveUpForOneOfTheLongestKernels) {
   Limiter limiter(cell, Share(300));
   limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 20 * kMs, 0);
   limiter.Admit(kKernel, 10'000 * kMs);  // long idle: refill to the cap
-  limiter.Cancel(limiter.EstimateNs(kKernel));
+  limiter.Cancel(kKernel, limiter.EstimateNs(kKernel));
   EXPECT_GE(cell.budget_ns, static_cast<std::int64_t>(20 * kMs));
 }
 
@@ -171,6 +171,25 @@ TEST(Limiter, DefaultPolicyLendsTheIdleGpuAndTakesItBack) {
   limiter.ObserveOthers(0.5, 10 * kMs);
   EXPECT_EQ(cell.rate_permille, 300u);
   EXPECT_LE(cell.budget_ns, static_cast<std::int64_t>(6 * kMs)) << "no hoard survives handing the GPU back";
+}
+
+}  // namespace
+}  // namespace vgpu::policy
+
+namespace vgpu::policy {
+namespace {
+
+TEST(Limiter, AKernelNeverMeasuredHasOneLaunchInFlight) {
+  // Its cost is unknown (the 100 us default may be 300 times too low): a queue of them could overrun the cap.
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 500, 20 * kMs, 0);
+  Limiter limiter(cell, Share(500));
+  const Admission first = limiter.Admit(kKernel, 0);
+  EXPECT_FALSE(first.wait_for_completion);
+  EXPECT_TRUE(limiter.Admit(kKernel, 0).wait_for_completion);
+  EXPECT_FALSE(limiter.Admit(kKernel, 0, /*bound_in_flight=*/false).wait_for_completion) << "a caller that waited long enough";
+  limiter.Settle(kKernel, first.charged_ns, 30 * kMs, 30 * kMs);
+  EXPECT_FALSE(limiter.Admit(kKernel, 30 * kMs).wait_for_completion);
 }
 
 }  // namespace

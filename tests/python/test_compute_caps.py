@@ -60,3 +60,33 @@ def test_no_limit_leaves_a_tenant_the_whole_device(fake_gpu, tenant_available, s
                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "free.region")})
     line = fake_gpu.tenant("--seconds", "2", "--kernel-us", "1000", timeout=60).json
     assert line["busy_fraction"] >= 0.95, line
+
+
+def test_launches_into_a_capturing_stream_are_left_to_the_graph_launch(fake_gpu, shim_path):
+    # Regression (review): the limiter queried and recorded events on every launch, which in a capturing stream
+    # records extra nodes or invalidates the capture. Captured launches run nothing: the graph launch is admitted.
+    contain(fake_gpu, shim_path, "capture", 50)
+    report = fake_gpu.run_py("""
+        import time
+        from cuda.bindings import driver
+        from clientlib import check, cuda_context, emit, launch_spin, load_spin_kernel
+        cuda_context(0)
+        _, function = load_spin_kernel()
+        stream = check("cuStreamCreate", driver.cuStreamCreate(1))
+        check("cuStreamBeginCapture", driver.cuStreamBeginCapture(stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+        for _ in range(3):
+            launch_spin(function, 10_000_000, stream=stream)
+        graph = check("cuStreamEndCapture", driver.cuStreamEndCapture(stream))
+        nodes = check("cuGraphGetNodes", driver.cuGraphGetNodes(graph, 0))
+        node_count = nodes[1] if isinstance(nodes, tuple) else nodes
+        executable = check("cuGraphInstantiate", driver.cuGraphInstantiate(graph, 0))
+        started = time.monotonic()
+        for _ in range(10):
+            check("cuGraphLaunch", driver.cuGraphLaunch(executable, stream))
+        check("cuStreamSynchronize", driver.cuStreamSynchronize(stream))
+        emit({"nodes": node_count, "seconds": time.monotonic() - started})
+    """, timeout=60)
+    line = report.json
+    assert line["nodes"] == 3, line
+    # 10 launches x 30 ms of kernels at a 50 % cap: about 0.6 s of wall time, not 0.3 s.
+    assert line["seconds"] >= 0.45, line

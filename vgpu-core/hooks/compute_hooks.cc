@@ -19,6 +19,8 @@ constexpr std::uint64_t kBurstNs = 20'000'000;
 constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then one launch in kMeasureEvery per kernel
 constexpr std::uint32_t kMeasureEvery = 8;
 constexpr std::uint64_t kObserveOthersEveryNs = 100'000'000;
+constexpr std::uint64_t kCompletionPollNs = 200'000;
+constexpr std::uint64_t kMaxCompletionWaitNs = 200'000'000;
 
 std::uint64_t NowNs() {
   struct timespec ts {};
@@ -47,9 +49,10 @@ struct DeviceLimiter {
   std::mutex mutex;  // process-local; never held while sleeping or while the driver waits
   std::unique_ptr<policy::Limiter> limiter;
   std::deque<Pending> pending;
+  std::deque<Pending> abandoned;  // settled at their estimate while still running: events held until done
   std::unordered_map<CUcontext, std::vector<CUevent>> free_events;
   std::unordered_map<const void*, std::uint32_t> launches;  // per function, for measurement sampling
-  std::uint64_t last_observed_ns = 0;
+  std::atomic<std::uint64_t> last_observed_ns{0};
   bool lend = false;
 };
 
@@ -104,6 +107,11 @@ void ReturnEvent(DeviceLimiter& d, CUcontext context, CUevent event) {
 // Settles every measured launch that has completed (in order per device; a later one may wait for an earlier).
 // Caller holds d.mutex.
 void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
+  while (!d.abandoned.empty() && Real::cuEventQuery(d.abandoned.front().end) != CUDA_ERROR_NOT_READY) {
+    ReturnEvent(d, d.abandoned.front().context, d.abandoned.front().start);
+    ReturnEvent(d, d.abandoned.front().context, d.abandoned.front().end);
+    d.abandoned.pop_front();
+  }
   while (!d.pending.empty()) {
     Pending& p = d.pending.front();
     const CUresult state = Real::cuEventQuery(p.end);
@@ -120,30 +128,45 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
   }
 }
 
-// `default` policy: every 100 ms, tell the limiter how busy the GPU is with other containers' work.
-void ObserveOthers(DeviceLimiter& d, int ordinal, std::uint64_t now) {
-  if (!d.lend || now < d.last_observed_ns + kObserveOthersEveryNs) return;
-  d.last_observed_ns = now;
-  if (!ResolveRealNvml() || Real::nvmlDeviceGetHandleByUUID == nullptr || Real::nvmlDeviceGetUtilizationRates == nullptr) {
-    return;
-  }
+// `default` policy: every 100 ms, the fraction of the GPU others are using (NVML's device utilization minus the
+// container's own published share), or a negative value when there is no reading. Called without d.mutex: NVML
+// may take its time, and launching threads must not wait on it.
+double OthersBusy(int ordinal, std::uint64_t now) {
+  static std::once_flag nvml_once;
+  static bool nvml_ready = false;
+  std::call_once(nvml_once, [] {
+    nvml_ready = ResolveRealNvml() && Real::nvmlDeviceGetHandleByUUID != nullptr &&
+                 Real::nvmlDeviceGetUtilizationRates != nullptr && Real::nvmlInit_v2() == NVML_SUCCESS;
+  });
+  if (!nvml_ready) return -1;
   CUdevice device = 0;
   CUuuid uuid{};
-  if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) return;
+  if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) return -1;
   char text[96];
   const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
   std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
                 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   nvmlDevice_t handle = nullptr;
   nvmlUtilization_t utilization{};
-  if (Real::nvmlInit_v2() != NVML_SUCCESS || Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS ||
+  if (Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS ||
       Real::nvmlDeviceGetUtilizationRates(handle, &utilization) != NVML_SUCCESS || utilization.gpu > 100) {
-    return;  // no reading (or garbage): keep the current rate rather than guess
+    return -1;  // no reading (or garbage): keep the current rate rather than guess
   }
   const int region_device = RegionDevice(ordinal);
   const double own = policy::Limiter::PublishedShare(
       *static_cast<const policy::BudgetCell*>(TheShim().region->ComputeArea(region_device)), now);
-  d.limiter->ObserveOthers(std::max(0.0, utilization.gpu / 100.0 - own), now);
+  return std::max(0.0, utilization.gpu / 100.0 - own);
+}
+
+// A cheap, per-process pseudo-random choice of which launches are measured after the first ones: a fixed pattern
+// (every 8th) would let a tenant put its heavy work on the unmeasured launches.
+bool SampleThisLaunch(std::uint32_t n) {
+  if (n < kAlwaysMeasureFirst) return true;
+  static thread_local std::uint64_t state = NowNs() | 1;
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return state % kMeasureEvery == 0;
 }
 
 std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared) {
@@ -152,26 +175,57 @@ std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
   return h;
 }
 
-// Admits, waits, launches, measures. `launch` performs the real launch on `stream`.
+// Admits, waits, launches, measures. `launch` performs the real launch on `stream`; `per_thread` says that a null
+// stream means the per-thread default stream (the _ptsz entry points).
 template <typename Launch>
-CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, Launch&& launch) {
-  if (CurrentMode() != Mode::limited) return launch();
+CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, bool per_thread, Launch&& launch) {
+  Shim& shim = TheShim();
+  if (CurrentMode() != Mode::limited || !shim.compute_limits) return launch();
+  // A launch into a stream being captured records a graph node, it runs nothing now: it is admitted when the
+  // graph is launched. Nothing may be queried or recorded meanwhile (that would invalidate the capture).
+  CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (Real::cuStreamIsCapturing != nullptr && Real::cuStreamIsCapturing(stream, &capturing) == CUDA_SUCCESS &&
+      capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return launch();
+  }
   const int ordinal = CurrentOrdinal();
   DeviceLimiter* d = LimiterFor(ordinal);
   if (d == nullptr) return launch();
   const policy::KernelKey key{function, shape};
+  if (per_thread && stream == nullptr) stream = CU_STREAM_PER_THREAD;
   std::uint64_t now = NowNs();
+  if (d->lend && now >= d->last_observed_ns + kObserveOthersEveryNs) {
+    d->last_observed_ns = now;  // a benign race: at worst two threads read NVML in the same period
+    const double others = OthersBusy(ordinal, now);
+    if (others >= 0) {
+      std::lock_guard<std::mutex> guard(d->mutex);
+      d->limiter->ObserveOthers(others, now);
+    }
+  }
   policy::Admission admission;
+  std::uint64_t waited_ns = 0;
   for (;;) {
     std::unique_lock<std::mutex> guard(d->mutex);
     SettleCompleted(*d, now);
-    ObserveOthers(*d, ordinal, now);
-    admission = d->limiter->Admit(key, now);
+    // Past the longest wait for completions (nothing measured is pending to settle), admit without the in-flight
+    // bound rather than wait forever.
+    const bool bound = !(d->pending.empty() && waited_ns >= kMaxCompletionWaitNs);
+    admission = d->limiter->Admit(key, now, bound);
     if (!admission.wait_for_completion) break;
-    // Too much queued unmeasured: wait (outside the lock) for the oldest measured launch to finish.
-    CUevent oldest = d->pending.empty() ? nullptr : d->pending.front().end;
+    // Too much queued unmeasured: wait, outside the lock, for completions, polling (never blocking on one
+    // event: it may wait for work this very thread has yet to launch). After kMaxCompletionWaitNs the oldest is
+    // settled at its estimate, so a launch never waits forever.
+    if (!d->pending.empty() && waited_ns >= kMaxCompletionWaitNs) {
+      Pending oldest = d->pending.front();
+      d->pending.pop_front();
+      d->limiter->SettleUnmeasured(oldest.key, oldest.charged_ns, now);
+      d->abandoned.push_back(oldest);  // its events are reused only once they have completed
+      waited_ns = 0;
+      continue;
+    }
     guard.unlock();
-    if (oldest != nullptr) Real::cuEventSynchronize(oldest);
+    SleepUntilNs(now + kCompletionPollNs);
+    waited_ns += kCompletionPollNs;
     now = NowNs();
   }
   if (admission.ready_at_ns > now) SleepUntilNs(admission.ready_at_ns);
@@ -182,8 +236,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, Lau
   bool measure = false;
   {
     std::lock_guard<std::mutex> guard(d->mutex);
-    const std::uint32_t n = d->launches[function]++;
-    if (n < kAlwaysMeasureFirst || n % kMeasureEvery == 0) {
+    if (SampleThisLaunch(d->launches[function]++)) {
       start = TakeEvent(*d, context);
       end = TakeEvent(*d, context);
       measure = start != nullptr && end != nullptr;
@@ -194,12 +247,12 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, Lau
   if (measure && result == CUDA_SUCCESS && Real::cuEventRecord(end, stream) != CUDA_SUCCESS) measure = false;
   std::lock_guard<std::mutex> guard(d->mutex);
   if (result != CUDA_SUCCESS) {
-    d->limiter->Cancel(admission.charged_ns);  // nothing ran: nothing is owed
+    d->limiter->Cancel(key, admission.charged_ns);  // nothing ran: nothing is owed
   } else if (measure) {
     d->pending.push_back({key, admission.charged_ns, start, end, context});
     return result;
   } else {
-    d->limiter->SettleUnmeasured(admission.charged_ns, NowNs());
+    d->limiter->SettleUnmeasured(key, admission.charged_ns, NowNs());
   }
   ReturnEvent(*d, context, start);
   ReturnEvent(*d, context, end);
@@ -207,6 +260,26 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, Lau
 }
 
 }  // namespace
+
+void ForgetComputeContext(CUcontext context) {
+  for (DeviceLimiter& d : g_devices) {
+    if (!d.limiter) continue;
+    std::lock_guard<std::mutex> guard(d.mutex);
+    // Its events went with the context: settle what was pending at its estimate, never touch those events again.
+    for (auto* queue : {&d.pending, &d.abandoned}) {
+      for (auto it = queue->begin(); it != queue->end();) {
+        if (it->context == context) {
+          if (queue == &d.pending) d.limiter->SettleUnmeasured(it->key, it->charged_ns, NowNs());
+          it = queue->erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    d.free_events.erase(context);
+  }
+}
+
 }  // namespace vgpu::hooks
 
 using namespace vgpu::hooks;
@@ -221,7 +294,7 @@ using namespace vgpu::hooks;
 extern "C" VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                               unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernel);
-  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream,
+  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, false,
                  [&] { return Real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
 }
 
@@ -229,7 +302,7 @@ extern "C" VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, u
                                                    unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params,
                                                    void** extra) {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernel_ptsz);
-  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream,
+  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, true,
                  [&] { return Real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
 }
 
@@ -237,7 +310,7 @@ extern "C" VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned
                                                          unsigned by, unsigned bz, unsigned shared, CUstream stream,
                                                          void** params) {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchCooperativeKernel);
-  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream,
+  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, false,
                  [&] { return Real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params); });
 }
 
@@ -245,7 +318,7 @@ extern "C" VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, uns
                                                               unsigned bx, unsigned by, unsigned bz, unsigned shared,
                                                               CUstream stream, void** params) {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchCooperativeKernel_ptsz);
-  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream,
+  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, true,
                  [&] { return Real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params); });
 }
 
@@ -255,7 +328,7 @@ extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, C
   return Limited(f,
                  ShapeOf(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                          config->blockDimZ, config->sharedMemBytes),
-                 config->hStream, [&] { return Real::cuLaunchKernelEx(config, f, params, extra); });
+                 config->hStream, false, [&] { return Real::cuLaunchKernelEx(config, f, params, extra); });
 }
 
 extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
@@ -265,16 +338,16 @@ extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* conf
   return Limited(f,
                  ShapeOf(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                          config->blockDimZ, config->sharedMemBytes),
-                 config->hStream, [&] { return Real::cuLaunchKernelEx_ptsz(config, f, params, extra); });
+                 config->hStream, true, [&] { return Real::cuLaunchKernelEx_ptsz(config, f, params, extra); });
 }
 
 // A graph launch is admitted and measured as one unit: its key is the executable graph.
 extern "C" VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
   VGPU_LAUNCH_FUNCTION_CHECK(cuGraphLaunch);
-  return Limited(graph, 0, stream, [&] { return Real::cuGraphLaunch(graph, stream); });
+  return Limited(graph, 0, stream, false, [&] { return Real::cuGraphLaunch(graph, stream); });
 }
 
 extern "C" VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) {
   VGPU_LAUNCH_FUNCTION_CHECK(cuGraphLaunch_ptsz);
-  return Limited(graph, 0, stream, [&] { return Real::cuGraphLaunch_ptsz(graph, stream); });
+  return Limited(graph, 0, stream, true, [&] { return Real::cuGraphLaunch_ptsz(graph, stream); });
 }

@@ -98,6 +98,7 @@
   X(cuCtxPopCurrent_v2)      \
   X(cuArrayGetMemoryRequirements) \
   X(cuEventCreate)           \
+  X(cuStreamIsCapturing)     \
   X(cuEventRecord)           \
   X(cuEventQuery)            \
   X(cuEventSynchronize)      \
@@ -105,6 +106,7 @@
 
 #define VGPU_NVML_HELPERS(X)           \
   X(nvmlDeviceGetUUID)                 \
+  X(nvmlDeviceGetIndex)                \
   X(nvmlDeviceGetHandleByUUID)         \
   X(nvmlDeviceGetUtilizationRates)     \
   X(nvmlDeviceGetComputeRunningProcesses_v3)

@@ -143,8 +143,11 @@ CUresult CreateContextCharged(CUcontext* context, CUdevice device, const std::fu
 
 CUresult DestroyContext(CUcontext context, CUresult (*real)(CUcontext)) {
   if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (CurrentMode() != Mode::limited) return real(context);
+  // The compute side's events live in the context: forget them before it goes (never used again after).
+  ForgetComputeContext(context);
   const CUresult result = real(context);
-  if (result != CUDA_SUCCESS || CurrentMode() != Mode::limited) return result;
+  if (result != CUDA_SUCCESS) return result;
   ForgetContext(context);
   Shim& shim = TheShim();
   Shim::Context charged{-1, 0};
@@ -167,7 +170,10 @@ void PrimaryMayHaveGone(CUdevice device, CUcontext primary) {
       active != 0) {
     return;
   }
-  if (primary != nullptr) ForgetContext(primary);
+  if (primary != nullptr) {
+    ForgetContext(primary);
+    ForgetComputeContext(primary);
+  }
   Shim& shim = TheShim();
   std::uint64_t bytes = 0;
   {
@@ -190,7 +196,10 @@ CUresult ReleasePrimary(CUdevice device, CUresult (*real)(CUdevice)) {
   if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
   const Mode mode = CurrentMode();
   if (mode == Mode::failed) return kFailedClosedCuda;
-  const CUcontext primary = mode == Mode::limited ? PrimaryContextOf(device) : nullptr;
+  if (mode != Mode::limited) return real(device);
+  std::lock_guard<std::mutex> serial(TheShim().primary_mutex);
+  const CUcontext primary = PrimaryContextOf(device);
+  if (primary != nullptr) ForgetComputeContext(primary);  // a reset or last release destroys its events
   const CUresult result = real(device);
   if (result == CUDA_SUCCESS && mode == Mode::limited) PrimaryMayHaveGone(device, primary);
   return result;
@@ -235,10 +244,13 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
   }
   const CUresult result = call();
   cuuint64_t reserved = 0;
-  const bool known = Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
+  bool known = false;
   std::uint64_t previous = 0;
   {
+    // The pool's size and the ledger's charge are read and updated together: another thread's settlement in
+    // between would otherwise be overwritten with a stale size.
     std::lock_guard<std::mutex> guard(shim.mutex);
+    known = Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
     auto& charge = shim.pools[pool];
     charge.ordinal = ordinal;
     if (charge.context == nullptr) charge.context = CurrentContext();
@@ -268,6 +280,7 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
       }
       std::lock_guard<std::mutex> guard(shim.mutex);
       shim.pools[pool].charged = previous + upfront;
+      if (pointer != nullptr) shim.pool_blocks.erase(*pointer);  // undone: no block to remember
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -397,6 +410,8 @@ extern "C" VGPU_EXPORT CUresult cuInit(unsigned int flags) {
 
 extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDevicePrimaryCtxRetain, context, device);
+  // Whether this retain creates the context, and its charge, must be one step against other retains/releases.
+  std::lock_guard<std::mutex> serial(TheShim().primary_mutex);
   unsigned int flags = 0;
   int active = 1;
   if (Real::cuDevicePrimaryCtxGetState != nullptr) Real::cuDevicePrimaryCtxGetState(device, &flags, &active);

@@ -1,7 +1,9 @@
 // NVML's view of the slice: nvmlDeviceGetMemoryInfo and _v2 agree with cuMemGetInfo (total = the limit, used =
 // the container's usage); a process whose configuration is invalid sees no NVML either (fail closed).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "shim.h"
 
@@ -10,12 +12,41 @@ namespace {
 
 // The CUDA ordinal of an NVML device, by UUID (NVML numbers devices on the host; CUDA after
 // CUDA_VISIBLE_DEVICES), or -1 if this process's CUDA does not see it.
+// Without CUDA initialized in this process (an NVML-only tool, or a parent about to fork workers, must not have
+// CUDA started behind its back), the ordinal comes from CUDA_VISIBLE_DEVICES, read once: the position of the
+// entry naming this device by index or UUID prefix; unset means the NVML index.
+int OrdinalFromVisibleDevices(nvmlDevice_t device, const char* uuid) {
+  static const std::string visible = [] {
+    const char* value = std::getenv("CUDA_VISIBLE_DEVICES");
+    return value == nullptr ? std::string("\x01unset") : std::string(value);
+  }();
+  unsigned int index = 0;
+  if (Real::nvmlDeviceGetIndex == nullptr || Real::nvmlDeviceGetIndex(device, &index) != NVML_SUCCESS) return -1;
+  if (visible == "\x01unset") return static_cast<int>(index);
+  int position = 0;
+  std::size_t start = 0;
+  while (start <= visible.size()) {
+    const std::size_t comma = visible.find(',', start);
+    std::string entry = visible.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    entry.erase(0, entry.find_first_not_of(' '));
+    entry.erase(entry.find_last_not_of(' ') + 1);
+    if (!entry.empty() && entry == std::to_string(index)) return position;
+    if (entry.size() > 4 && strncasecmp(entry.c_str(), uuid, entry.size()) == 0) return position;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+    ++position;
+  }
+  return -1;
+}
+
 int OrdinalOf(nvmlDevice_t device) {
   char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
   if (Real::nvmlDeviceGetUUID == nullptr || Real::nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS) return -1;
-  if (!ResolveReal() || Real::cuInit(0) != CUDA_SUCCESS) return -1;
+  if (!ResolveReal() || Real::cuDeviceGetCount == nullptr) return -1;
   int count = 0;
-  if (Real::cuDeviceGetCount == nullptr || Real::cuDeviceGetCount(&count) != CUDA_SUCCESS) return -1;
+  const CUresult counted = Real::cuDeviceGetCount(&count);
+  if (counted == CUDA_ERROR_NOT_INITIALIZED) return OrdinalFromVisibleDevices(device, text);
+  if (counted != CUDA_SUCCESS) return -1;
   for (int ordinal = 0; ordinal < std::min(count, policy::kMaxDevices); ++ordinal) {
     CUdevice cu_device = 0;
     CUuuid uuid{};

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -26,11 +27,13 @@ void AfterForkInChild() {
   region::Attachment* attachment = old->region;
   policy::Config config = old->config;
   const Mode mode = old->mode.load(std::memory_order_relaxed);
+  const bool compute_limits = old->compute_limits;
   // Rebuild in place (the parent's mutexes may have been held by threads that do not exist here); the
   // parent's maps are leaked on purpose: their destructors could touch locked heap state.
   Shim* fresh = new (g_shim_storage) Shim();
   fresh->config = std::move(config);
   fresh->region = attachment;
+  fresh->compute_limits = compute_limits;
   for (int& device : fresh->region_device) device = -1;
   if (attachment != nullptr) attachment->ForgetAfterFork();
   fresh->mode.store(mode, std::memory_order_release);
@@ -90,6 +93,9 @@ Mode Initialize() {
       mode = Mode::failed;
     } else {
       mode = Mode::limited;
+      shim.compute_limits = shim.config.policy == policy::ComputePolicy::disable ||
+                            std::any_of(shim.config.sm_limit_percent.begin(), shim.config.sm_limit_percent.end(),
+                                        [](std::uint32_t percent) { return percent != 0; });
     }
   }
   t_initializing = false;

@@ -29,9 +29,11 @@ struct Shim {
   std::mutex init_mutex;
   policy::Config config;
   region::Attachment* region = nullptr;
+  bool compute_limits = false;  // any CUDA_DEVICE_SM_LIMIT, or the disable policy: launches go through the limiter
 
   // Everything below is guarded by `mutex` (never held while calling into the driver for long operations).
   std::mutex mutex;
+  std::mutex primary_mutex;  // serializes primary-context retain/release/reset: check-and-charge is one step
   // CUDA ordinal -> region device index; -1 until looked up (needs the device's UUID).
   int region_device[policy::kMaxDevices];
   struct Allocation {
@@ -73,6 +75,9 @@ inline Mode CurrentMode() {
   const Mode mode = TheShim().mode.load(std::memory_order_acquire);
   return mode != Mode::uninitialized ? mode : Initialize();
 }
+
+// The compute side forgets a destroyed context's pooled and pending events (memory_hooks calls it on destroy/reset).
+void ForgetComputeContext(CUcontext context);
 
 // The CUDA error a failed-closed process sees from every hooked call.
 inline constexpr CUresult kFailedClosedCuda = CUDA_ERROR_NO_DEVICE;

@@ -79,14 +79,18 @@ std::uint64_t Limiter::EstimateNs(const KernelKey& key) const {
   return it != costs_.end() && it->second.count > 0 ? it->second.estimate_ns : config_.default_cost_ns;
 }
 
-Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns) {
+Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_in_flight) {
   Admission admission;
-  const std::uint64_t estimate = std::max<std::uint64_t>(EstimateNs(key), 1);
+  Cost& cost = costs_[key];
+  const std::uint64_t estimate = std::max<std::uint64_t>(cost.count > 0 ? cost.estimate_ns : config_.default_cost_ns, 1);
   // Bound what may be queued unmeasured: queued kernels cannot overrun the cap however wrong their estimates.
-  if (config_.throttle && in_flight_ns_ > 0 && in_flight_ns_ + estimate > config_.in_flight_max_ns) {
+  if (config_.throttle && bound_in_flight &&
+      ((in_flight_ns_ > 0 && in_flight_ns_ + estimate > config_.in_flight_max_ns) ||
+       (cost.count == 0 && cost.unknown_in_flight > 0))) {
     admission.wait_for_completion = true;
     return admission;
   }
+  if (cost.count == 0) ++cost.unknown_in_flight;
   in_flight_ns_ += estimate;
   admission.charged_ns = estimate;
   admission.ready_at_ns = now_ns;
@@ -104,9 +108,14 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns) {
   return admission;
 }
 
+void Limiter::Forget(const KernelKey& key, std::uint64_t charged_ns) {
+  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+  if (auto it = costs_.find(key); it != costs_.end() && it->second.unknown_in_flight > 0) --it->second.unknown_in_flight;
+}
+
 void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
                      std::uint64_t now_ns) {
-  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+  Forget(key, charged_ns);
   std::uint64_t accounted = charged_ns;
   if (measured_ns.has_value() && *measured_ns > 0 && *measured_ns < kAbsurdNs) {
     Cost& cost = costs_[key];
@@ -131,13 +140,13 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
   AddBusy(cell_, now_ns, accounted);
 }
 
-void Limiter::Cancel(std::uint64_t charged_ns) {
-  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+void Limiter::Cancel(const KernelKey& key, std::uint64_t charged_ns) {
+  Forget(key, charged_ns);
   if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns), std::memory_order_acq_rel);
 }
 
-void Limiter::SettleUnmeasured(std::uint64_t charged_ns, std::uint64_t now_ns) {
-  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns) {
+  Forget(key, charged_ns);
   AddBusy(cell_, now_ns, charged_ns);
 }
 

@@ -52,8 +52,10 @@ class Limiter {
  public:
   Limiter(BudgetCell& cell, const LimiterConfig& config);
 
-  // Charges a launch of `key` at `now_ns` and says when it may start.
-  Admission Admit(const KernelKey& key, std::uint64_t now_ns);
+  // Charges a launch of `key` at `now_ns` and says when it may start. A kernel never measured yet may have only
+  // one launch in flight: its cost is unknown, so a queue of them could overrun the cap whatever the default.
+  // `bound_in_flight` false skips the in-flight checks (a caller that waited long enough for completions).
+  Admission Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_in_flight = true);
 
   // The launch's GPU time is known (`measured_ns`), or will never be (nullopt: settled at the estimate). Corrects
   // the budget, learns the cost, publishes utilization.
@@ -61,9 +63,9 @@ class Limiter {
               std::uint64_t now_ns);
 
   // The launch did not happen (the driver refused it): everything it was charged goes back.
-  void Cancel(std::uint64_t charged_ns);
+  void Cancel(const KernelKey& key, std::uint64_t charged_ns);
   // A launch the caller chose not to measure (sampling): settled at its estimate, no correction.
-  void SettleUnmeasured(std::uint64_t charged_ns, std::uint64_t now_ns);
+  void SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns);
 
   // `default` policy: the fraction of the last second in which others' kernels ran (device utilization minus
   // our own share). Below 5 % the container runs free; above, it is held to its share.
@@ -81,6 +83,7 @@ class Limiter {
 
  private:
   void Refill(std::uint64_t now_ns);
+  void Forget(const KernelKey& key, std::uint64_t charged_ns);
   std::uint64_t BurstNs() const;
 
   struct KeyHash {
@@ -92,6 +95,7 @@ class Limiter {
     std::uint64_t recent[16] = {};
     std::uint32_t count = 0;
     std::uint64_t estimate_ns = 0;
+    std::uint32_t unknown_in_flight = 0;  // launches admitted before the first measurement, not yet settled
   };
 
   BudgetCell& cell_;
