@@ -187,9 +187,12 @@ TEST(Limiter, AKernelNeverMeasuredHasOneLaunchInFlight) {
   const Admission first = limiter.Admit(kKernel, 0);
   EXPECT_FALSE(first.wait_for_completion);
   EXPECT_TRUE(limiter.Admit(kKernel, 0).wait_for_completion);
-  EXPECT_FALSE(limiter.Admit(kKernel, 0, /*bound_in_flight=*/false).wait_for_completion) << "a caller that waited long enough";
+  const Admission forced = limiter.Admit(kKernel, 0, /*bound_in_flight=*/false);
+  EXPECT_FALSE(forced.wait_for_completion) << "a caller that waited long enough";
   limiter.Settle(kKernel, first.charged_ns, 30 * kMs, 30 * kMs);
-  EXPECT_FALSE(limiter.Admit(kKernel, 30 * kMs).wait_for_completion);
+  limiter.Settle(kKernel, forced.charged_ns, 30 * kMs, 60 * kMs);
+  EXPECT_EQ(limiter.in_flight_ns(), 0u);
+  EXPECT_FALSE(limiter.Admit(kKernel, 60 * kMs).wait_for_completion) << "measured now: the usual bound applies";
 }
 
 }  // namespace
