@@ -11,10 +11,13 @@ namespace {
 
 constexpr double kDoneEpsilonNs = 0.5;
 
-// Streams of `device` whose head is a kernel, and which slots they belong to.
+// Streams of `device` that want the device: their head is a kernel, or (under time-slicing) an event marker
+// waiting for its context's turn. Markers take no time; they only make their process contend for the device.
 struct Runnable {
   std::uint32_t count = 0;
+  std::uint32_t kernels = 0;
   std::uint32_t streams[kMaxStreams];
+  bool marker[kMaxStreams];
 };
 
 bool StreamInUse(const Stream& s) { return s.state == StreamState::live || s.state == StreamState::draining; }
@@ -39,18 +42,42 @@ void FreeStream(Stream& s) {
   s.head = s.tail = 0;
 }
 
-// Completes zero-time operations at stream heads (markers, open gates, satisfied waits) and frees drained
-// streams, until nothing changes.
-void ResolveInstantOps(Machine& m, std::uint32_t device, std::uint64_t t) {
+// True when the process in `slot` has a kernel at the head of one of its streams on `device`.
+bool SlotHasKernelAtHead(const Machine& m, std::uint32_t device, std::uint32_t slot) {
   const std::uint32_t high = m.devices[device].stream_high_water;
+  for (std::uint32_t i = 0; i < high; ++i) {
+    const Stream& s = m.streams[i];
+    if (StreamInUse(s) && s.device == device && s.slot == slot && s.head < s.tail &&
+        s.ring[s.head % kStreamDepth].kind == OpKind::kernel) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// An event marker is written by its context's channel, which the GPU serves only while the context holds the
+// device: under time-slicing, a marker of a process that is not running waits for that process's turn (the real
+// GPU timestamps it then). A device that nobody is running kernels on is anyone's at once.
+bool MarkerMayComplete(const Machine& m, std::uint32_t device, std::uint32_t slot, bool active_busy) {
+  const DeviceTimeline& d = m.devices[device];
+  return m.config.mode == SchedulingMode::mps || d.active_slot == kNoSlot || d.active_slot == slot || !active_busy;
+}
+
+// Completes zero-time operations at stream heads (markers that may complete, open gates, satisfied waits) and
+// frees drained streams, until nothing changes.
+void ResolveInstantOps(Machine& m, std::uint32_t device, std::uint64_t t) {
+  const DeviceTimeline& d = m.devices[device];
+  const std::uint32_t high = d.stream_high_water;
   for (std::uint32_t pass = 0; pass < kMaxStreams; ++pass) {
     bool changed = false;
+    const bool active_busy = d.active_slot != kNoSlot && SlotHasKernelAtHead(m, device, d.active_slot);
     for (std::uint32_t i = 0; i < high; ++i) {
       Stream& s = m.streams[i];
       if (!StreamInUse(s) || s.device != device) continue;
       while (s.head < s.tail) {
         const Op& op = s.ring[s.head % kStreamDepth];
-        const bool done = op.kind == OpKind::marker || (op.kind == OpKind::gate && op.gate_open != 0) ||
+        const bool done = (op.kind == OpKind::marker && MarkerMayComplete(m, device, s.slot, active_busy)) ||
+                          (op.kind == OpKind::gate && op.gate_open != 0) ||
                           (op.kind == OpKind::wait && TargetPassed(m, op));
         if (!done) break;
         PopHead(s, t);
@@ -67,11 +94,16 @@ void ResolveInstantOps(Machine& m, std::uint32_t device, std::uint64_t t) {
 
 void GatherRunnable(const Machine& m, std::uint32_t device, Runnable& out) {
   out.count = 0;
+  out.kernels = 0;
   const std::uint32_t high = m.devices[device].stream_high_water;
   for (std::uint32_t i = 0; i < high; ++i) {
     const Stream& s = m.streams[i];
     if (!StreamInUse(s) || s.device != device || s.head >= s.tail) continue;
-    if (s.ring[s.head % kStreamDepth].kind == OpKind::kernel) out.streams[out.count++] = i;
+    const OpKind kind = s.ring[s.head % kStreamDepth].kind;
+    if (kind != OpKind::kernel && kind != OpKind::marker) continue;
+    out.marker[out.count] = kind == OpKind::marker;
+    out.kernels += kind == OpKind::kernel ? 1 : 0;
+    out.streams[out.count++] = i;
   }
 }
 
@@ -182,6 +214,12 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     ResolveInstantOps(m, device, t);
     GatherRunnable(m, device, runnable);
 
+    if (runnable.kernels == 0 && runnable.count > 0) {
+      // Only markers wait, and nobody runs kernels: the device is free, they complete now.
+      d.active_slot = kNoSlot;
+      ResolveInstantOps(m, device, t);
+      GatherRunnable(m, device, runnable);
+    }
     if (runnable.count == 0) {
       // Idle until `now_ns`: close the current window (it may hold busy time) at its own end, skip whole idle
       // windows, close the rest.
@@ -199,6 +237,13 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     // Which process(es) run now.
     bool contended = false;
     if (!mps) {
+      // Slices are periods of `timeslice_ns` from when a process got the device; while nobody else wants it they
+      // roll on. Contended steps always stop at the slice end, so `t` past it means the device was uncontended
+      // since: the period containing `t` is the running one, however often the timeline was advanced.
+      if (d.active_slot != kNoSlot && t > d.slice_end_ns) {
+        const std::uint64_t slice = m.config.timeslice_ns;
+        d.slice_end_ns += ((t - d.slice_end_ns) / slice + 1) * slice;
+      }
       bool active_has_work = false;
       for (std::uint32_t k = 0; k < runnable.count; ++k) {
         const std::uint32_t slot = m.streams[runnable.streams[k]].slot;
@@ -221,9 +266,13 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
         d.active_slot = next;
         d.slice_end_ns = t + m.config.timeslice_ns;
         contended = false;
+        bool next_waits_on_marker = false;
         for (std::uint32_t k = 0; k < runnable.count; ++k) {
           if (m.streams[runnable.streams[k]].slot != next) contended = true;
+          else if (runnable.marker[k]) next_waits_on_marker = true;
         }
+        // Its markers complete the moment it holds the device; then look again at what it has.
+        if (next_waits_on_marker) continue;
       } else if (t >= d.slice_end_ns) {
         d.slice_end_ns = t + m.config.timeslice_ns;
       }
@@ -233,7 +282,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     // held to its own SM share first.
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       const Stream& s = m.streams[runnable.streams[k]];
-      rates[k] = (mps || s.slot == d.active_slot) ? 1.0 : 0.0;
+      rates[k] = !runnable.marker[k] && (mps || s.slot == d.active_slot) ? 1.0 : 0.0;
     }
     if (mps) {
       for (std::uint32_t k = 0; k < runnable.count; ++k) {

@@ -182,7 +182,10 @@ class Engine final : public model::TimelineListener {
     if (scenario_.measurement == Measurement::events) {
       measured_ns = op.end_ns - op.start_ns;
     } else if (scenario_.measurement == Measurement::event_pair) {
-      measured_ns = op.end_ns - std::max(op.queued_ns, p.last_end_ns);
+      // The shim's start event is queued just before the kernel. Queued behind the previous kernel, it is
+      // written when that one ends (its process still holds the device then); queued on an empty stream, it
+      // waits for its process's turn (fakecuda and the real GPU write it then), and the kernel starts at once.
+      measured_ns = op.end_ns - (op.queued_ns < p.last_end_ns ? p.last_end_ns : op.start_ns);
     }
     p.last_end_ns = op.end_ns;
     p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);

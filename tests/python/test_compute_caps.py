@@ -35,22 +35,35 @@ def test_a_lone_tenant_capped_at_30_percent_gets_30_percent(fake_gpu, tenant_ava
     result = fake_gpu.tenant("--seconds", "4", *kernel_args, timeout=60)
     assert result.returncode == 0, result.describe()
     line = result.json
-    assert abs(line["busy_fraction"] - 0.30) <= 0.03, line
     # The device's view: the tenant's kernels occupied 30 % of the time it ran.
     shares = kernel_shares(read_trace(trace_path), [result.pid])
+    print(f"\nlone tenant capped at 30 %, {' '.join(kernel_args)}: own {100 * line['busy_fraction']:.1f} %, "
+          f"device trace {100 * shares.share(result.pid):.1f} %")
+    assert abs(line["busy_fraction"] - 0.30) <= 0.03, line
     assert abs(shares.share(result.pid) - 0.30) <= 0.03, shares.share(result.pid)
 
 
-def test_two_containers_capped_30_and_70_get_30_and_70(fake_gpu, tenant_available, shim_path):
+KNOWN_GAP = ("kernels longer than a time slice are stretched by the other container's slices, and CUDA events "
+             "count those slices: both containers are charged for them (docs/compute-limit.md, 'What is not held')")
+
+
+@pytest.mark.parametrize("kernel_args", [
+    ["--kernel-us", "1000"],
+    pytest.param(["--kernel-us", "20000", "--blocks", "132"], marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAP)),
+], ids=["1ms", "persistent-20ms"])
+def test_two_containers_capped_30_and_70_get_30_and_70(fake_gpu, tenant_available, shim_path, kernel_args):
     trace_path = fake_gpu.enable_trace()
     contain(fake_gpu, shim_path, "thirty", 30)
-    low = fake_gpu.start_tenant("--seconds", "5", "--kernel-us", "1000")
+    low = fake_gpu.start_tenant("--seconds", "5", *kernel_args)
     contain(fake_gpu, shim_path, "seventy", 70)
-    high = fake_gpu.start_tenant("--seconds", "5", "--kernel-us", "1000")
+    high = fake_gpu.start_tenant("--seconds", "5", *kernel_args)
     low_line, high_line = low.finish(timeout=60).json, high.finish(timeout=60).json
+    shares = kernel_shares(read_trace(trace_path), [low.pid, high.pid])
+    print(f"\n30/70, {' '.join(kernel_args)}: own {100 * low_line['busy_fraction']:.1f} / "
+          f"{100 * high_line['busy_fraction']:.1f} %, device trace {100 * shares.share(low.pid):.1f} / "
+          f"{100 * shares.share(high.pid):.1f} %")
     assert abs(low_line["busy_fraction"] - 0.30) <= 0.03, low_line
     assert abs(high_line["busy_fraction"] - 0.70) <= 0.03, high_line
-    shares = kernel_shares(read_trace(trace_path), [low.pid, high.pid])
     assert abs(shares.share(low.pid) - 0.30) <= 0.03, shares.share(low.pid)
     assert abs(shares.share(high.pid) - 0.70) <= 0.03, shares.share(high.pid)
 

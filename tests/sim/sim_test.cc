@@ -145,7 +145,7 @@ TEST(Force, DISABLED_ThirtySeventyWithPersistentTwentyMillisecondKernels) {
 // kernels that queue behind other tenants' slices are inflated too, even though they fit in a slice; b's 16 recent
 // measurements are sometimes all inflated and it is charged up to 4 ms per 1 ms kernel. Observed: 10.0, 15.7, 30.0,
 // 40.1 % (seed 1).
-TEST(Force, DISABLED_TenTwentyThirtyFortyWithOneMillisecondKernelsMeasuredByAnEventPair) {
+TEST(Force, TenTwentyThirtyFortyWithOneMillisecondKernelsMeasuredByAnEventPair) {
   Scenario scenario = Of({OneProcess("a", 10, Persistent(kMillisecondNs, 4)),
                           OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
                           OneProcess("c", 30, Persistent(kMillisecondNs, 4)),
@@ -238,7 +238,7 @@ TEST(DisablePolicy, MeasuresButNeverThrottles) {
 // FAILS (finding 4): a kernel is accounted at min(measured, least of its last 16 measurements), so a kernel whose
 // duration varies is undercharged by the spread. 1 ms kernels varying +/-10 %: observed 32.9 % at a cap of 30,
 // 98.9 % at a cap of 90 (seed 1).
-TEST(LimiterFindings, DISABLED_KernelsWhoseDurationVariesAreChargedWhatTheyRan) {
+TEST(LimiterFindings, KernelsWhoseDurationVariesAreChargedWhatTheyRan) {
   for (const std::uint32_t cap : {30u, 90u}) {
     Workload workload = Persistent(kMillisecondNs, 4);
     workload.jitter_permille = 100;
@@ -248,7 +248,7 @@ TEST(LimiterFindings, DISABLED_KernelsWhoseDurationVariesAreChargedWhatTheyRan) 
 
 // FAILS (finding 5): sizes launched as one function with one shape (vgpu-tenant's spin kernel takes its duration as
 // an argument) are all accounted as the smallest. Observed: 100 % at a cap of 30 (seed 1).
-TEST(LimiterFindings, DISABLED_SizesOfOneFunctionAndShapeAreChargedWhatTheyRan) {
+TEST(LimiterFindings, SizesOfOneFunctionAndShapeAreChargedWhatTheyRan) {
   Workload workload = Mixed();
   workload.sizes_share_one_kernel = true;
   ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, workload)})));
@@ -258,7 +258,7 @@ TEST(LimiterFindings, DISABLED_SizesOfOneFunctionAndShapeAreChargedWhatTheyRan) 
 // depends on when the model was last advanced (slice_end is renewed only at steps of an uncontended device), so
 // the same calls give different timelines. Observed: advanced once, b preempts a at once (b ends at 10 ms, a at
 // 11 ms); advanced every 1 ms, a runs on to 10 ms and b ends at 11 ms.
-TEST(ModelFindings, DISABLED_WhoRunsDoesNotDependOnHowOftenTheModelIsAdvanced) {
+TEST(ModelFindings, WhoRunsDoesNotDependOnHowOftenTheModelIsAdvanced) {
   namespace model = fakecuda::model;
   struct Recorder final : model::TimelineListener {
     void OnKernelComplete(const model::Machine& machine, std::uint32_t, std::uint32_t stream,

@@ -630,6 +630,55 @@ TEST_F(Timeline, AMarkerOnAnIdleStreamCompletesAtOnce) {
   EXPECT_EQ(OpEndNs(m(), stream, marker), kStart + kMs);
 }
 
+// The real GPU writes an event's timestamp when the event's context holds the device: under time-slicing, a
+// marker of a process that is not running waits for its turn (the slice end), and completes then.
+TEST_F(Timeline, AMarkerOfAProcessThatIsNotRunningWaitsForItsTurn) {
+  const std::uint32_t a = NewStream(NewProcess(100));
+  const std::uint32_t b = NewStream(NewProcess(200));
+  Kernels(a, 10 * kMs);
+  Advance(kStart + kMs);
+  std::uint64_t marker = 0;
+  ASSERT_EQ(EnqueueMarker(m(), b, kStart + kMs, &marker), EnqueueResult::ok);
+  const std::uint64_t generation = m().streams[b].generation;
+  Advance(kStart + kMs + kMs / 2);
+  EXPECT_FALSE(OpDone(m(), b, generation, marker));
+  Advance(kStart + 3 * kMs);
+  EXPECT_TRUE(OpDone(m(), b, generation, marker));
+  EXPECT_EQ(OpEndNs(m(), b, marker), kStart + 2 * kMs);
+  Advance(kStart + 20 * kMs);
+  ASSERT_EQ(completions().size(), 1u);
+  EXPECT_EQ(completions()[0].end_ns, kStart + 10 * kMs);  // the marker took none of a's time
+}
+
+// So an event pair around a kernel that fits in a slice measures the kernel, not the wait for the device.
+TEST_F(Timeline, AnEventPairAroundAWaitingKernelMeasuresOnlyTheKernel) {
+  const std::uint32_t a = NewStream(NewProcess(100));
+  const std::uint32_t b = NewStream(NewProcess(200));
+  Kernels(a, 10 * kMs);
+  Advance(kStart + kMs);
+  std::uint64_t before = 0, after = 0;
+  ASSERT_EQ(EnqueueMarker(m(), b, kStart + kMs, &before), EnqueueResult::ok);
+  Kernels(b, kMs, 1, 1, kStart + kMs);
+  ASSERT_EQ(EnqueueMarker(m(), b, kStart + kMs, &after), EnqueueResult::ok);
+  Advance(kStart + 20 * kMs);
+  EXPECT_EQ(OpEndNs(m(), b, before), kStart + 2 * kMs);
+  EXPECT_EQ(OpEndNs(m(), b, after), kStart + 3 * kMs);
+  ASSERT_EQ(completions().size(), 2u);
+  EXPECT_EQ(completions()[1].end_ns, kStart + 11 * kMs);
+}
+
+// A marker on an idle device, or on the device its own process holds, completes at once, under MPS always.
+TEST_F(Timeline, AMarkerOfTheRunningProcessCompletesAtOnce) {
+  const std::uint32_t slot = NewProcess(100);
+  const std::uint32_t busy = NewStream(slot), other = NewStream(slot);
+  Kernels(busy, 10 * kMs);
+  Advance(kStart + kMs);
+  std::uint64_t marker = 0;
+  ASSERT_EQ(EnqueueMarker(m(), other, kStart + kMs, &marker), EnqueueResult::ok);
+  Advance(kStart + kMs + 1);
+  EXPECT_EQ(OpEndNs(m(), other, marker), kStart + kMs);
+}
+
 TEST_F(Timeline, AWaitBlocksItsStreamUntilTheTargetPasses) {
   const std::uint32_t slot = NewProcess(100);
   const std::uint32_t producer = NewStream(slot), consumer = NewStream(slot);

@@ -122,14 +122,16 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
     cost.recent[cost.count % 16] = *measured_ns;
     ++cost.count;
     const std::uint32_t n = std::min<std::uint32_t>(cost.count, 16);
-    // A robust low estimate: a run preempted by another container's time slice measures longer than it ran
-    // (events count those slices; on fakecuda even the wait before the kernel starts), so the least of the
-    // recent measurements is the kernel's cost, and a run is charged no more than that. It rises as soon as every
-    // recent run is longer. The price (docs/compute-limit.md, sim findings): a kernel whose work varies under one
-    // function and shape is charged its shortest recent run.
-    cost.estimate_ns = *std::min_element(cost.recent, cost.recent + n);
+    // The run is accounted at what it measured, so the long-run budget is exact for a lone container whatever its
+    // kernels do (jitter, one function given different sizes). The launch charge is the median of the recent runs.
+    // Events count the time slices of other containers that preempt a kernel inside it: a kernel longer than a slice
+    // next to a busy container is over-charged, never under (docs/compute-limit.md, "What is not held").
+    std::uint64_t sorted[16];
+    std::copy(cost.recent, cost.recent + n, sorted);
+    std::nth_element(sorted, sorted + n / 2, sorted + n);
+    cost.estimate_ns = sorted[n / 2];
     largest_estimate_ns_ = std::max(largest_estimate_ns_, cost.estimate_ns);
-    accounted = std::min(*measured_ns, cost.estimate_ns);
+    accounted = *measured_ns;
   } else {
     ++ignored_measurements_;  // missing or garbage: the estimate stands, nothing blocks on it
   }

@@ -63,8 +63,8 @@ struct Tenant {
 // What the limiter is told a kernel cost (Settle's `measured_ns`).
 enum class Measurement {
   events,      // end - start of the kernel as it ran: other processes' time slices inside it included
-  event_pair,  // what the shim's cuEventRecord pair around the launch reads: from when the stream reached the start
-               // event (the kernel's queueing, or the previous kernel's end) to the kernel's end
+  event_pair,  // what the shim's cuEventRecord pair around the launch reads: from the start event's timestamp (the
+               // previous kernel's end if queued behind it, else the process's next turn on the device) to the end
   run_time,    // the GPU time the kernel itself ran: what no CUDA API measures, to tell the limiter's part apart
 };
 
