@@ -13,10 +13,13 @@ constexpr double kDoneEpsilonNs = 0.5;
 
 // Streams of `device` that want the device: their head is a kernel, or (under time-slicing) an event marker
 // waiting for its context's turn. Markers take no time; they only make their process contend for the device.
+// Each entry's owning slot and head op are kept beside its stream index: a step reads them several times.
 struct Runnable {
   std::uint32_t count = 0;
   std::uint32_t kernels = 0;
   std::uint32_t streams[kMaxStreams];
+  std::uint32_t slots[kMaxStreams];
+  Op* ops[kMaxStreams];
   bool marker[kMaxStreams];
 };
 
@@ -92,19 +95,72 @@ void ResolveInstantOps(Machine& m, std::uint32_t device, std::uint64_t t) {
   }
 }
 
-void GatherRunnable(const Machine& m, std::uint32_t device, Runnable& out) {
+void GatherRunnable(Machine& m, std::uint32_t device, Runnable& out) {
   out.count = 0;
   out.kernels = 0;
   const std::uint32_t high = m.devices[device].stream_high_water;
   for (std::uint32_t i = 0; i < high; ++i) {
-    const Stream& s = m.streams[i];
+    Stream& s = m.streams[i];
     if (!StreamInUse(s) || s.device != device || s.head >= s.tail) continue;
-    const OpKind kind = s.ring[s.head % kStreamDepth].kind;
+    Op& op = s.ring[s.head % kStreamDepth];
+    const OpKind kind = op.kind;
     if (kind != OpKind::kernel && kind != OpKind::marker) continue;
     out.marker[out.count] = kind == OpKind::marker;
     out.kernels += kind == OpKind::kernel ? 1 : 0;
+    out.slots[out.count] = s.slot;
+    out.ops[out.count] = &op;
     out.streams[out.count++] = i;
   }
+}
+
+// True when ResolveInstantOps would change something, or might: a stream of `device` has a zero-time op at its
+// head, or is drained and waits to be freed. Otherwise every head is a kernel and ResolveInstantOps is a no-op.
+bool MayHaveInstantOps(const Machine& m, std::uint32_t device) {
+  const std::uint32_t high = m.devices[device].stream_high_water;
+  for (std::uint32_t i = 0; i < high; ++i) {
+    const Stream& s = m.streams[i];
+    if (!StreamInUse(s) || s.device != device) continue;
+    if (s.head >= s.tail) {
+      if (s.state == StreamState::draining) return true;
+      continue;
+    }
+    if (s.ring[s.head % kStreamDepth].kind != OpKind::kernel) return true;
+  }
+  return false;
+}
+
+// ResolveInstantOps then GatherRunnable, in one scan while every head is a kernel (the common case: then
+// ResolveInstantOps has nothing to do); the two in full otherwise.
+void ResolveAndGather(Machine& m, std::uint32_t device, std::uint64_t t, Runnable& out) {
+  out.count = 0;
+  const std::uint32_t high = m.devices[device].stream_high_water;
+  for (std::uint32_t i = 0; i < high; ++i) {
+    Stream& s = m.streams[i];
+    if (!StreamInUse(s) || s.device != device) continue;
+    if (s.head >= s.tail) {
+      if (s.state == StreamState::draining) goto full;
+      continue;
+    }
+    Op& op = s.ring[s.head % kStreamDepth];
+    if (op.kind != OpKind::kernel) goto full;
+    out.marker[out.count] = false;
+    out.slots[out.count] = s.slot;
+    out.ops[out.count] = &op;
+    out.streams[out.count++] = i;
+  }
+  out.kernels = out.count;
+  return;
+full:
+  ResolveInstantOps(m, device, t);
+  GatherRunnable(m, device, out);
+}
+
+// std::ceil of a non-negative time in nanoseconds, as an integer, without the library call: below 2^64 the
+// truncation is exact, and one more when it fell short. (Larger values go the old way.)
+std::uint64_t CeilToNs(double ns) {
+  if (!(ns < 18446744073709551616.0)) return static_cast<std::uint64_t>(std::ceil(ns));
+  const auto whole = static_cast<std::uint64_t>(ns);
+  return static_cast<double>(whole) < ns ? whole + 1 : whole;
 }
 
 void CloseWindow(Machine& m, std::uint32_t device) {
@@ -211,8 +267,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
   static thread_local double rates[kMaxStreams];
 
   while (t < now_ns) {
-    ResolveInstantOps(m, device, t);
-    GatherRunnable(m, device, runnable);
+    ResolveAndGather(m, device, t, runnable);
 
     if (runnable.kernels == 0 && runnable.count > 0) {
       // Only markers wait, and nobody runs kernels: the device is free, they complete now.
@@ -246,7 +301,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
       }
       bool active_has_work = false;
       for (std::uint32_t k = 0; k < runnable.count; ++k) {
-        const std::uint32_t slot = m.streams[runnable.streams[k]].slot;
+        const std::uint32_t slot = runnable.slots[k];
         if (slot == d.active_slot) active_has_work = true;
         else contended = true;
       }
@@ -256,7 +311,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
         std::uint32_t best_distance = kMaxProcesses + 1;
         const std::uint32_t from = d.active_slot == kNoSlot ? kMaxProcesses - 1 : d.active_slot;
         for (std::uint32_t k = 0; k < runnable.count; ++k) {
-          const std::uint32_t slot = m.streams[runnable.streams[k]].slot;
+          const std::uint32_t slot = runnable.slots[k];
           const std::uint32_t distance = (slot + kMaxProcesses - from - 1) % kMaxProcesses;
           if (distance < best_distance && !(slot == d.active_slot && contended)) {
             best_distance = distance;
@@ -268,7 +323,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
         contended = false;
         bool next_waits_on_marker = false;
         for (std::uint32_t k = 0; k < runnable.count; ++k) {
-          if (m.streams[runnable.streams[k]].slot != next) contended = true;
+          if (runnable.slots[k] != next) contended = true;
           else if (runnable.marker[k]) next_waits_on_marker = true;
         }
         // Its markers complete the moment it holds the device; then look again at what it has.
@@ -281,28 +336,23 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     // Speeds: kernels of one process share its SMs; under MPS all processes share the device, each process
     // held to its own SM share first.
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
-      const Stream& s = m.streams[runnable.streams[k]];
-      rates[k] = !runnable.marker[k] && (mps || s.slot == d.active_slot) ? 1.0 : 0.0;
+      rates[k] = !runnable.marker[k] && (mps || runnable.slots[k] == d.active_slot) ? 1.0 : 0.0;
     }
     if (mps) {
       for (std::uint32_t k = 0; k < runnable.count; ++k) {
-        const Stream& s = m.streams[runnable.streams[k]];
-        const std::uint32_t limit = m.slots[s.slot].mps_sm_count[device];
+        const std::uint32_t slot = runnable.slots[k];
+        const std::uint32_t limit = m.slots[slot].mps_sm_count[device];
         if (limit == 0) continue;
         double own = 0;
         for (std::uint32_t j = 0; j < runnable.count; ++j) {
-          const Stream& o = m.streams[runnable.streams[j]];
-          if (o.slot == s.slot) own += o.ring[o.head % kStreamDepth].sm_fraction;
+          if (runnable.slots[j] == slot) own += runnable.ops[j]->sm_fraction;
         }
         const double cap = static_cast<double>(limit) / m.config.devices[device].sm_count;
         if (own > cap + 1e-12) rates[k] *= cap / own;
       }
     }
     double demand = 0;
-    for (std::uint32_t k = 0; k < runnable.count; ++k) {
-      const Stream& s = m.streams[runnable.streams[k]];
-      demand += rates[k] * s.ring[s.head % kStreamDepth].sm_fraction;
-    }
+    for (std::uint32_t k = 0; k < runnable.count; ++k) demand += rates[k] * runnable.ops[k]->sm_fraction;
     if (demand > 1.0) {
       for (std::uint32_t k = 0; k < runnable.count; ++k) rates[k] /= demand;
     }
@@ -312,9 +362,10 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     if (!mps && contended) next_t = std::min(next_t, std::max(d.slice_end_ns, t + 1));
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       if (rates[k] <= 0) continue;
-      const Op& op = m.streams[runnable.streams[k]].ring[m.streams[runnable.streams[k]].head % kStreamDepth];
-      const double until = std::ceil(std::max(0.0, op.remaining_ns) / rates[k]);
-      next_t = std::min<std::uint64_t>(next_t, t + std::max<std::uint64_t>(1, static_cast<std::uint64_t>(until)));
+      const double left = std::max(0.0, runnable.ops[k]->remaining_ns);
+      // At full speed (always, under time-slicing) the division is exact: skip it.
+      const std::uint64_t until = CeilToNs(rates[k] == 1.0 ? left : left / rates[k]);
+      next_t = std::min<std::uint64_t>(next_t, t + std::max<std::uint64_t>(1, until));
     }
     const std::uint64_t dt = next_t - t;
 
@@ -322,25 +373,25 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     std::uint32_t last_slot_charged = kNoSlot;
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       if (rates[k] <= 0) continue;
-      Stream& s = m.streams[runnable.streams[k]];
-      Op& op = s.ring[s.head % kStreamDepth];
+      Op& op = *runnable.ops[k];
       if (op.started == 0) {
         op.start_ns = t;
         op.started = 1;
       }
       op.remaining_ns -= static_cast<double>(dt) * rates[k];
       any_running = true;
-      if (s.slot != last_slot_charged) {
+      const std::uint32_t slot = runnable.slots[k];
+      if (slot != last_slot_charged) {
         // Charge each running process once per step (its streams are usually adjacent).
         bool seen = false;
         for (std::uint32_t j = 0; j < k; ++j) {
-          if (rates[j] > 0 && m.streams[runnable.streams[j]].slot == s.slot) seen = true;
+          if (rates[j] > 0 && runnable.slots[j] == slot) seen = true;
         }
         if (!seen) {
-          m.slots[s.slot].window_busy_ns[device] += dt;
-          m.slots[s.slot].busy_total_ns[device] += dt;
+          m.slots[slot].window_busy_ns[device] += dt;
+          m.slots[slot].busy_total_ns[device] += dt;
         }
-        last_slot_charged = s.slot;
+        last_slot_charged = slot;
       }
     }
     if (any_running) {
@@ -352,7 +403,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       if (rates[k] <= 0) continue;
       Stream& s = m.streams[runnable.streams[k]];
-      Op& op = s.ring[s.head % kStreamDepth];
+      Op& op = *runnable.ops[k];
       if (op.remaining_ns > kDoneEpsilonNs) continue;
       op.remaining_ns = 0;
       PopHead(s, t);
@@ -361,7 +412,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     }
     if (t >= d.window_start_ns + window) CloseWindow(m, device);
   }
-  ResolveInstantOps(m, device, t);
+  if (MayHaveInstantOps(m, device)) ResolveInstantOps(m, device, t);
   d.advanced_to_ns = now_ns;
 }
 
@@ -442,12 +493,15 @@ EnqueueResult Push(Machine& m, std::uint32_t stream, const Op& op, std::uint64_t
 
 EnqueueResult EnqueueKernel(Machine& m, std::uint32_t stream, const KernelLaunch& launch, std::uint64_t now_ns,
                             std::uint64_t* seq_out) {
-  const Stream& s = m.streams[stream];
+  Stream& s = m.streams[stream];
+  if (s.tail - s.head >= kStreamDepth) return EnqueueResult::queue_full;
   const DeviceSpec& spec = m.config.devices[s.device];
   // A process's MPS share limits its SMs only in MPS mode.
   const std::uint32_t sm_count = m.config.mode == SchedulingMode::mps ? m.slots[s.slot].mps_sm_count[s.device] : 0;
   const KernelCost cost = CostKernel(spec, sm_count, launch.shape, launch.per_wave_ns);
-  Op op{};
+  // Written in place, past the tail (invisible until the tail is bumped), as Push would copy it there.
+  Op& op = s.ring[s.tail % kStreamDepth];
+  op = Op{};
   op.kind = OpKind::kernel;
   op.alone_ns = cost.alone_ns;
   op.remaining_ns = static_cast<double>(cost.alone_ns);
@@ -461,7 +515,10 @@ EnqueueResult EnqueueKernel(Machine& m, std::uint32_t stream, const KernelLaunch
     std::memcpy(op.name, launch.name, length);
     op.name[length] = '\0';
   }
-  return Push(m, stream, op, seq_out);
+  op.seq = s.tail;
+  if (seq_out != nullptr) *seq_out = s.tail;
+  ++s.tail;  // published last: a crash before this leaves the op invisible
+  return EnqueueResult::ok;
 }
 
 EnqueueResult EnqueueMarker(Machine& m, std::uint32_t stream, std::uint64_t now_ns, std::uint64_t* seq_out) {

@@ -752,6 +752,43 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvml
   return NVML_SUCCESS;
 }
 
+// The device's utilization samples (NVML_GPU_UTILIZATION_SAMPLES only): one per closed window, percent busy over
+// the window that ends at its timestamp (CPU time, microseconds), visible once published, oldest first. The other
+// sampling types are not modelled.
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
+                                              unsigned long long last_seen_timestamp, nvmlValueType_t* value_type,
+                                              unsigned int* sample_count, nvmlSample_t* samples) {
+  state::Attachment* attachment = nullptr;
+  std::uint32_t index = 0;
+  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (value_type == nullptr || sample_count == nullptr || type >= NVML_SAMPLINGTYPE_COUNT) {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  if (type != NVML_GPU_UTILIZATION_SAMPLES) return NVML_ERROR_NOT_SUPPORTED;
+  *value_type = NVML_VALUE_TYPE_UNSIGNED_INT;
+  if (samples == nullptr) {
+    *sample_count = model::kWindowHistory;  // what the buffer can hold
+    return NVML_SUCCESS;
+  }
+  LiveDevice live(*attachment, index);
+  const model::Machine& machine = live.machine();
+  const model::DeviceTimeline& d = live.timeline();
+  const std::uint32_t available = std::min<std::uint32_t>(d.window_count, model::kWindowHistory);
+  unsigned int written = 0;
+  for (std::uint32_t back = available; back >= 1 && written < *sample_count; --back) {
+    const model::UtilWindow& w = d.windows[(d.window_count - back) % model::kWindowHistory];
+    if (w.end_ns + machine.config.nvml_publish_lag_ns > live.now_ns()) continue;
+    const auto timestamp_us =
+        static_cast<unsigned long long>(static_cast<std::int64_t>(w.end_ns / 1000) + machine.realtime_offset_us);
+    if (timestamp_us <= last_seen_timestamp) continue;
+    samples[written].timeStamp = timestamp_us;
+    samples[written].sampleValue.uiVal = std::min<std::uint32_t>(100, w.percent);
+    ++written;
+  }
+  *sample_count = written;
+  return written == 0 ? NVML_ERROR_NOT_FOUND : NVML_SUCCESS;
+}
+
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                          nvmlProcessUtilizationSample_t* utilization,
                                                          unsigned int* process_samples_count,

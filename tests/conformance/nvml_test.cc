@@ -514,5 +514,47 @@ TEST_F(NvmlWithContextTest, BusyDeviceShowsUtilization) {
   EXPECT_CU_OK(cuModuleUnload(module));
 }
 
+// The device's utilization samples: what the shim's `default` policy compares with its own busy time over the same
+// period. A NULL buffer asks for the buffer size; samples are percent busy, stamped with CPU time in microseconds;
+// nothing newer than a given timestamp is NVML_ERROR_NOT_FOUND.
+TEST_F(NvmlWithContextTest, BusyDeviceUtilizationSamplesArePercentWithCpuTimestamps) {
+  CUmodule module = nullptr;
+  CUfunction spin = nullptr;
+  ASSERT_CU_OK(cuModuleLoadData(&module, kSpinKernelPtx));
+  ASSERT_CU_OK(cuModuleGetFunction(&spin, module, kSpinKernelName));
+  const nvmlDevice_t device = NvmlDeviceOfCudaDeviceZero();
+  ASSERT_NE(device, nullptr);
+  std::uint64_t ns_per_block = 2000 * kNanosecondsPerMillisecond;
+  void* parameters[] = {&ns_per_block};
+  ASSERT_CU_OK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, parameters, nullptr));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+
+  nvmlValueType_t type{};
+  unsigned int capacity = 0;
+  ASSERT_NVML_OK(nvmlDeviceGetSamples(device, NVML_GPU_UTILIZATION_SAMPLES, 0, &type, &capacity, nullptr));
+  ASSERT_GT(capacity, 1u);
+  std::vector<nvmlSample_t> samples(capacity);
+  unsigned int count = capacity;
+  ASSERT_NVML_OK(nvmlDeviceGetSamples(device, NVML_GPU_UTILIZATION_SAMPLES, 0, &type, &count, samples.data()));
+  ASSERT_GE(count, 2u);
+  EXPECT_EQ(type, NVML_VALUE_TYPE_UNSIGNED_INT);
+  samples.resize(count);
+  const auto newest = std::max_element(samples.begin(), samples.end(), [](const nvmlSample_t& a, const nvmlSample_t& b) {
+    return a.timeStamp < b.timeStamp;
+  });
+  std::printf("%u utilization samples; newest %llu us, %u; the one before it %llu us\n", count, newest->timeStamp,
+              newest->sampleValue.uiVal, count > 1 ? samples[count - 2].timeStamp : 0ull);
+  EXPECT_GE(newest->sampleValue.uiVal, 50u) << "a kernel ran throughout the newest sample's period";
+  EXPECT_LE(newest->sampleValue.uiVal, 100u);
+  EXPECT_LE(newest->timeStamp, MicrosecondsSinceEpoch());
+  EXPECT_GE(newest->timeStamp + 5'000'000ull, MicrosecondsSinceEpoch()) << "the newest sample is recent";
+  unsigned int none = capacity;
+  EXPECT_NVML(NVML_ERROR_NOT_FOUND, nvmlDeviceGetSamples(device, NVML_GPU_UTILIZATION_SAMPLES,
+                                                         MicrosecondsSinceEpoch() + 60'000'000ull, &type, &none,
+                                                         samples.data()));
+  ASSERT_CU_OK(cuCtxSynchronize());
+  EXPECT_CU_OK(cuModuleUnload(module));
+}
+
 }  // namespace
 }  // namespace vgpu::conformance

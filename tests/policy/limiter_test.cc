@@ -146,6 +146,31 @@ TEST(Limiter, DisableMeasuresAndPublishesButNeverWaits) {
   EXPECT_NEAR(Limiter::PublishedShare(cell, now), 1.0, 0.01);
 }
 
+// Busy time is recorded over the interval each run measured, in 10 ms buckets, so it can be compared with NVML's
+// sample periods (the `default` policy): read back over any period, partial buckets pro rata.
+TEST(Limiter, BusyTimeIsRecordedOverTheIntervalARunMeasured) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 1000, 20 * kMs, 0);
+  LimiterConfig config = Share(1000);
+  config.throttle = false;
+  Limiter limiter(cell, config);
+  // A 30 ms run settled at 1050 ms ran over [1020, 1050).
+  limiter.Settle(kKernel, limiter.Admit(kKernel, 1000 * kMs).charged_ns, 30 * kMs, 1050 * kMs);
+  EXPECT_NEAR(Limiter::BusyFraction(cell, 1020 * kMs, 1050 * kMs), 1.0, 1e-9);
+  EXPECT_NEAR(Limiter::BusyFraction(cell, 1000 * kMs, 1020 * kMs), 0.0, 1e-9);
+  EXPECT_NEAR(Limiter::BusyFraction(cell, 1040 * kMs, 1080 * kMs), 10.0 / 40.0, 1e-9);
+  EXPECT_NEAR(Limiter::BusyFraction(cell, 1045 * kMs, 1055 * kMs), 0.5, 1e-9);  // half of a full bucket
+  EXPECT_NEAR(Limiter::BusyFraction(cell, 1000 * kMs, 1200 * kMs), 30.0 / 200.0, 1e-9);
+  // A run that straddles buckets is split between them: 10 ms settled at 1075 ms, [1065, 1075).
+  limiter.Settle(kKernel, limiter.Admit(kKernel, 1060 * kMs).charged_ns, 10 * kMs, 1075 * kMs);
+  EXPECT_NEAR(Limiter::BusyFraction(cell, 1060 * kMs, 1070 * kMs), 0.5, 1e-9);
+  EXPECT_NEAR(Limiter::BusyFraction(cell, 1070 * kMs, 1080 * kMs), 0.5, 1e-9);
+  // Periods the ring no longer holds (over 1.28 s old) read as idle, not as stale numbers.
+  limiter.Settle(kKernel, limiter.Admit(kKernel, 3000 * kMs).charged_ns, kMs, 3000 * kMs);
+  EXPECT_EQ(Limiter::BusyFraction(cell, 1000 * kMs, 1200 * kMs), 0.0);
+  EXPECT_EQ(Limiter::BusyFraction(cell, 5 * kMs, 5 * kMs), 0.0);
+}
+
 // A serial GPU fed by one closed-loop tenant: each kernel starts when admitted and the GPU is free.
 double AchievedShare(std::uint32_t permille, std::uint64_t kernel_ns, std::uint64_t seconds) {
   BudgetCell cell{};

@@ -3,6 +3,8 @@ GPU-time shares, from their own throughput and from the device's trace."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fakegpu_harness import kernel_shares, read_trace
@@ -103,3 +105,59 @@ def test_launches_into_a_capturing_stream_are_left_to_the_graph_launch(fake_gpu,
     assert line["nodes"] == 3, line
     # 10 launches x 30 ms of kernels at a 50 % cap: about 0.6 s of wall time, not 0.3 s.
     assert line["seconds"] >= 0.45, line
+
+
+def busy_between(events: list[dict], pid: int, start_ns: int, end_ns: int) -> float:
+    """The fraction of [start_ns, end_ns) in which pid's kernels were on the device (1 ms kernels: barely stretched)."""
+    intervals = sorted((max(int(e["start_ns"]), start_ns), min(int(e["end_ns"]), end_ns)) for e in events
+                       if e.get("ev") == "kernel" and e.get("pid") == pid and int(e["end_ns"]) > start_ns
+                       and int(e["start_ns"]) < end_ns)
+    busy, reach = 0, start_ns
+    for start, end in intervals:
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy / (end_ns - start_ns)
+
+
+def kernel_span(events: list[dict], pid: int) -> tuple[int, int]:
+    kernels = [e for e in events if e.get("ev") == "kernel" and e.get("pid") == pid]
+    assert kernels, f"no kernels of pid {pid} in the trace"
+    return min(int(e["start_ns"]) for e in kernels), max(int(e["end_ns"]) for e in kernels)
+
+
+def test_default_policy_lets_a_lone_container_run_free(fake_gpu, tenant_available, shim_path):
+    """`default`: nobody else wants the GPU, so a container capped at 30 % runs free (its own busy time compared with
+    NVML's over the same sample periods; sim finding 3)."""
+    trace_path = fake_gpu.enable_trace()
+    contain(fake_gpu, shim_path, "alone", 30)
+    fake_gpu.env["GPU_CORE_UTILIZATION_POLICY"] = "default"
+    result = fake_gpu.tenant("--seconds", "4", "--kernel-us", "1000", timeout=60)
+    assert result.returncode == 0, result.describe()
+    events = read_trace(trace_path)
+    start, end = kernel_span(events, result.pid)
+    after_first_second = busy_between(events, result.pid, start + 1_000_000_000, end)
+    print(f"\ndefault policy, lone tenant capped at 30 %: {100 * result.json['busy_fraction']:.1f} % overall, "
+          f"{100 * after_first_second:.1f} % after its first second")
+    assert after_first_second >= 0.90, after_first_second
+
+
+def test_default_policy_gives_the_gpu_back_when_another_container_arrives(fake_gpu, tenant_available, shim_path):
+    """`default`: the free-running container falls to its share within a second of another container's arrival."""
+    trace_path = fake_gpu.enable_trace()
+    contain(fake_gpu, shim_path, "lender", 30)
+    fake_gpu.env["GPU_CORE_UTILIZATION_POLICY"] = "default"
+    lender = fake_gpu.start_tenant("--seconds", "6", "--kernel-us", "1000")
+    time.sleep(2)
+    contain(fake_gpu, shim_path, "arrival", 70)
+    arrival = fake_gpu.start_tenant("--seconds", "3", "--kernel-us", "1000")
+    arrival_result, lender_result = arrival.finish(timeout=60), lender.finish(timeout=60)
+    assert arrival_result.returncode == 0 and lender_result.returncode == 0
+    events = read_trace(trace_path)
+    start, end = kernel_span(events, arrival_result.pid)
+    lender_share = busy_between(events, lender_result.pid, start + 1_000_000_000, end)
+    arrival_share = busy_between(events, arrival_result.pid, start + 1_000_000_000, end)
+    print(f"\ndefault 30 % lender, force 70 % arrival: {100 * lender_share:.1f} / {100 * arrival_share:.1f} % "
+          f"from 1 s after the arrival")
+    assert abs(lender_share - 0.30) <= 0.03, lender_share
+    assert abs(arrival_share - 0.70) <= 0.03, arrival_share

@@ -3,7 +3,10 @@
 // kernel measure what it really cost (docs/compute-limit.md).
 #include <time.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <deque>
+#include <mutex>
 #include <memory>
 #include <vector>
 
@@ -128,9 +131,65 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
   }
 }
 
-// `default` policy: every 100 ms, the fraction of the GPU others are using (NVML's device utilization minus the
-// container's own published share), or a negative value when there is no reading. Called without d.mutex: NVML
-// may take its time, and launching threads must not wait on it.
+// NVML's utilization samples seen so far, per device ordinal (CPU timestamps in microseconds).
+struct SampleCursor {
+  std::mutex mutex;
+  unsigned long long newest_us = 0;  // the newest sample's timestamp, 0 = none yet
+  bool unsupported = false;          // nvmlDeviceGetSamples does not give utilization samples here
+};
+SampleCursor g_sample_cursors[policy::kMaxDevices];
+
+std::uint64_t RealtimeNs() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Others' busy fraction over NVML's newest utilization sample period: the device's busy percent over that period
+// minus the container's own measured busy time over the same period (BusyFraction; docs/compute-limit.md,
+// "default"). Comparing periods that do not match makes a lone container flip between free and held (sim finding
+// 3). -2: no new sample since the last call (keep the rate); -1: samples are not available.
+double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy::BudgetCell& cell, std::uint64_t now) {
+  SampleCursor& cursor = g_sample_cursors[ordinal];
+  std::lock_guard<std::mutex> guard(cursor.mutex);
+  if (cursor.unsupported || Real::nvmlDeviceGetSamples == nullptr) return -1;
+  nvmlSample_t samples[64];
+  unsigned int count = 64;
+  nvmlValueType_t type = NVML_VALUE_TYPE_UNSIGNED_INT;
+  const nvmlReturn_t r = Real::nvmlDeviceGetSamples(handle, NVML_GPU_UTILIZATION_SAMPLES, cursor.newest_us, &type,
+                                                    &count, samples);
+  if (r == NVML_ERROR_NOT_FOUND) return -2;
+  if (r != NVML_SUCCESS || type != NVML_VALUE_TYPE_UNSIGNED_INT || count == 0 || count > 64) {
+    cursor.unsupported = r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND;
+    return -1;
+  }
+  // The newest sample covers the time since the one before it (returned with it, or seen last time).
+  unsigned long long newest = 0, before = cursor.newest_us;
+  unsigned int value = 0;
+  for (unsigned int i = 0; i < count; ++i) {
+    if (samples[i].timeStamp > newest) {
+      before = std::max(before, newest);
+      newest = samples[i].timeStamp;
+      value = samples[i].sampleValue.uiVal;
+    } else {
+      before = std::max(before, samples[i].timeStamp);
+    }
+  }
+  cursor.newest_us = newest;
+  if (before == 0 || before >= newest || value > 100) return -2;  // no period yet, or a value we cannot read
+  // CPU timestamps are wall-clock time; the buckets are on the monotonic clock.
+  const std::int64_t offset_ns = static_cast<std::int64_t>(RealtimeNs()) - static_cast<std::int64_t>(now);
+  const std::int64_t from = static_cast<std::int64_t>(before * 1000) - offset_ns;
+  const std::int64_t to = static_cast<std::int64_t>(newest * 1000) - offset_ns;
+  if (from <= 0 || to <= from) return -2;
+  const double own = policy::Limiter::BusyFraction(cell, static_cast<std::uint64_t>(from), static_cast<std::uint64_t>(to));
+  return std::max(0.0, value / 100.0 - own);
+}
+
+// `default` policy: every 100 ms, the fraction of the GPU others are using, or a negative value when there is no
+// new reading. From NVML's samples where the driver gives them; otherwise NVML's current utilization minus the
+// container's published share (which lags: a lone container then runs free only part of the time). Called
+// without d.mutex: NVML may take its time, and launching threads must not wait on it.
 double OthersBusy(int ordinal, std::uint64_t now) {
   static std::once_flag nvml_once;
   static bool nvml_ready = false;
@@ -147,15 +206,16 @@ double OthersBusy(int ordinal, std::uint64_t now) {
   std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
                 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   nvmlDevice_t handle = nullptr;
+  if (Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS) return -1;
+  const int region_device = RegionDevice(ordinal);
+  const auto& cell = *static_cast<const policy::BudgetCell*>(TheShim().region->ComputeArea(region_device));
+  const double from_samples = OthersBusyOverNvmlSamples(ordinal, handle, cell, now);
+  if (from_samples != -1) return from_samples;
   nvmlUtilization_t utilization{};
-  if (Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS ||
-      Real::nvmlDeviceGetUtilizationRates(handle, &utilization) != NVML_SUCCESS || utilization.gpu > 100) {
+  if (Real::nvmlDeviceGetUtilizationRates(handle, &utilization) != NVML_SUCCESS || utilization.gpu > 100) {
     return -1;  // no reading (or garbage): keep the current rate rather than guess
   }
-  const int region_device = RegionDevice(ordinal);
-  const double own = policy::Limiter::PublishedShare(
-      *static_cast<const policy::BudgetCell*>(TheShim().region->ComputeArea(region_device)), now);
-  return std::max(0.0, utilization.gpu / 100.0 - own);
+  return std::max(0.0, utilization.gpu / 100.0 - policy::Limiter::PublishedShare(cell, now));
 }
 
 // A cheap, per-process pseudo-random choice of which launches are measured after the first ones: a fixed pattern

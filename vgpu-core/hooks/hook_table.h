@@ -109,6 +109,7 @@
   X(nvmlDeviceGetIndex)                \
   X(nvmlDeviceGetHandleByUUID)         \
   X(nvmlDeviceGetUtilizationRates)     \
+  X(nvmlDeviceGetSamples)              \
   X(nvmlDeviceGetComputeRunningProcesses_v3)
 
 namespace vgpu::hooks {

@@ -16,8 +16,9 @@ std::atomic_ref<T> Atomic(T& field) {
   return std::atomic_ref<T>(field);
 }
 
-void AddBusy(BudgetCell& cell, std::uint64_t now_ns, std::uint64_t busy_ns) {
-  const std::uint64_t epoch = now_ns / kBucketNs;
+// Records `busy_ns` of measured GPU time over the interval (end_ns - busy_ns, end_ns].
+void AddBusy(BudgetCell& cell, std::uint64_t end_ns, std::uint64_t busy_ns) {
+  const std::uint64_t epoch = end_ns / kBucketNs;
   auto stored = Atomic(cell.bucket_epoch);
   std::uint64_t current = stored.load(std::memory_order_acquire);
   while (epoch > current) {
@@ -29,8 +30,15 @@ void AddBusy(BudgetCell& cell, std::uint64_t now_ns, std::uint64_t busy_ns) {
       current = epoch;
     }
   }
-  if (epoch + kBuckets <= current) return;  // too old to count anywhere
-  Atomic(cell.busy_ns[epoch % kBuckets]).fetch_add(busy_ns, std::memory_order_relaxed);
+  const std::uint64_t span = std::min<std::uint64_t>(busy_ns, kBuckets * kBucketNs);
+  const std::uint64_t start_ns = end_ns > span ? end_ns - span : 0;
+  for (std::uint64_t e = start_ns / kBucketNs; e <= epoch; ++e) {
+    if (e + kBuckets <= current) continue;  // too old to count anywhere
+    const std::uint64_t from = std::max(start_ns, e * kBucketNs);
+    const std::uint64_t to = std::min(end_ns, (e + 1) * kBucketNs);
+    if (to <= from) continue;
+    Atomic(cell.busy_ns[e % kBuckets]).fetch_add(static_cast<std::uint32_t>(to - from), std::memory_order_relaxed);
+  }
 }
 
 }  // namespace
@@ -170,18 +178,24 @@ void Limiter::ObserveOthers(double others_busy_fraction, std::uint64_t now_ns) {
 }
 
 double Limiter::PublishedShare(const BudgetCell& cell, std::uint64_t now_ns) {
-  // The buckets before the current one: the last 750 ms of completed measurement.
+  constexpr std::uint64_t kSecondNs = 1'000'000'000;
+  const std::uint64_t end = now_ns / kBucketNs * kBucketNs;
+  return end >= kSecondNs ? BusyFraction(cell, end - kSecondNs, end) : BusyFraction(cell, 0, end);
+}
+
+double Limiter::BusyFraction(const BudgetCell& cell, std::uint64_t from_ns, std::uint64_t to_ns) {
+  if (to_ns <= from_ns) return 0;
   auto& mutable_cell = const_cast<BudgetCell&>(cell);
   const std::uint64_t newest = Atomic(mutable_cell.bucket_epoch).load(std::memory_order_acquire);
-  const std::uint64_t current = now_ns / kBucketNs;
-  std::uint64_t busy = 0;
-  for (std::uint64_t back = 1; back < kBuckets; ++back) {
-    if (current < back) break;
-    const std::uint64_t epoch = current - back;
-    if (epoch > newest || epoch + kBuckets <= newest) continue;  // not recorded, or overwritten
-    busy += Atomic(mutable_cell.busy_ns[epoch % kBuckets]).load(std::memory_order_relaxed);
+  double busy = 0;
+  for (std::uint64_t e = from_ns / kBucketNs; e * kBucketNs < to_ns; ++e) {
+    if (e > newest || e + kBuckets <= newest) continue;  // not recorded, or overwritten
+    const std::uint64_t from = std::max(from_ns, e * kBucketNs);
+    const std::uint64_t to = std::min(to_ns, (e + 1) * kBucketNs);
+    const double recorded = Atomic(mutable_cell.busy_ns[e % kBuckets]).load(std::memory_order_relaxed);
+    busy += recorded * static_cast<double>(to - from) / static_cast<double>(kBucketNs);
   }
-  return static_cast<double>(busy) / static_cast<double>((kBuckets - 1) * kBucketNs);
+  return busy / static_cast<double>(to_ns - from_ns);
 }
 
 }  // namespace vgpu::policy

@@ -13,16 +13,17 @@ namespace vgpu::policy {
 // The shared part: lives in the container region (one per device) or in the simulator's memory. Every field is
 // read and written with atomics: no lock, safe under SIGKILL (a process that dies mid-update loses at most one
 // refill interval).
+inline constexpr std::uint64_t kBucketNs = 10'000'000;  // measured busy time is kept per 10 ms
+inline constexpr std::uint32_t kBuckets = 128;           // 1.28 s of history
+
 struct BudgetCell {
   std::int64_t budget_ns;          // GPU time the container may still start; negative = debt being repaid
   std::uint64_t refilled_at_ns;    // the budget includes refills up to this time
   std::uint32_t rate_permille;     // refill rate now: the share, or 1000 while `default` lets the container run free
   std::uint32_t share_permille;    // the configured share (monitoring)
-  std::uint64_t bucket_epoch;      // index (time / kBucketNs) of buckets[0 .. kBuckets) ring's newest bucket
-  std::uint64_t busy_ns[4];        // measured GPU time per 250 ms bucket, a ring indexed by epoch % 4
+  std::uint64_t bucket_epoch;      // index (time / kBucketNs) of the newest bucket written
+  std::uint32_t busy_ns[kBuckets];  // measured GPU time per 10 ms bucket, a ring indexed by epoch % kBuckets
 };
-inline constexpr std::uint64_t kBucketNs = 250'000'000;
-inline constexpr std::uint32_t kBuckets = 4;
 
 // What identifies a kernel for cost learning: the function and the launch shape.
 struct KernelKey {
@@ -67,12 +68,16 @@ class Limiter {
   // A launch the caller chose not to measure (sampling): settled at its estimate, no correction.
   void SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns);
 
-  // `default` policy: the fraction of the last second in which others' kernels ran (device utilization minus
-  // our own share). Below 5 % the container runs free; above, it is held to its share.
+  // `default` policy: the fraction of a recent period in which others' kernels ran (the device's utilization over
+  // an NVML sample period minus our own BusyFraction over the same period). Below 5 % the container runs free;
+  // above, it is held to its share.
   void ObserveOthers(double others_busy_fraction, std::uint64_t now_ns);
 
-  // The container's measured share over the last second, from the shared buckets.
+  // The container's measured share over the last second (the 100 whole buckets before `now_ns`).
   static double PublishedShare(const BudgetCell& cell, std::uint64_t now_ns);
+  // The container's measured busy time in [from_ns, to_ns) as a fraction of it (partial buckets pro rata). A run is
+  // recorded over the interval it measured, ending when it was settled. Periods older than the ring read as idle.
+  static double BusyFraction(const BudgetCell& cell, std::uint64_t from_ns, std::uint64_t to_ns);
 
   std::uint64_t EstimateNs(const KernelKey& key) const;
   std::uint64_t in_flight_ns() const { return in_flight_ns_; }

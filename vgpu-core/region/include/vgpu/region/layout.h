@@ -11,7 +11,8 @@
 namespace vgpu::region {
 
 inline constexpr std::uint64_t kRegionMagic = 0x4e47455255504756ULL;  // "VGPUREGN" little-endian
-inline constexpr std::uint32_t kRegionVersion = 2;  // 2: the compute budget in Device::compute
+inline constexpr std::uint32_t kRegionVersion = 3;  // 2: the compute budget in Device::compute; 3: its busy
+                                                    // time in 10 ms buckets (576 bytes)
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 
@@ -26,7 +27,7 @@ struct Device {
   std::uint64_t limit_bytes;             // as configured by the last process that attached; monitoring only
   // The compute limiter's shared budget (vgpu::policy::BudgetCell, docs/compute-limit.md), updated with atomics
   // only. Opaque here: the region does not depend on the policy code; the shim checks that it fits.
-  alignas(8) std::uint8_t compute[88];
+  alignas(8) std::uint8_t compute[576];
 };
 
 struct Slot {
