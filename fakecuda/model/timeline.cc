@@ -130,8 +130,9 @@ bool MayHaveInstantOps(const Machine& m, std::uint32_t device) {
 }
 
 // ResolveInstantOps then GatherRunnable, in one scan while every head is a kernel (the common case: then
-// ResolveInstantOps has nothing to do); the two in full otherwise.
-void ResolveAndGather(Machine& m, std::uint32_t device, std::uint64_t t, Runnable& out) {
+// ResolveInstantOps has nothing to do); the two in full otherwise. True when it took the one scan: then every
+// stream of `device` has a kernel or nothing at its head, and none is drained and waiting to be freed.
+bool ResolveAndGather(Machine& m, std::uint32_t device, std::uint64_t t, Runnable& out) {
   out.count = 0;
   const std::uint32_t high = m.devices[device].stream_high_water;
   for (std::uint32_t i = 0; i < high; ++i) {
@@ -149,10 +150,11 @@ void ResolveAndGather(Machine& m, std::uint32_t device, std::uint64_t t, Runnabl
     out.streams[out.count++] = i;
   }
   out.kernels = out.count;
-  return;
+  return true;
 full:
   ResolveInstantOps(m, device, t);
   GatherRunnable(m, device, out);
+  return false;
 }
 
 // std::ceil of a non-negative time in nanoseconds, as an integer, without the library call: below 2^64 the
@@ -218,7 +220,10 @@ std::uint32_t ResidentBlocksPerSm(const DeviceSpec& spec, const LaunchShape& sha
   if (threads == 0 || threads > spec.max_threads_per_block) return 0;
   if (shape.shared_bytes > spec.shared_bytes_per_sm) return 0;
   // Threads are allocated per warp.
-  const std::uint64_t warps_threads = (threads + spec.warp_size - 1) / spec.warp_size * spec.warp_size;
+  const std::uint64_t warp = spec.warp_size;
+  const std::uint64_t warps_threads = warp != 0 && (warp & (warp - 1)) == 0
+                                          ? (threads + warp - 1) & ~(warp - 1)  // the same, without a division
+                                          : (threads + warp - 1) / warp * warp;
   std::uint64_t resident = std::min<std::uint64_t>(spec.max_blocks_per_sm, spec.max_threads_per_sm / warps_threads);
   if (shape.shared_bytes > 0) resident = std::min<std::uint64_t>(resident, spec.shared_bytes_per_sm / shape.shared_bytes);
   return static_cast<std::uint32_t>(std::max<std::uint64_t>(resident, 1));
@@ -232,8 +237,13 @@ KernelCost CostKernel(const DeviceSpec& spec, std::uint32_t sm_count, const Laun
   if (sm_count == 0 || sm_count > spec.sm_count) sm_count = spec.sm_count;
   if (blocks == 0 || resident == 0) return cost;
   const std::uint64_t slots = static_cast<std::uint64_t>(sm_count) * resident;
-  const std::uint64_t waves = (blocks + slots - 1) / slots;
+  // The common shape, one full wave on the whole device, without the divisions (the results are the same).
+  const std::uint64_t waves = blocks <= slots && slots <= (1ull << 63) ? 1 : (blocks + slots - 1) / slots;
   cost.alone_ns = std::max<std::uint64_t>(1, waves * per_wave_ns);
+  if (blocks >= slots && sm_count == spec.sm_count) {
+    cost.sm_fraction = 1.0;  // min(1, blocks / slots) is 1, and 1 x n / n is 1
+    return cost;
+  }
   const double own_fraction = std::min(1.0, static_cast<double>(blocks) / static_cast<double>(slots));
   cost.sm_fraction = own_fraction * static_cast<double>(sm_count) / static_cast<double>(spec.sm_count);
   return cost;
@@ -266,8 +276,11 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
   static thread_local Runnable runnable;
   static thread_local double rates[kMaxStreams];
 
+  // True while every stream head of the device is known to be a kernel or nothing (no drained stream either):
+  // from a one-scan gather until an operation completes. Then the last ResolveInstantOps would do nothing.
+  bool heads_are_kernels = false;
   while (t < now_ns) {
-    ResolveAndGather(m, device, t, runnable);
+    heads_are_kernels = ResolveAndGather(m, device, t, runnable);
 
     if (runnable.kernels == 0 && runnable.count > 0) {
       // Only markers wait, and nobody runs kernels: the device is free, they complete now.
@@ -335,8 +348,11 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
 
     // Speeds: kernels of one process share its SMs; under MPS all processes share the device, each process
     // held to its own SM share first.
+    double demand = 0;
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       rates[k] = !runnable.marker[k] && (mps || runnable.slots[k] == d.active_slot) ? 1.0 : 0.0;
+      // Time-slicing: the same sum as below, in the same order, while the rates are at hand.
+      if (!mps) demand += rates[k] * runnable.ops[k]->sm_fraction;
     }
     if (mps) {
       for (std::uint32_t k = 0; k < runnable.count; ++k) {
@@ -351,8 +367,9 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
         if (own > cap + 1e-12) rates[k] *= cap / own;
       }
     }
-    double demand = 0;
-    for (std::uint32_t k = 0; k < runnable.count; ++k) demand += rates[k] * runnable.ops[k]->sm_fraction;
+    if (mps) {
+      for (std::uint32_t k = 0; k < runnable.count; ++k) demand += rates[k] * runnable.ops[k]->sm_fraction;
+    }
     if (demand > 1.0) {
       for (std::uint32_t k = 0; k < runnable.count; ++k) rates[k] /= demand;
     }
@@ -403,16 +420,17 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       if (rates[k] <= 0) continue;
       Stream& s = m.streams[runnable.streams[k]];
-      Op& op = *runnable.ops[k];
+      Op& op = s.ring[s.head % kStreamDepth];  // read again: a listener has been called since the gather
       if (op.remaining_ns > kDoneEpsilonNs) continue;
       op.remaining_ns = 0;
       PopHead(s, t);
+      heads_are_kernels = false;
       ++d.kernels_completed;
       if (listener != nullptr) listener->OnKernelComplete(m, device, runnable.streams[k], op);
     }
     if (t >= d.window_start_ns + window) CloseWindow(m, device);
   }
-  if (MayHaveInstantOps(m, device)) ResolveInstantOps(m, device, t);
+  if (!heads_are_kernels && MayHaveInstantOps(m, device)) ResolveInstantOps(m, device, t);
   d.advanced_to_ns = now_ns;
 }
 

@@ -211,7 +211,7 @@ class Engine final : public model::TimelineListener {
     if (p.state == HostState::waiting_for_queue) {
       BeginCall(process_by_stream_[stream], op.end_ns);
     } else if (p.state == HostState::waiting_for_limiter) {
-      p.state = HostState::calling;
+      SetState(process_by_stream_[stream], HostState::calling);
       Schedule(process_by_stream_[stream], op.end_ns);
     }
   }
@@ -285,6 +285,7 @@ class Engine final : public model::TimelineListener {
     }
     wake_ns_.assign(processes_.size(), kNever);
     in_flight_count_.assign(processes_.size(), 0);
+    reacts_.assign(processes_.size(), 0);
     for (std::uint32_t i = 0; i < processes_.size(); ++i) {
       ProcessState& p = processes_[i];
       if (p.spec->workload.kind == WorkloadKind::rate) {
@@ -294,7 +295,7 @@ class Engine final : public model::TimelineListener {
       } else {
         rate_origin_ns_.push_back(p.spec->start_ns);
       }
-      p.state = HostState::calling;
+      SetState(i, HostState::calling);
       Schedule(i, rate_origin_ns_.back() + p.spec->launch_overhead_ns);
     }
     for (const Tenant& tenant : scenario_.tenants) lending_ = lending_ || tenant.policy == Policy::default_policy;
@@ -357,8 +358,8 @@ class Engine final : public model::TimelineListener {
     const std::uint64_t model_ns = device.advanced_to_ns;
     bool any_reaction = false;
     for (std::uint32_t i = 0; i < processes_.size() && !any_reaction; ++i) {
-      // in_flight_count_ is a compact copy: most processes have nothing queued.
-      any_reaction = in_flight_count_[i] != 0 && ReactionDelayNs(processes_[i]) != kNever;
+      // in_flight_count_ and reacts_ are compact copies: most processes have nothing queued or do not react.
+      any_reaction = in_flight_count_[i] != 0 && reacts_[i] != 0;
     }
     if (!any_reaction) return kNever;
     std::uint64_t active_need_ns = kNever;
@@ -422,6 +423,13 @@ class Engine final : public model::TimelineListener {
     }
   }
 
+  // Every change of a process's host state goes through here, to keep reacts_ with it.
+  void SetState(std::uint32_t index, HostState state) {
+    ProcessState& p = processes_[index];
+    p.state = state;
+    reacts_[index] = ReactionDelayNs(p) != kNever ? 1 : 0;
+  }
+
   // Each process has at most one wake-up pending: the host side of a process is one thread of control.
   void Schedule(std::uint32_t process, std::uint64_t time_ns) {
     if (wake_ns_[process] != kNever) Fail("process " + std::to_string(process) + " scheduled twice");
@@ -444,11 +452,11 @@ class Engine final : public model::TimelineListener {
     ProcessState& p = processes_[index];
     const Workload& w = p.spec->workload;
     if (at_ns >= p.spec->stop_ns) {
-      p.state = HostState::stopped;
+      SetState(index, HostState::stopped);
       return;
     }
     if (p.in_flight.size() >= w.queue_depth) {
-      p.state = HostState::waiting_for_queue;
+      SetState(index, HostState::waiting_for_queue);
       return;
     }
     std::uint64_t begin_ns = at_ns;
@@ -457,7 +465,7 @@ class Engine final : public model::TimelineListener {
                           static_cast<std::uint64_t>(static_cast<double>(p.launches) * 1e9 / w.launches_per_second);
       begin_ns = std::max(begin_ns, due_ns);  // a late launch goes at once
     }
-    p.state = HostState::calling;
+    SetState(index, HostState::calling);
     Schedule(index, begin_ns + p.spec->launch_overhead_ns);
   }
 
@@ -473,13 +481,13 @@ class Engine final : public model::TimelineListener {
           Fail("the limiter asked process " + std::to_string(index) + " to wait for a completion with none pending");
           return;
         }
-        p.state = HostState::waiting_for_limiter;
+        SetState(index, HostState::waiting_for_limiter);
         return;
       }
       p.pending_admission = admission;
       if (admission.ready_at_ns > now_ns_) {
         // The shim sleeps until ready_at, precisely, then launches.
-        p.state = HostState::sleeping;
+        SetState(index, HostState::sleeping);
         Schedule(index, admission.ready_at_ns);
         return;
       }
@@ -572,9 +580,20 @@ class Engine final : public model::TimelineListener {
     const std::uint64_t nvml_end_ns = PublishedNvmlWindowEnd();
     for (TenantState& tenant : tenants_) {
       if (tenant.spec->policy != Policy::default_policy) continue;
-      const double own = scenario_.others_estimate == OthersEstimate::nvml_minus_published_share
-                             ? policy::Limiter::PublishedShare(tenant.cell, now_ns_)
-                             : BusyInNvmlWindow(tenant, nvml_end_ns, nvml_window_ns_);
+      double own = 0;
+      switch (scenario_.others_estimate) {
+        case OthersEstimate::nvml_minus_published_share:
+          own = policy::Limiter::PublishedShare(tenant.cell, now_ns_);
+          break;
+        case OthersEstimate::nvml_minus_same_window:
+          own = BusyInNvmlWindow(tenant, nvml_end_ns, nvml_window_ns_);
+          break;
+        case OthersEstimate::nvml_minus_cell_busy:
+          own = nvml_end_ns >= nvml_window_ns_
+                    ? policy::Limiter::BusyFraction(tenant.cell, nvml_end_ns - nvml_window_ns_, nvml_end_ns)
+                    : 0;
+          break;
+      }
       const double others = device_busy - own;
       for (const std::uint32_t index : tenant.processes) processes_[index].limiter->ObserveOthers(others, now_ns_);
       if (tenant.cell.rate_permille != tenant.reported_rate_permille) {
@@ -644,6 +663,7 @@ class Engine final : public model::TimelineListener {
   std::vector<std::uint64_t> rate_origin_ns_;
   std::vector<std::uint64_t> wake_ns_;  // per process; kNever = none pending
   std::vector<std::uint32_t> in_flight_count_;  // per process: kernels queued and not seen complete
+  std::vector<std::uint8_t> reacts_;            // per process: ReactionDelayNs(its state) != kNever
   bool lending_ = false;
   std::uint64_t now_ns_ = 0;
   std::uint64_t next_observe_ns_ = kNever;

@@ -49,6 +49,32 @@ env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=30 GPU_CORE_UTILIZATION_POLICY=force $
 env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=70 GPU_CORE_UTILIZATION_POLICY=force $(region p70) $tenant --seconds 5 --kernel-us 1000 >"$out/p70.json" 2>&1
 wait
 cat "$out/p30.json" "$out/p70.json" >>"$out/report.md"
+echo "## 30/70 side by side (20 ms persistent kernels, 132 blocks)" >>"$out/report.md"
+env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=30 GPU_CORE_UTILIZATION_POLICY=force $(region q30) $tenant --seconds 5 --kernel-us 20000 --blocks 132 >"$out/q30.json" 2>&1 &
+env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=70 GPU_CORE_UTILIZATION_POLICY=force $(region q70) $tenant --seconds 5 --kernel-us 20000 --blocks 132 >"$out/q70.json" 2>&1
+wait
+cat "$out/q30.json" "$out/q70.json" >>"$out/report.md"
+echo "## default policy: a lone container capped at 30 % (1 ms kernels), then another arrives (force 70 %)" >>"$out/report.md"
+run env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=30 GPU_CORE_UTILIZATION_POLICY=default $(region d1) $tenant --seconds 4 --kernel-us 1000
+env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=30 GPU_CORE_UTILIZATION_POLICY=default $(region d30) $tenant --seconds 6 --kernel-us 1000 >"$out/d30.json" 2>&1 &
+sleep 2
+env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=70 GPU_CORE_UTILIZATION_POLICY=force $(region d70) $tenant --seconds 4 --kernel-us 1000 >"$out/d70.json" 2>&1
+wait
+echo "(the lender ran 6 s, the first 2 alone; the arrival ran 4 s beside it)" >>"$out/report.md"
+cat "$out/d30.json" "$out/d70.json" >>"$out/report.md"
+echo "## NVML utilization samples while a 1 ms-kernel tenant runs at 50 % (nvmlDeviceGetSamples)" >>"$out/report.md"
+env LD_PRELOAD=$shim CUDA_DEVICE_SM_LIMIT=50 GPU_CORE_UTILIZATION_POLICY=force $(region s50) $tenant --seconds 3 --kernel-us 1000 >"$out/s50.json" 2>&1 &
+sleep 2.5
+run python3 -c "
+import pynvml as n, time
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+kind, samples = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, 0)
+now = int(time.time() * 1e6)
+print('value type', kind, 'count', len(samples))
+for s in samples[-12:]: print('age_ms', (now - s.timeStamp) / 1000, 'value', s.sampleValue.uiVal)
+"
+wait
+cat "$out/s50.json" >>"$out/report.md"
 echo "## PyTorch bf16 matmul 8192 (throughput vs uncapped)" >>"$out/report.md"
 matmul='
 import torch, time

@@ -221,6 +221,13 @@ TEST(DefaultPolicy, ALoneTenantRunsFreeAndFallsToItsShareWithinASecondOfAnArriva
   ExpectFreeAloneThenShare(RunAndPrint(LoneThenArrival(OthersEstimate::nvml_minus_same_window)));
 }
 
+// What the shim computes: NVML's sample minus the container's busy time over the same period, read from the shared
+// cell's 10 ms buckets (Limiter::BusyFraction).
+TEST(DefaultPolicy, TheShimsSamePeriodEstimateLendsAloneAndFallsToTheShareOnArrival) {
+  ExpectFreeAloneThenShare(RunAndPrint(LoneThenArrival(OthersEstimate::nvml_minus_cell_busy)));
+}
+
+// The old shim's input, kept to show why it was replaced.
 // FAILS (finding 3): NVML's 200 ms sample minus the limiter's 750 ms PublishedShare compares two different
 // intervals; alone, the tenant flips between 30 % and 100 % every 200-400 ms. Observed: 72-79 % per window alone.
 TEST(DefaultPolicy, DISABLED_ALoneTenantRunsFreeWhenOthersAreNvmlMinusPublishedShare) {

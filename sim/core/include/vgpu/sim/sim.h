@@ -76,6 +76,9 @@ enum class OthersEstimate {
   // NVML's latest published utilization minus Limiter::PublishedShare (the last 750 ms in 250 ms buckets): the two
   // cover different intervals, and a lone tenant flips between its share and 100 % (sim/core/README.md).
   nvml_minus_published_share,
+  // NVML's latest published utilization minus Limiter::BusyFraction over that sample's period: the container's
+  // measured busy time from the shared cell's 10 ms buckets, what the shim computes from nvmlDeviceGetSamples.
+  nvml_minus_cell_busy,
 };
 
 struct Scenario {
@@ -87,7 +90,7 @@ struct Scenario {
   std::uint64_t observe_period_ns = 100 * kMillisecondNs;  // `default` policy: how often NVML is read
   std::uint64_t seed = 1;
   Measurement measurement = Measurement::events;
-  OthersEstimate others_estimate = OthersEstimate::nvml_minus_same_window;
+  OthersEstimate others_estimate = OthersEstimate::nvml_minus_cell_busy;
   std::vector<Tenant> tenants;
   bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
 };
