@@ -1,8 +1,14 @@
 # Warning flags for the project's own targets (not for third-party code).
+# VGPU_WERROR OFF (the wheel build, pyproject.toml) keeps the warnings but does not fail on them: a pip install
+# meets compilers and optimization levels the tree was not tried with.
+option(VGPU_WERROR "Treat warnings as errors on the project's own targets" ON)
 add_library(vgpu_warnings INTERFACE)
 target_compile_options(vgpu_warnings INTERFACE
-  -Wall -Wextra -Werror -Wshadow -Wnon-virtual-dtor -Wcast-align -Wunused
+  -Wall -Wextra -Wshadow -Wnon-virtual-dtor -Wcast-align -Wunused
   -Wno-missing-field-initializers)
+if(VGPU_WERROR)
+  target_compile_options(vgpu_warnings INTERFACE -Werror)
+endif()
 
 # Code that is injected into other people's processes: hidden by default,
 # only the symbols named in a version script are exported.

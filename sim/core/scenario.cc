@@ -1,5 +1,6 @@
 // The scenario's side of the simulator: named workloads, validation with messages that say what is accepted, and
 // the human summary of a result.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -12,6 +13,7 @@ namespace {
 
 constexpr std::uint64_t kMaxKernelNs = 3600 * kSecondNs;  // an hour: far above any kernel, far from overflow
 constexpr std::uint64_t kMaxDurationNs = 100 * 3600 * kSecondNs;
+constexpr std::size_t kMaxSegments = 100'000;  // per process: each has its own kernels (cost entries)
 
 bool NameIsPlain(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
@@ -112,6 +114,11 @@ std::string Validate(const Scenario& s) {
   if (s.observe_period_ns < kMillisecondNs || s.observe_period_ns > kSecondNs * 60) {
     return Field("", "observe_period_ns", s.observe_period_ns, "1 ms .. 60 s, e.g. 100000000");
   }
+  if (s.sample_ns != 0 &&
+      (s.sample_ns < kMillisecondNs || s.sample_ns > s.duration_ns || s.duration_ns % s.sample_ns != 0)) {
+    return Field("", "sample_ns", s.sample_ns,
+                 "0 (no samples) or 1 ms .. duration_ns, dividing duration_ns, e.g. 100000000");
+  }
   if (s.tenants.empty()) return "tenants is empty; accepted: one or more tenants";
   std::uint64_t processes = 0;
   for (std::size_t t = 0; t < s.tenants.size(); ++t) {
@@ -135,9 +142,41 @@ std::string Validate(const Scenario& s) {
       if (process.launch_overhead_ns < 1 || process.launch_overhead_ns > kSecondNs) {
         return Field(at, "launch_overhead_ns", process.launch_overhead_ns, "1 ns .. 1 s, e.g. 3000");
       }
-      if (process.start_ns >= process.stop_ns) return Field(at, "start_ns", process.start_ns, "below stop_ns");
-      const std::string workload_error = ValidateWorkload(process.workload, at + "workload.");
-      if (!workload_error.empty()) return workload_error;
+      // The process's lifetime: its first launch .. its last stop (segments replace workload/start/stop).
+      std::uint64_t first_ns = process.start_ns;
+      std::uint64_t last_ns = process.stop_ns;
+      if (process.segments.empty()) {
+        if (process.start_ns >= process.stop_ns) return Field(at, "start_ns", process.start_ns, "below stop_ns");
+        const std::string workload_error = ValidateWorkload(process.workload, at + "workload.");
+        if (!workload_error.empty()) return workload_error;
+      } else {
+        if (process.segments.size() > kMaxSegments) {
+          return Field(at, "segments.size()", process.segments.size(), "0 .. 100000 segments");
+        }
+        for (std::size_t i = 0; i < process.segments.size(); ++i) {
+          const Segment& segment = process.segments[i];
+          const std::string in = at + "segments[" + std::to_string(i) + "].";
+          if (segment.start_ns >= segment.stop_ns) return Field(in, "start_ns", segment.start_ns, "below its stop_ns");
+          if (i > 0 && segment.start_ns < process.segments[i - 1].stop_ns) {
+            return Field(in, "start_ns", segment.start_ns,
+                         ("at or after segments[" + std::to_string(i - 1) + "].stop_ns = " +
+                          std::to_string(process.segments[i - 1].stop_ns) + " (in time order, not overlapping)")
+                             .c_str());
+          }
+          const std::string workload_error = ValidateWorkload(segment.workload, in + "workload.");
+          if (!workload_error.empty()) return workload_error;
+        }
+        first_ns = process.segments.front().start_ns;
+        last_ns = process.segments.back().stop_ns;
+      }
+      if (process.crash_ns != UINT64_MAX &&
+          (process.crash_ns < first_ns || process.crash_ns >= std::min(last_ns, s.duration_ns))) {
+        return Field(at, "crash_ns", process.crash_ns,
+                     ("in the process's lifetime [" + std::to_string(first_ns) + ", " +
+                      std::to_string(std::min(last_ns, s.duration_ns)) + ") (its start .. its stop and duration_ns)" +
+                      ", or UINT64_MAX (never)")
+                         .c_str());
+      }
       ++processes;
     }
   }

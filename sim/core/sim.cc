@@ -115,8 +115,24 @@ enum class HostState {
   stopped,
 };
 
+// One stretch of a process's schedule (Process::segments, or its workload/start/stop as the only one): launches from
+// start_ns, none from stop_ns on. Its kernels are kinds[first_kind, first_kind + kind_count).
+struct SegmentPlan {
+  std::uint64_t start_ns = 0;
+  std::uint64_t stop_ns = kNever;
+  const Workload* workload = nullptr;
+  std::uint32_t first_kind = 0;
+  std::uint32_t kind_count = 0;
+  std::uint64_t rate_origin_ns = 0;  // rate: the schedule's first launch (a seeded phase after start_ns)
+};
+
 struct ProcessState {
   const Process* spec = nullptr;
+  std::vector<SegmentPlan> plans;
+  std::uint32_t segment = 0;          // the plan BeginCall last launched from
+  std::uint64_t segment_launches = 0;  // launches in it so far (the rate schedule's count)
+  bool crashed = false;
+  std::uint64_t crash_busy_ns = 0;     // its device time up to the crash (its slot is released then)
   std::uint32_t tenant = 0;
   std::uint32_t index_in_tenant = 0;
   std::unique_ptr<policy::Limiter> limiter;
@@ -129,7 +145,6 @@ struct ProcessState {
   std::uint32_t pending_kind = 0;
   std::uint64_t pending_duration_ns = 0;
   policy::Admission pending_admission;
-  std::uint64_t launches = 0;
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
 };
@@ -263,15 +278,7 @@ class Engine final : public model::TimelineListener {
         p.index_in_tenant = i;
         p.random = SplitMix64::Derive(scenario_.seed, index);
         p.limiter = std::make_unique<policy::Limiter>(state.cell, limiter_config);
-        const Workload& w = p.spec->workload;
-        const std::vector<std::uint64_t> sizes =
-            w.kind == WorkloadKind::mixed ? w.sizes_ns : std::vector<std::uint64_t>{w.kernel_ns};
-        for (std::size_t k = 0; k < sizes.size(); ++k) {
-          const bool one_function = w.kind != WorkloadKind::mixed || w.sizes_share_one_kernel;
-          const std::uintptr_t function = kFirstFunction + (one_function ? 0 : k);
-          p.kinds.push_back({policy::KernelKey{reinterpret_cast<const void*>(function), shape_key}, sizes[k],
-                             one_function ? "sim_kernel" : "sim_kernel_" + std::to_string(k)});
-        }
+        PlanSegments(p, shape_key);
         p.slot = model::ClaimSlot(*machine_, kFirstPid + static_cast<std::int32_t>(index), 0);
         p.stream = p.slot == model::kNoSlot ? model::kNoSlot : model::CreateStream(*machine_, p.slot, kDevice, 0, 0);
         if (p.stream == model::kNoSlot) {
@@ -288,15 +295,17 @@ class Engine final : public model::TimelineListener {
     reacts_.assign(processes_.size(), 0);
     for (std::uint32_t i = 0; i < processes_.size(); ++i) {
       ProcessState& p = processes_[i];
-      if (p.spec->workload.kind == WorkloadKind::rate) {
-        // A seeded phase, so that tenants on the same schedule do not all launch at the same instant.
-        const auto period_ns = static_cast<std::uint64_t>(1e9 / p.spec->workload.launches_per_second);
-        rate_origin_ns_.push_back(p.spec->start_ns + (period_ns > 0 ? p.random.Below(period_ns) : 0));
-      } else {
-        rate_origin_ns_.push_back(p.spec->start_ns);
+      for (SegmentPlan& plan : p.plans) {
+        plan.rate_origin_ns = plan.start_ns;
+        if (plan.workload->kind == WorkloadKind::rate) {
+          // A seeded phase, so that tenants on the same schedule do not all launch at the same instant.
+          const auto period_ns = static_cast<std::uint64_t>(1e9 / plan.workload->launches_per_second);
+          plan.rate_origin_ns += period_ns > 0 ? p.random.Below(period_ns) : 0;
+        }
       }
       SetState(i, HostState::calling);
-      Schedule(i, rate_origin_ns_.back() + p.spec->launch_overhead_ns);
+      Schedule(i, p.plans.front().rate_origin_ns + p.spec->launch_overhead_ns);
+      if (p.spec->crash_ns != kNever) next_crash_ns_ = std::min(next_crash_ns_, p.spec->crash_ns);
     }
     for (const Tenant& tenant : scenario_.tenants) lending_ = lending_ || tenant.policy == Policy::default_policy;
     next_observe_ns_ = lending_ ? 0 : kNever;
@@ -304,8 +313,50 @@ class Engine final : public model::TimelineListener {
     next_nvml_end_ns_ =
         lending_ && scenario_.others_estimate == OthersEstimate::nvml_minus_same_window ? nvml_window_ns_ : kNever;
     next_window_ns_ = scenario_.window_ns;
+    next_sample_ns_ = scenario_.sample_ns != 0 ? scenario_.sample_ns : kNever;
+    if (scenario_.sample_ns != 0) {
+      const std::uint64_t samples = scenario_.duration_ns / scenario_.sample_ns;
+      for (TenantState& tenant : tenants_) tenant.result.busy_samples_ns.reserve(samples);
+    }
     if (scenario_.record_trace) WriteHeader();
     return true;
+  }
+
+  // The process's schedule and its kernels. Without segments: one plan from workload/start/stop, its kernels named
+  // and keyed as they always were. With segments: each segment's kernels are functions of their own
+  // ("sim_kernel_s<segment>[_<size>]"), so the limiter learns their costs apart.
+  void PlanSegments(ProcessState& p, std::uint64_t shape_key) {
+    const bool segmented = !p.spec->segments.empty();
+    const std::size_t count = segmented ? p.spec->segments.size() : 1;
+    p.plans.reserve(count);
+    std::uintptr_t next_function = kFirstFunction;
+    for (std::size_t s = 0; s < count; ++s) {
+      SegmentPlan plan;
+      if (segmented) {
+        const Segment& segment = p.spec->segments[s];
+        plan.start_ns = segment.start_ns;
+        plan.stop_ns = segment.stop_ns;
+        plan.workload = &segment.workload;
+      } else {
+        plan.start_ns = p.spec->start_ns;
+        plan.stop_ns = p.spec->stop_ns;
+        plan.workload = &p.spec->workload;
+      }
+      const Workload& w = *plan.workload;
+      const std::vector<std::uint64_t> sizes =
+          w.kind == WorkloadKind::mixed ? w.sizes_ns : std::vector<std::uint64_t>{w.kernel_ns};
+      const bool one_function = w.kind != WorkloadKind::mixed || w.sizes_share_one_kernel;
+      const std::string base = segmented ? "sim_kernel_s" + std::to_string(s) : "sim_kernel";
+      plan.first_kind = static_cast<std::uint32_t>(p.kinds.size());
+      plan.kind_count = static_cast<std::uint32_t>(sizes.size());
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        const std::uintptr_t function = next_function + (one_function ? 0 : k);
+        p.kinds.push_back({policy::KernelKey{reinterpret_cast<const void*>(function), shape_key}, sizes[k],
+                           one_function ? base : base + "_" + std::to_string(k)});
+      }
+      next_function += one_function ? 1 : sizes.size();
+      p.plans.push_back(plan);
+    }
   }
 
   void WriteHeader() {
@@ -396,8 +447,8 @@ class Engine final : public model::TimelineListener {
     for (;;) {
       const std::uint64_t host_ns = NextWakeNs();
       const std::uint64_t completion_ns = NextCompletionStop();
-      const std::uint64_t next_ns =
-          std::min({host_ns, next_observe_ns_, next_window_ns_, next_nvml_end_ns_, end_ns, completion_ns});
+      const std::uint64_t next_ns = std::min({host_ns, next_observe_ns_, next_window_ns_, next_nvml_end_ns_, end_ns,
+                                              completion_ns, next_sample_ns_, next_crash_ns_});
       ++result_.loop_steps;
       if (next_ns < now_ns_) {
         Fail("the next event lies in the past: " + std::to_string(next_ns) + " < " + std::to_string(now_ns_));
@@ -407,9 +458,12 @@ class Engine final : public model::TimelineListener {
       now_ns_ = next_ns;
       if (completion_ns <= next_ns) AdvanceModel();
       if (!result_.error.empty()) return;
+      // A crash comes before anything else at its instant: the process launches nothing from then on.
+      if (now_ns_ == next_crash_ns_) CrashDue();
       if (now_ns_ == next_nvml_end_ns_) RecordNvmlWindowEnd();
       if (now_ns_ == next_observe_ns_) Observe();
       if (now_ns_ == next_window_ns_) CloseWindow();
+      if (now_ns_ == next_sample_ns_) RecordSample();
       if (now_ns_ >= end_ns) return;
       // In process order. A step schedules its own process strictly later, and no other at this instant (its
       // completions up to now were all settled before the first step here).
@@ -448,21 +502,32 @@ class Engine final : public model::TimelineListener {
   }
 
   // The application begins its next launch call at `at_ns`: it reaches the shim's Admit after its own overhead.
+  // Past a segment's stop it goes on with the next segment that has not ended by `at_ns` (idle until its start),
+  // with the kernels still in flight counted against that segment's queue_depth.
   void BeginCall(std::uint32_t index, std::uint64_t at_ns) {
     ProcessState& p = processes_[index];
-    const Workload& w = p.spec->workload;
-    if (at_ns >= p.spec->stop_ns) {
-      SetState(index, HostState::stopped);
-      return;
+    const SegmentPlan* plan = &p.plans[p.segment];
+    if (at_ns >= plan->stop_ns) {
+      std::uint32_t next = p.segment + 1;
+      while (next < p.plans.size() && at_ns >= p.plans[next].stop_ns) ++next;
+      if (next == p.plans.size()) {
+        SetState(index, HostState::stopped);
+        return;
+      }
+      p.segment = next;
+      p.segment_launches = 0;
+      plan = &p.plans[next];
     }
+    const Workload& w = *plan->workload;
     if (p.in_flight.size() >= w.queue_depth) {
       SetState(index, HostState::waiting_for_queue);
       return;
     }
-    std::uint64_t begin_ns = at_ns;
+    std::uint64_t begin_ns = std::max(at_ns, plan->start_ns);
     if (w.kind == WorkloadKind::rate) {
-      const auto due_ns = rate_origin_ns_[index] +
-                          static_cast<std::uint64_t>(static_cast<double>(p.launches) * 1e9 / w.launches_per_second);
+      const auto due_ns =
+          plan->rate_origin_ns +
+          static_cast<std::uint64_t>(static_cast<double>(p.segment_launches) * 1e9 / w.launches_per_second);
       begin_ns = std::max(begin_ns, due_ns);  // a late launch goes at once
     }
     SetState(index, HostState::calling);
@@ -500,8 +565,10 @@ class Engine final : public model::TimelineListener {
   }
 
   void Choose(ProcessState& p) {
-    const Workload& w = p.spec->workload;
-    p.pending_kind = p.kinds.size() == 1 ? 0 : static_cast<std::uint32_t>(p.random.Below(p.kinds.size()));
+    const SegmentPlan& plan = p.plans[p.segment];
+    const Workload& w = *plan.workload;
+    p.pending_kind = plan.first_kind +
+                     (plan.kind_count == 1 ? 0 : static_cast<std::uint32_t>(p.random.Below(plan.kind_count)));
     std::uint64_t duration_ns = p.kinds[p.pending_kind].duration_ns;
     if (w.jitter_permille > 0) {
       const auto offset = static_cast<std::int64_t>(p.random.Below(2ull * w.jitter_permille + 1)) -
@@ -528,16 +595,80 @@ class Engine final : public model::TimelineListener {
       return;
     }
     p.has_pending = false;
-    ++p.launches;
+    ++p.segment_launches;
     ++in_flight_count_[index];
   }
 
   std::uint64_t TenantBusyNs(const TenantState& tenant) const {
     std::uint64_t busy_ns = 0;
     for (const std::uint32_t index : tenant.processes) {
-      busy_ns += machine_->slots[processes_[index].slot].busy_total_ns[kDevice];
+      const ProcessState& p = processes_[index];
+      busy_ns += p.crashed ? p.crash_busy_ns : machine_->slots[p.slot].busy_total_ns[kDevice];
     }
     return busy_ns;
+  }
+
+  // Every process whose crash_ns is now dies, in process order.
+  void CrashDue() {
+    next_crash_ns_ = kNever;
+    for (std::uint32_t index = 0; index < processes_.size(); ++index) {
+      ProcessState& p = processes_[index];
+      if (p.crashed || p.spec->crash_ns == kNever) continue;
+      if (p.spec->crash_ns == now_ns_) Crash(index);
+      else next_crash_ns_ = std::min(next_crash_ns_, p.spec->crash_ns);
+    }
+  }
+
+  // SIGKILL at now: the host side stops, the context goes with its queued and running kernels (fakecuda's
+  // ReleaseSlot, as when it reaps a dead process), its device time so far stays the tenant's. The limiter's
+  // charges for what never ran go back to the tenant's budget (Cancel); the kernel that was running is settled at
+  // the device time it had (so the budget pays for exactly what ran). The real shim, killed, settles nothing: its
+  // charges stay taken, at most its in-flight bound (in_flight_max_ns) once per crash.
+  void Crash(std::uint32_t index) {
+    AdvanceModel();  // completions up to the crash are the process's own; what is still queued is dropped
+    ProcessState& p = processes_[index];
+    const model::Stream& stream = machine_->streams[p.stream];
+    std::uint64_t dropped = 0;
+    while (p.in_flight.size() > 0) {
+      const InFlight item = p.in_flight.Front();
+      p.in_flight.Pop();
+      const model::Op& op = stream.ring[item.seq % model::kStreamDepth];
+      const policy::KernelKey& key = p.kinds[item.kind].key;
+      const double left = std::max(0.0, op.remaining_ns);
+      const auto ran_ns = op.started != 0 && left < static_cast<double>(op.alone_ns)
+                              ? op.alone_ns - static_cast<std::uint64_t>(std::ceil(left))
+                              : 0;
+      if (ran_ns > 0) p.limiter->Settle(key, item.charged_ns, ran_ns, now_ns_);
+      else p.limiter->Cancel(key, item.charged_ns);
+      ++dropped;
+    }
+    if (p.state == HostState::sleeping) p.limiter->Cancel(p.kinds[p.pending_kind].key, p.pending_admission.charged_ns);
+    p.has_pending = false;
+    p.crash_busy_ns = machine_->slots[p.slot].busy_total_ns[kDevice];
+    p.crashed = true;
+    model::ReleaseSlot(*machine_, p.slot, nullptr);
+    process_by_stream_[p.stream] = model::kNoSlot;
+    in_flight_count_[index] = 0;
+    wake_ns_[index] = kNever;
+    SetState(index, HostState::stopped);
+    if (scenario_.record_trace) {
+      const TenantState& tenant = tenants_[p.tenant];
+      LineWriter(result_.trace)
+          .Begin("crash")
+          .Text("tenant", tenant.spec->name)
+          .Number("process", p.index_in_tenant)
+          .Number("pid", static_cast<std::uint64_t>(kFirstPid) + index)
+          .Number("t_ns", now_ns_)
+          .Number("dropped", dropped)
+          .End();
+    }
+  }
+
+  // Scenario::sample_ns: each tenant's cumulative busy time, exact at the instant (the model is brought up to it).
+  void RecordSample() {
+    AdvanceModel();
+    for (TenantState& tenant : tenants_) tenant.result.busy_samples_ns.push_back(TenantBusyNs(tenant));
+    next_sample_ns_ += scenario_.sample_ns;
   }
 
   // NVML's sample windows end every nvml_window_ns from the machine's creation (time 0).
@@ -595,7 +726,9 @@ class Engine final : public model::TimelineListener {
           break;
       }
       const double others = device_busy - own;
-      for (const std::uint32_t index : tenant.processes) processes_[index].limiter->ObserveOthers(others, now_ns_);
+      for (const std::uint32_t index : tenant.processes) {
+        if (!processes_[index].crashed) processes_[index].limiter->ObserveOthers(others, now_ns_);
+      }
       if (tenant.cell.rate_permille != tenant.reported_rate_permille) {
         tenant.reported_rate_permille = tenant.cell.rate_permille;
         if (scenario_.record_trace) {
@@ -660,7 +793,6 @@ class Engine final : public model::TimelineListener {
   std::vector<TenantState> tenants_;
   std::vector<ProcessState> processes_;
   std::vector<std::uint32_t> process_by_stream_;
-  std::vector<std::uint64_t> rate_origin_ns_;
   std::vector<std::uint64_t> wake_ns_;  // per process; kNever = none pending
   std::vector<std::uint32_t> in_flight_count_;  // per process: kernels queued and not seen complete
   std::vector<std::uint8_t> reacts_;            // per process: ReactionDelayNs(its state) != kNever
@@ -668,6 +800,8 @@ class Engine final : public model::TimelineListener {
   std::uint64_t now_ns_ = 0;
   std::uint64_t next_observe_ns_ = kNever;
   std::uint64_t next_window_ns_ = kNever;
+  std::uint64_t next_sample_ns_ = kNever;  // Scenario::sample_ns
+  std::uint64_t next_crash_ns_ = kNever;   // the earliest Process::crash_ns not yet reached
   std::uint64_t nvml_window_ns_ = 0;
   std::uint64_t next_nvml_end_ns_ = kNever;
 };

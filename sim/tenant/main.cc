@@ -79,8 +79,10 @@ int Main(int argc, char** argv)
     ResultLine result;
     result.pid = static_cast<long long>(getpid());
     result.device = options.device;
-    result.kernel_us = options.kernel_us;
+    // With --phase the sizes vary: kernel_us is 0 and busy_fraction comes from busy_ns.
+    result.kernel_us = options.phases.empty() ? options.kernel_us : 0;
     result.blocks = options.blocks;
+    result.busy_from_busy_ns = !options.phases.empty();
     int exit_status = 0;
     try {
         RunWorkload(options, options.ptx_path ? ptx_from_file.c_str() : kSpinPtx, &result);
@@ -89,7 +91,7 @@ int Main(int argc, char** argv)
         result.call = failure.call;
         std::fprintf(stderr, "vgpu-tenant: %s failed: %s (%s)\n", failure.call, result.error.c_str(),
                      ErrorDescription(failure.result).c_str());
-        exit_status = 3;
+        exit_status = 3;  // also for "status":"oom": every failed CUDA call exits 3, the status tells them apart
     }
     std::printf("%s\n", FormatResultLine(result).c_str());
     std::fflush(stdout);

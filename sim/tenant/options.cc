@@ -23,6 +23,12 @@ constexpr double kMinRateHz = 0.001;
 constexpr double kMaxRateHz = 1'000'000;
 constexpr std::uint64_t kMaxDepth = 1024;
 constexpr std::uint64_t kMaxStreams = 64;
+constexpr std::uint64_t kMaxPhases = 1000;
+constexpr std::uint64_t kMaxPhaseSizes = 1024;
+constexpr std::uint64_t kMaxKernelNs = kMaxKernelUs * 1000;
+constexpr std::uint64_t kMaxPhaseNs = 1'000'000'000'000'000;  // kMaxSeconds
+constexpr std::uint64_t kMaxReportMs = 3'600'000;              // an hour
+constexpr double kMaxJitterPercent = 99.9;
 
 // Quotes a value for a message, so that an empty or odd value stays visible.
 std::string Quoted(std::string_view text)
@@ -59,6 +65,8 @@ struct FlagSpec {
     // Parses value into options; returns "" or what was wrong with the value
     // (the caller adds the flag, the value and the example).
     std::string (*apply)(std::string_view value, Options& options);
+    // May be given more than once (each value applied in order).
+    bool repeatable = false;
 };
 
 // Parses a whole number in [minimum, maximum]; "" or the problem.
@@ -185,6 +193,49 @@ constexpr std::array kFlags = {
     FlagSpec{"--streams", "N", "4", "streams to launch on, round robin (default 1)",
              [](std::string_view value, Options& options) {
                  return ReadInto(value, 1, kMaxStreams, &options.streams);
+             }},
+    FlagSpec{"--phase", "SPEC", "kernels=5us|1ms,for=2s,depth=4",
+             "a phase of the run, repeatable, run in order: key=value pairs joined by commas, either\n"
+             "        kernels=D[|D...] (durations with a unit ns, us, ms or s; several: each kernel drawn\n"
+             "        uniformly from them), for=DURATION (default: until --seconds ends), depth=N\n"
+             "        (default --depth), rate=HZ (default 0: closed loop), blocks=B (default --blocks),\n"
+             "        jitter=P (percent below 100: each kernel's duration varies uniformly by +/- P %);\n"
+             "        or idle=DURATION: launch nothing for that long. A phase ends by launching no more;\n"
+             "        its kernels in flight count against the next phase's depth. Replaces --kernel-us\n"
+             "        and --rate; after the last phase the tenant idles until --seconds ends",
+             [](std::string_view value, Options& options) {
+                 if (options.phases.size() == kMaxPhases) {
+                     return "is one phase too many; expected at most " + std::to_string(kMaxPhases) + " phases";
+                 }
+                 Phase phase;
+                 std::string problem = ParsePhase(value, &phase);
+                 if (problem.empty()) {
+                     options.phases.push_back(std::move(phase));
+                 }
+                 return problem;
+             },
+             true},
+    FlagSpec{"--repeat", "", "",
+             "run the phases again from the first, until --seconds ends (needs --phase and --seconds)",
+             [](std::string_view, Options& options) {
+                 options.repeat = true;
+                 return std::string();
+             }},
+    FlagSpec{"--seed", "N", "1", "seed of the kernel size and jitter draws (default 1)",
+             [](std::string_view value, Options& options) {
+                 return ReadInto(value, 0, std::numeric_limits<std::uint64_t>::max(), &options.seed);
+             }},
+    FlagSpec{"--report-ms", "N", "100",
+             "every N ms print a progress line {\"ev\":\"report\",\"t_ns\":..,\"kernels\":..,\"busy_ns\":..}:\n"
+             "        CLOCK_MONOTONIC, kernels seen complete, the sum of their durations (and once more\n"
+             "        when the last kernel has finished, before the result line)",
+             [](std::string_view value, Options& options) {
+                 std::uint64_t report_ms = 0;
+                 std::string problem = ReadWholeNumber(value, 1, kMaxReportMs, &report_ms);
+                 if (problem.empty()) {
+                     options.report_ms = report_ms;
+                 }
+                 return problem;
              }},
     FlagSpec{"--ptx", "FILE", "spin.ptx",
              "load the kernel vgpu_spin from this PTX file instead of the embedded one",
@@ -318,6 +369,170 @@ std::optional<double> ParseDecimal(std::string_view text, std::string* problem)
     return value;
 }
 
+std::optional<std::uint64_t> ParseDurationNs(std::string_view text, std::string* problem)
+{
+    std::size_t unit_start = text.size();
+    while (unit_start > 0 && ((text[unit_start - 1] >= 'a' && text[unit_start - 1] <= 'z') ||
+                              (text[unit_start - 1] >= 'A' && text[unit_start - 1] <= 'Z'))) {
+        --unit_start;
+    }
+    const std::string_view number = text.substr(0, unit_start);
+    const std::string_view unit = text.substr(unit_start);
+    double unit_ns = 0;
+    if (unit == "ns") {
+        unit_ns = 1;
+    } else if (unit == "us") {
+        unit_ns = 1e3;
+    } else if (unit == "ms") {
+        unit_ns = 1e6;
+    } else if (unit == "s") {
+        unit_ns = 1e9;
+    } else if (unit.empty()) {
+        *problem = text.empty() ? "is empty" : "has no unit";
+        return std::nullopt;
+    } else {
+        *problem = "has an unknown unit " + Quoted(unit);
+        return std::nullopt;
+    }
+    const std::optional<double> value = ParseDecimal(number, problem);
+    if (!value) {
+        return std::nullopt;
+    }
+    const double ns = *value * unit_ns;
+    if (ns >= 1.8e19) {
+        *problem = "is too long";
+        return std::nullopt;
+    }
+    const double whole_ns = std::round(ns);
+    if (std::fabs(ns - whole_ns) > 1e-6 * std::max(1.0, ns)) {
+        *problem = "is not a whole number of nanoseconds";
+        return std::nullopt;
+    }
+    return static_cast<std::uint64_t>(whole_ns);
+}
+
+namespace {
+
+constexpr std::string_view kDurationExpected = "expected a number with a unit ns, us, ms or s";
+
+// A duration in [1 ns, maximum_ns] (maximum_text says it for people); "" or the problem, naming the key.
+std::string ReadDuration(std::string_view key, std::string_view value, std::uint64_t maximum_ns,
+                         std::string_view maximum_text, std::uint64_t* result)
+{
+    constexpr std::uint64_t minimum_ns = 1;
+    std::string problem;
+    const std::optional<std::uint64_t> ns = ParseDurationNs(value, &problem);
+    const std::string range = " from 1ns to " + std::string(maximum_text);
+    if (!ns) {
+        return "has " + std::string(key) + "=" + Quoted(value) + ", which " + problem + "; " +
+               std::string(kDurationExpected) + range;
+    }
+    if (*ns < minimum_ns || *ns > maximum_ns) {
+        return "has " + std::string(key) + "=" + Quoted(value) + ", which is out of range; " +
+               std::string(kDurationExpected) + range;
+    }
+    *result = *ns;
+    return {};
+}
+
+}  // namespace
+
+std::string ParsePhase(std::string_view text, Phase* phase)
+{
+    constexpr std::string_view kKeys = "kernels, for, depth, rate, blocks, jitter or idle";
+    if (text.empty()) {
+        return "is empty; expected key=value pairs joined by commas, with kernels= or idle=";
+    }
+    std::vector<std::string_view> seen_keys;
+    std::size_t position = 0;
+    while (position <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', position), text.size());
+        const std::string_view item = text.substr(position, comma - position);
+        position = comma + 1;
+        const std::size_t equals = item.find('=');
+        if (equals == std::string_view::npos) {
+            return "has " + Quoted(item) + " without =; expected key=value pairs joined by commas, keys " +
+                   std::string(kKeys);
+        }
+        const std::string_view key = item.substr(0, equals);
+        const std::string_view value = item.substr(equals + 1);
+        for (const std::string_view earlier : seen_keys) {
+            if (earlier == key) {
+                return "gives " + std::string(key) + "= twice; expected each key once";
+            }
+        }
+        seen_keys.push_back(key);
+        std::string problem;
+        if (key == "kernels") {
+            std::size_t start = 0;
+            while (start <= value.size()) {
+                const std::size_t bar = std::min(value.find('|', start), value.size());
+                std::uint64_t size_ns = 0;
+                problem = ReadDuration("kernels", value.substr(start, bar - start), kMaxKernelNs, "3600s", &size_ns);
+                if (!problem.empty()) {
+                    return problem + ", several joined by |";
+                }
+                if (phase->sizes_ns.size() == kMaxPhaseSizes) {
+                    return "has more than " + std::to_string(kMaxPhaseSizes) + " kernel sizes; expected at most " +
+                           std::to_string(kMaxPhaseSizes);
+                }
+                phase->sizes_ns.push_back(size_ns);
+                start = bar + 1;
+            }
+        } else if (key == "for" || key == "idle") {
+            std::uint64_t duration_ns = 0;
+            problem = ReadDuration(key, value, kMaxPhaseNs, "1000000s", &duration_ns);
+            if (!problem.empty()) {
+                return problem;
+            }
+            phase->for_ns = duration_ns;
+            phase->idle = phase->idle || key == "idle";
+        } else if (key == "depth" || key == "blocks") {
+            std::uint32_t number = 0;
+            problem = ReadInto(value, 1, key == "depth" ? kMaxDepth : kMaxBlocks, &number);
+            if (!problem.empty()) {
+                return "has " + std::string(key) + "=" + Quoted(value) + ", which " + problem;
+            }
+            (key == "depth" ? phase->depth : phase->blocks) = number;
+        } else if (key == "rate") {
+            std::string why;
+            const std::optional<double> rate = ParseDecimal(value, &why);
+            const std::string expected = "; expected 0 (closed loop) or a number from " + FormatDecimal(kMinRateHz) +
+                                         " to " + FormatDecimal(kMaxRateHz);
+            if (!rate) {
+                return "has rate=" + Quoted(value) + ", which " + why + expected;
+            }
+            if (*rate != 0 && (*rate < kMinRateHz || *rate > kMaxRateHz)) {
+                return "has rate=" + Quoted(value) + ", which is out of range" + expected;
+            }
+            phase->rate_hz = *rate;
+        } else if (key == "jitter") {
+            const std::string_view number = value.ends_with('%') ? value.substr(0, value.size() - 1) : value;
+            std::string why;
+            const std::optional<double> percent = ParseDecimal(number, &why);
+            const std::string expected = "; expected a percentage from 0 to " + FormatDecimal(kMaxJitterPercent) +
+                                         " (to 0.1 %), with or without %";
+            if (!percent) {
+                return "has jitter=" + Quoted(value) + ", which " + why + expected;
+            }
+            if (*percent < 0 || *percent > kMaxJitterPercent) {
+                return "has jitter=" + Quoted(value) + ", which is out of range" + expected;
+            }
+            phase->jitter_permille = static_cast<std::uint32_t>(std::llround(*percent * 10));
+        } else {
+            return "has an unknown key " + Quoted(key) + "; expected " + std::string(kKeys);
+        }
+    }
+    const bool has_kernels = !phase->sizes_ns.empty();
+    if (phase->idle && seen_keys.size() > 1) {
+        return "mixes idle= with other keys; expected idle=DURATION alone, or kernels= with its keys";
+    }
+    if (!phase->idle && !has_kernels) {
+        return "has neither kernels= nor idle=; expected one of them, e.g. kernels=1ms or idle=1s";
+    }
+    return {};
+}
+
 CommandLine ParseCommandLine(std::span<const char* const> args)
 {
     CommandLine command_line;
@@ -340,14 +555,21 @@ CommandLine ParseCommandLine(std::span<const char* const> args)
             return command_line;
         }
         const std::size_t flag_index = static_cast<std::size_t>(flag - kFlags.data());
-        if (seen[flag_index]) {
+        if (seen[flag_index] && !flag->repeatable) {
             command_line.error = std::string(flag->name) + " is given twice; give it once, e.g. " +
                                  std::string(flag->name) + " " + std::string(flag->example_value);
             return command_line;
         }
         seen[flag_index] = true;
         std::string_view value;
-        if (equals != std::string_view::npos) {
+        if (flag->value_name.empty()) {
+            if (equals != std::string_view::npos) {
+                command_line.error = std::string(flag->name) + " takes no value, got " +
+                                     Quoted(argument.substr(equals + 1)) + "; give it alone, e.g. " +
+                                     std::string(flag->name);
+                return command_line;
+            }
+        } else if (equals != std::string_view::npos) {
             value = argument.substr(equals + 1);
         } else if (index + 1 < args.size() && args[index + 1] != nullptr &&
                    !std::string_view(args[index + 1]).starts_with("--")) {
@@ -364,8 +586,28 @@ CommandLine ParseCommandLine(std::span<const char* const> args)
             return command_line;
         }
     }
-    if (command_line.options.kernel_count && command_line.options.seconds) {
+    const Options& options = command_line.options;
+    const auto given = [&seen](std::string_view name) {
+        return seen[static_cast<std::size_t>(FindFlag(name) - kFlags.data())];
+    };
+    if (options.kernel_count && options.seconds) {
         command_line.error = "--kernels and --seconds exclude each other; give one, e.g. --seconds 2.5";
+    } else if (!options.phases.empty() && (given("--kernel-us") || given("--rate"))) {
+        command_line.error = std::string(given("--kernel-us") ? "--kernel-us" : "--rate") +
+                             " and --phase exclude each other; give the kernels and the rate in each phase, "
+                             "e.g. --phase kernels=1ms,rate=200";
+    } else if (options.repeat && (options.phases.empty() || !options.seconds)) {
+        command_line.error = "--repeat loops the phases until --seconds ends; give --phase and --seconds too, "
+                             "e.g. --phase kernels=1ms,for=1s --phase idle=1s --repeat --seconds 10";
+    } else if (!options.phases.empty() && !options.seconds && !options.kernel_count) {
+        for (const Phase& phase : options.phases) {
+            if (!phase.idle && !phase.for_ns) {
+                command_line.error = "--phase without for= runs until --seconds ends, but neither --seconds nor "
+                                     "--kernels is given; give for=DURATION or --seconds S, e.g. "
+                                     "--phase kernels=1ms,for=2s";
+                break;
+            }
+        }
     }
     return command_line;
 }
@@ -375,21 +617,26 @@ std::string UsageText()
     std::string usage =
         "usage: vgpu-tenant [--device N] [--alloc BYTES] [--kernel-us D] [--blocks B] [--threads T]\n"
         "                   [--kernels K | --seconds S] [--rate HZ] [--depth Q] [--streams N] [--ptx FILE]\n"
+        "                   [--phase SPEC]... [--repeat] [--seed N] [--report-ms N]\n"
         "\n"
         "A GPU workload on the CUDA Driver API: launches the spin kernel vgpu_spin, each launch\n"
         "taking D microseconds of GPU time (the blocks spin for D divided by the number of waves\n"
         "in which the GPU can run B blocks), and prints one JSON line on stdout:\n"
         "  {\"pid\":..,\"device\":..,\"kernels\":..,\"kernel_us\":..,\"blocks\":..,\"elapsed_s\":..,\n"
-        "   \"kernels_per_s\":..,\"busy_fraction\":..,\"alloc_bytes\":..,\"status\":\"ok\"}\n"
+        "   \"kernels_per_s\":..,\"busy_fraction\":..,\"busy_ns\":..,\"alloc_bytes\":..,\"status\":\"ok\"}\n"
         "elapsed_s runs from the first launch until the last kernel has finished; busy_fraction\n"
-        "is kernels x D / elapsed (above 1 when kernels on several streams overlap).\n"
+        "is kernels x D / elapsed (above 1 when kernels on several streams overlap); busy_ns is\n"
+        "the sum of the durations of the kernels seen complete. With --phase, kernel_us is 0,\n"
+        "blocks is --blocks and busy_fraction is busy_ns / elapsed.\n"
         "\n"
         "options (--name VALUE or --name=VALUE):\n";
     for (const FlagSpec& flag : kFlags) {
         usage += "  ";
         usage += flag.name;
-        usage += ' ';
-        usage += flag.value_name;
+        if (!flag.value_name.empty()) {
+            usage += ' ';
+            usage += flag.value_name;
+        }
         usage += "\n        ";
         usage += flag.help;
         usage += '\n';
@@ -399,7 +646,9 @@ std::string UsageText()
         "        print this text\n"
         "\n"
         "exit status: 0 done; 2 bad arguments (message on stderr); 3 a CUDA call failed (the JSON\n"
-        "line then has \"status\":\"error\" with \"error\", the CUresult name, and \"call\", the function).\n";
+        "line then has \"status\":\"error\" with \"error\", the CUresult name, and \"call\", the function;\n"
+        "\"status\":\"oom\" when it was --alloc's cuMemAlloc_v2 with CUDA_ERROR_OUT_OF_MEMORY, and\n"
+        "alloc_bytes is then the size asked for).\n";
     return usage;
 }
 

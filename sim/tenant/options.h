@@ -6,11 +6,23 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace vgpu::tenant {
 
 // Kernel count when neither --kernels nor --seconds is given.
 inline constexpr std::uint64_t kDefaultKernelCount = 1000;
+
+// One --phase: kernels of the given sizes for a while, or nothing (idle).
+struct Phase {
+    bool idle = false;
+    std::vector<std::uint64_t> sizes_ns;   // run: each kernel drawn uniformly from these
+    std::optional<std::uint64_t> for_ns;   // absent: until --seconds ends (idle: always set)
+    std::optional<std::uint32_t> depth;    // absent: --depth
+    double rate_hz = 0;                    // 0: closed loop
+    std::optional<std::uint32_t> blocks;   // absent: --blocks
+    std::uint32_t jitter_permille = 0;     // each kernel's duration varies uniformly by +/- this much
+};
 
 struct Options {
     int device = 0;
@@ -28,6 +40,11 @@ struct Options {
     std::uint32_t depth = 2;
     std::uint32_t streams = 1;
     std::optional<std::string> ptx_path;
+    // --phase, in order; empty: one phase from --kernel-us, --blocks, --depth and --rate, as before phases.
+    std::vector<Phase> phases;
+    bool repeat = false;
+    std::uint64_t seed = 1;                  // the size and jitter draws
+    std::optional<std::uint64_t> report_ms;  // a progress line every this many milliseconds
 };
 
 struct CommandLine {
@@ -51,5 +68,9 @@ std::optional<std::uint64_t> ParseWholeNumber(std::string_view text, std::string
 // ("1g" = "1024m" = "1Gi" = 1073741824).
 std::optional<std::uint64_t> ParseSizeBytes(std::string_view text, std::string* problem);
 std::optional<double> ParseDecimal(std::string_view text, std::string* problem);
+// A duration: a decimal number and a unit ns, us, ms or s ("5us", "1.5s"), in whole nanoseconds.
+std::optional<std::uint64_t> ParseDurationNs(std::string_view text, std::string* problem);
+// The value of --phase (see UsageText); "" or what is wrong with it.
+std::string ParsePhase(std::string_view text, Phase* phase);
 
 }  // namespace vgpu::tenant

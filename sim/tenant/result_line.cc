@@ -64,8 +64,9 @@ std::string FormatResultLine(const ResultLine& result)
     const bool elapsed = result.elapsed_s > 0 && std::isfinite(result.elapsed_s);
     const double kernels = static_cast<double>(result.kernels);
     const double kernels_per_s = elapsed ? kernels / result.elapsed_s : 0;
-    const double busy_fraction =
-        elapsed ? kernels * static_cast<double>(result.kernel_us) * 1e-6 / result.elapsed_s : 0;
+    const double busy_s = result.busy_from_busy_ns ? static_cast<double>(result.busy_ns) * 1e-9
+                                                   : kernels * static_cast<double>(result.kernel_us) * 1e-6;
+    const double busy_fraction = elapsed ? busy_s / result.elapsed_s : 0;
 
     std::string line = "{\"pid\":" + JsonInteger(result.pid);
     line += ",\"device\":" + JsonInteger(result.device);
@@ -75,11 +76,13 @@ std::string FormatResultLine(const ResultLine& result)
     line += ",\"elapsed_s\":" + JsonNumber(result.elapsed_s);
     line += ",\"kernels_per_s\":" + JsonNumber(kernels_per_s);
     line += ",\"busy_fraction\":" + JsonNumber(busy_fraction);
+    line += ",\"busy_ns\":" + JsonInteger(result.busy_ns);
     line += ",\"alloc_bytes\":" + JsonInteger(result.alloc_bytes);
     if (result.error.empty()) {
         line += ",\"status\":\"ok\"}";
     } else {
-        line += ",\"status\":\"error\",\"error\":" + JsonString(result.error);
+        line += std::string(",\"status\":") + (result.out_of_memory ? "\"oom\"" : "\"error\"") +
+                ",\"error\":" + JsonString(result.error);
         line += ",\"call\":" + JsonString(result.call) + "}";
     }
     return line;

@@ -5,9 +5,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cinttypes>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -103,68 +110,240 @@ void SleepUntilNs(std::int64_t deadline_ns)
     }
 }
 
+// The kernels seen complete, over all streams: what --report-ms and the result line's busy_ns report. The mutex
+// also guards every StreamQueue's ring positions, since the reporter thread credits completions too.
+struct Completions {
+    std::mutex mutex;
+    std::uint64_t kernels = 0;
+    std::uint64_t busy_ns = 0;
+};
+
 // One stream and a ring of events, one per kernel in flight: the oldest event
-// is the one to wait for when the stream is full.
+// is the one to wait for when the stream is full. The events are recorded
+// after each kernel whether or not anyone reports; they are also how a kernel
+// is seen complete (cuEventSynchronize when waiting for room, cuEventQuery
+// from the reporter, cuStreamSynchronize at the end).
 class StreamQueue {
 public:
-    explicit StreamQueue(std::uint32_t depth)
+    StreamQueue(std::uint32_t capacity, Completions* completions) : completions_(completions)
     {
         CUstream stream = nullptr;
         // Non-blocking: the tenant's streams never wait for work on the legacy default stream.
         VGPU_TENANT_CUDA(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);
         stream_ = DriverObject<CUstream>(stream, cuStreamDestroy_v2, "cuStreamDestroy_v2");
-        completions_.reserve(depth);
-        for (std::uint32_t index = 0; index < depth; ++index) {
+        events_.reserve(capacity);
+        busy_ns_.assign(capacity, 0);
+        for (std::uint32_t index = 0; index < capacity; ++index) {
             CUevent event = nullptr;
             // Waiting follows the context's scheduling policy (spin while the host
             // has idle CPUs, else yield), as in the CUDA runtime and PyTorch, so a
             // synchronous loop leaves the GPU idle no longer than theirs would.
             // Timing off: the events only mark completion.
             VGPU_TENANT_CUDA(cuEventCreate, &event, CU_EVENT_DISABLE_TIMING);
-            completions_.emplace_back(event, cuEventDestroy_v2, "cuEventDestroy_v2");
+            events_.emplace_back(event, cuEventDestroy_v2, "cuEventDestroy_v2");
         }
     }
 
-    // Returns once fewer than depth kernels are in flight on this stream.
-    void WaitForRoom()
+    // Returns once fewer than depth (<= capacity) kernels are in flight on this stream.
+    void WaitForRoom(std::uint64_t depth)
     {
-        if (in_flight_ == completions_.size()) {
-            VGPU_TENANT_CUDA(cuEventSynchronize, completions_[oldest_].get());
-            oldest_ = (oldest_ + 1) % completions_.size();
-            --in_flight_;
+        for (;;) {
+            CUevent oldest = nullptr;
+            std::uint64_t head = 0;
+            {
+                std::lock_guard<std::mutex> guard(completions_->mutex);
+                if (tail_ - head_ < depth) {
+                    return;
+                }
+                head = head_;
+                oldest = events_[head % events_.size()].get();
+            }
+            // Not re-recorded while waited on: only Launch records, and only past the in-flight range.
+            VGPU_TENANT_CUDA(cuEventSynchronize, oldest);
+            std::lock_guard<std::mutex> guard(completions_->mutex);
+            if (head_ == head) {
+                CreditOldest();  // else the reporter saw it complete first
+            }
         }
     }
 
-    void Launch(CUfunction function, std::uint32_t blocks, std::uint32_t threads, unsigned long long ns_per_block)
+    // busy_ns: the kernel's duration, credited when it is seen complete.
+    void Launch(CUfunction function, std::uint32_t blocks, std::uint32_t threads, unsigned long long ns_per_block,
+                std::uint64_t busy_ns)
     {
         void* parameters[] = {&ns_per_block};
         VGPU_TENANT_CUDA(cuLaunchKernel, function, blocks, 1, 1, threads, 1, 1, 0, stream_.get(), parameters,
                          nullptr);
-        const std::size_t newest = (oldest_ + in_flight_) % completions_.size();
-        VGPU_TENANT_CUDA(cuEventRecord, completions_[newest].get(), stream_.get());
-        ++in_flight_;
+        // tail_ is written by this thread only; the slot at tail_ is outside what the reporter queries.
+        const std::size_t newest = tail_ % events_.size();
+        VGPU_TENANT_CUDA(cuEventRecord, events_[newest].get(), stream_.get());
+        std::lock_guard<std::mutex> guard(completions_->mutex);
+        busy_ns_[newest] = busy_ns;
+        ++tail_;
+    }
+
+    // The reporter, holding completions_->mutex: credits the kernels whose events have completed, oldest first,
+    // up to the first that has not (or whose query fails: the launch loop reports that failure).
+    void PollLocked()
+    {
+        while (head_ < tail_ && cuEventQuery(events_[head_ % events_.size()].get()) == CUDA_SUCCESS) {
+            CreditOldest();
+        }
     }
 
     void Drain()
     {
         VGPU_TENANT_CUDA(cuStreamSynchronize, stream_.get());
-        in_flight_ = 0;
+        std::lock_guard<std::mutex> guard(completions_->mutex);
+        while (head_ < tail_) {
+            CreditOldest();
+        }
     }
 
     void Release()
     {
-        for (DriverObject<CUevent>& event : completions_) {
+        for (DriverObject<CUevent>& event : events_) {
             event.Release();
         }
         stream_.Release();
     }
 
 private:
+    // Caller holds completions_->mutex.
+    void CreditOldest()
+    {
+        completions_->busy_ns += busy_ns_[head_ % events_.size()];
+        ++completions_->kernels;
+        ++head_;
+    }
+
+    Completions* completions_;
     DriverObject<CUstream> stream_;
-    std::vector<DriverObject<CUevent>> completions_;
-    std::size_t oldest_ = 0;
-    std::size_t in_flight_ = 0;
+    std::vector<DriverObject<CUevent>> events_;
+    std::vector<std::uint64_t> busy_ns_;  // per ring slot: the duration of the kernel recorded there
+    std::uint64_t head_ = 0;              // kernels [head_, tail_) are in flight; slot = index % capacity
+    std::uint64_t tail_ = 0;
 };
+
+// --report-ms: a thread that, every period from the first launch, credits the completions the events show and
+// prints {"ev":"report",...}. It only queries events (cuEventQuery waits for nothing), so the launch loop runs as
+// it would without it.
+class Reporter {
+public:
+    Reporter(CUcontext context, std::vector<StreamQueue>* streams, Completions* completions, std::int64_t start_ns,
+             std::uint64_t period_ms)
+        : context_(context), streams_(streams), completions_(completions), start_ns_(start_ns),
+          period_ns_(static_cast<std::int64_t>(period_ms) * 1'000'000)
+    {
+        thread_ = std::thread([this] { Run(); });
+    }
+    Reporter(const Reporter&) = delete;
+    Reporter& operator=(const Reporter&) = delete;
+    ~Reporter() { Stop(); }
+
+    void Stop()
+    {
+        {
+            std::lock_guard<std::mutex> guard(stop_mutex_);
+            stop_ = true;
+        }
+        stop_changed_.notify_all();
+        if (thread_.joinable()) {
+            thread_.join();
+        }
+    }
+
+    // One line now, from what has been credited (the launch loop's own waits included).
+    static void Print(Completions* completions, std::int64_t now_ns)
+    {
+        std::uint64_t kernels = 0;
+        std::uint64_t busy_ns = 0;
+        {
+            std::lock_guard<std::mutex> guard(completions->mutex);
+            kernels = completions->kernels;
+            busy_ns = completions->busy_ns;
+        }
+        std::printf("{\"ev\":\"report\",\"t_ns\":%" PRId64 ",\"kernels\":%" PRIu64 ",\"busy_ns\":%" PRIu64 "}\n",
+                    now_ns, kernels, busy_ns);
+        std::fflush(stdout);
+    }
+
+private:
+    void Run()
+    {
+        // Events need no current context to be queried on the real driver, but set it as the launching thread has it.
+        static_cast<void>(cuCtxSetCurrent(context_));
+        std::int64_t deadline_ns = start_ns_ + period_ns_;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> guard(stop_mutex_);
+                // steady_clock is CLOCK_MONOTONIC, the clock of the launch loop and of t_ns.
+                const std::chrono::steady_clock::time_point deadline{std::chrono::nanoseconds(deadline_ns)};
+                if (stop_changed_.wait_until(guard, deadline, [this] { return stop_; })) {
+                    return;
+                }
+            }
+            {
+                std::lock_guard<std::mutex> guard(completions_->mutex);
+                for (StreamQueue& stream : *streams_) {
+                    stream.PollLocked();
+                }
+            }
+            const std::int64_t now_ns = MonotonicNs();
+            Print(completions_, now_ns);
+            // The next multiple of the period after now: a late report does not bunch the next ones.
+            deadline_ns = start_ns_ + ((now_ns - start_ns_) / period_ns_ + 1) * period_ns_;
+        }
+    }
+
+    CUcontext context_;
+    std::vector<StreamQueue>* streams_;
+    Completions* completions_;
+    std::int64_t start_ns_;
+    std::int64_t period_ns_;
+    std::mutex stop_mutex_;
+    std::condition_variable stop_changed_;
+    bool stop_ = false;
+    std::thread thread_;
+};
+
+// SplitMix64 (Steele, Lea, Flood 2014), as the simulator's: the same draws from the same seed everywhere.
+class SplitMix64 {
+public:
+    explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
+
+    std::uint64_t Next()
+    {
+        std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+
+    // Uniform in [0, bound), bound > 0.
+    std::uint64_t Below(std::uint64_t bound)
+    {
+        return static_cast<std::uint64_t>((static_cast<unsigned __int128>(Next()) * bound) >> 64);
+    }
+
+private:
+    std::uint64_t state_;
+};
+
+// A kernel's duration: one of the phase's sizes, drawn uniformly, varied by +/- jitter (as the simulator draws).
+std::uint64_t DrawDurationNs(const Phase& phase, SplitMix64& random)
+{
+    std::uint64_t duration_ns =
+        phase.sizes_ns.size() == 1 ? phase.sizes_ns[0] : phase.sizes_ns[random.Below(phase.sizes_ns.size())];
+    if (phase.jitter_permille > 0) {
+        const auto offset = static_cast<std::int64_t>(random.Below(2ull * phase.jitter_permille + 1)) -
+                            static_cast<std::int64_t>(phase.jitter_permille);
+        const std::int64_t varied_ns =
+            static_cast<std::int64_t>(duration_ns) + static_cast<std::int64_t>(duration_ns) * offset / 1000;
+        duration_ns = static_cast<std::uint64_t>(std::max<std::int64_t>(1, varied_ns));
+    }
+    return duration_ns;
+}
 
 int DeviceAttribute(CUdevice_attribute attribute, CUdevice device)
 {
@@ -235,16 +414,35 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
     CUfunction spin = nullptr;
     VGPU_TENANT_CUDA(cuModuleGetFunction, &spin, module.get(), "vgpu_spin");
 
-    const std::uint64_t waves = WavesFor(
-        options.blocks, options.threads, DeviceAttribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
-        DeviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, device),
-        DeviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, device));
-    const unsigned long long ns_per_block = options.kernel_us * 1000 / waves;
+    const int sm_count = DeviceAttribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+    const int max_threads_per_sm = DeviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, device);
+    const int max_blocks_per_sm = DeviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, device);
+
+    // Without --phase, the flags make the one phase the tenant always ran: D for ever (until --seconds or
+    // --kernels), closed loop or at --rate.
+    std::vector<Phase> phases = options.phases;
+    if (phases.empty()) {
+        Phase phase;
+        phase.sizes_ns = {options.kernel_us * 1000};
+        phase.rate_hz = options.rate_hz.value_or(0);
+        phases.push_back(phase);
+    }
+    std::uint32_t capacity = options.depth;
+    for (Phase& phase : phases) {
+        phase.depth = phase.depth.value_or(options.depth);
+        phase.blocks = phase.blocks.value_or(options.blocks);
+        capacity = std::max(capacity, *phase.depth);
+    }
 
     DriverObject<CUdeviceptr> memory;
     if (options.alloc_bytes > 0) {
         CUdeviceptr address = 0;
-        VGPU_TENANT_CUDA(cuMemAlloc_v2, &address, options.alloc_bytes);
+        const CUresult allocated = cuMemAlloc_v2(&address, options.alloc_bytes);
+        if (allocated == CUDA_ERROR_OUT_OF_MEMORY) {
+            result->out_of_memory = true;
+            result->alloc_bytes = options.alloc_bytes;  // what was asked for
+        }
+        Check(allocated, "cuMemAlloc_v2");
         memory = DriverObject<CUdeviceptr>(address, cuMemFree_v2, "cuMemFree_v2");
         result->alloc_bytes = options.alloc_bytes;
         // Touch every byte, so that the memory is really in use (a driver may
@@ -253,63 +451,114 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
         VGPU_TENANT_CUDA(cuCtxSynchronize);
     }
 
+    Completions completions;
     std::vector<StreamQueue> streams;
     streams.reserve(options.streams);
     for (std::uint32_t index = 0; index < options.streams; ++index) {
-        streams.emplace_back(options.depth);
+        streams.emplace_back(capacity, &completions);
     }
 
-    const std::uint64_t kernel_limit = options.seconds ? std::numeric_limits<std::uint64_t>::max()
-                                                       : options.kernel_count.value_or(kDefaultKernelCount);
+    // With --phase and no --kernels there is no count: the phases and --seconds say when to stop.
+    const std::uint64_t kernel_limit =
+        options.seconds || (!options.phases.empty() && !options.kernel_count)
+            ? std::numeric_limits<std::uint64_t>::max()
+            : options.kernel_count.value_or(kDefaultKernelCount);
     const std::int64_t start_ns = MonotonicNs();
     // Bounded by the option parser (at most 10^6 s), so this cannot overflow.
     const std::int64_t stop_ns = options.seconds
                                      ? start_ns + static_cast<std::int64_t>(std::llround(*options.seconds * 1e9))
                                      : std::numeric_limits<std::int64_t>::max();
-    const double period_ns = options.rate_hz ? 1e9 / *options.rate_hz : 0;
     // A deadline past this is centuries away: the schedule is over in practice.
     constexpr double kLatestDeadlineOffsetNs = 1e18;
+    SplitMix64 random(options.seed);
+
+    std::optional<Reporter> reporter;
+    if (options.report_ms) {
+        reporter.emplace(context, &streams, &completions, start_ns, *options.report_ms);
+    }
 
     // The elapsed time so far is kept in the result, so a failure part way
     // still reports how long the tenant ran.
     const auto note_progress = [&](std::uint64_t launched) {
         result->kernels = launched;
         result->elapsed_s = static_cast<double>(MonotonicNs() - start_ns) * 1e-9;
+        std::lock_guard<std::mutex> guard(completions.mutex);
+        result->busy_ns = completions.busy_ns;
     };
     std::uint64_t launched = 0;
     try {
-        while (launched < kernel_limit) {
-            StreamQueue& stream = streams[launched % streams.size()];
-            if (options.rate_hz) {
-                // Each deadline from the launch index, not from the last one, so
-                // no error accumulates: launch i is due at start + i / rate.
-                const double offset_ns = static_cast<double>(launched) * period_ns;
-                if (offset_ns >= kLatestDeadlineOffsetNs) {
+        // Phases on an absolute schedule: each begins where the previous one was due to end, however late its
+        // last launch was, so a schedule of phases never drifts.
+        std::int64_t phase_start_ns = start_ns;
+        std::size_t next_phase = 0;
+        while (launched < kernel_limit && phase_start_ns < stop_ns) {
+            if (next_phase == phases.size()) {
+                if (!options.repeat) {
                     break;
                 }
-                const std::int64_t deadline_ns = start_ns + static_cast<std::int64_t>(offset_ns);
-                if (deadline_ns >= stop_ns) {
-                    break;
-                }
-                SleepUntilNs(deadline_ns);
-                stream.WaitForRoom();
-            } else {
-                stream.WaitForRoom();
-                if (MonotonicNs() >= stop_ns) {
-                    break;
-                }
+                next_phase = 0;
             }
-            stream.Launch(spin, options.blocks, options.threads, ns_per_block);
-            ++launched;
+            const Phase& phase = phases[next_phase++];
+            const std::int64_t phase_end_ns =
+                phase.for_ns && static_cast<std::int64_t>(*phase.for_ns) < stop_ns - phase_start_ns
+                    ? phase_start_ns + static_cast<std::int64_t>(*phase.for_ns)
+                    : stop_ns;
+            if (phase.idle) {
+                SleepUntilNs(phase_end_ns);
+                phase_start_ns = phase_end_ns;
+                continue;
+            }
+            const std::uint64_t waves =
+                WavesFor(*phase.blocks, options.threads, sm_count, max_threads_per_sm, max_blocks_per_sm);
+            const double period_ns = phase.rate_hz > 0 ? 1e9 / phase.rate_hz : 0;
+            std::uint64_t launched_in_phase = 0;
+            while (launched < kernel_limit) {
+                StreamQueue& stream = streams[launched % streams.size()];
+                if (phase.rate_hz > 0) {
+                    // Each deadline from the launch index, not from the last one, so
+                    // no error accumulates: launch i is due at start + i / rate.
+                    const double offset_ns = static_cast<double>(launched_in_phase) * period_ns;
+                    if (offset_ns >= kLatestDeadlineOffsetNs) {
+                        break;
+                    }
+                    const std::int64_t deadline_ns = phase_start_ns + static_cast<std::int64_t>(offset_ns);
+                    if (deadline_ns >= phase_end_ns) {
+                        break;
+                    }
+                    SleepUntilNs(deadline_ns);
+                    stream.WaitForRoom(*phase.depth);
+                } else {
+                    stream.WaitForRoom(*phase.depth);
+                    if (MonotonicNs() >= phase_end_ns) {
+                        break;
+                    }
+                }
+                const unsigned long long ns_per_block = DrawDurationNs(phase, random) / waves;
+                stream.Launch(spin, *phase.blocks, options.threads, ns_per_block, ns_per_block * waves);
+                ++launched;
+                ++launched_in_phase;
+            }
+            phase_start_ns = phase_end_ns;
+        }
+        // Phases that end before --seconds does leave the tenant idle until then (still holding its memory).
+        if (!options.phases.empty() && options.seconds && launched < kernel_limit && phase_start_ns < stop_ns) {
+            SleepUntilNs(stop_ns);
         }
         for (StreamQueue& stream : streams) {
             stream.Drain();
         }
     } catch (const CudaFailure&) {
+        if (reporter) {
+            reporter->Stop();
+        }
         note_progress(launched);
         throw;
     }
     note_progress(launched);
+    if (reporter) {
+        reporter->Stop();
+        Reporter::Print(&completions, MonotonicNs());  // the end: everything launched is complete
+    }
 
     for (StreamQueue& stream : streams) {
         stream.Release();

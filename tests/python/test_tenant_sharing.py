@@ -87,7 +87,8 @@ def test_allocation_past_device_memory_fails_with_out_of_memory(fake_gpu, tenant
     result = fake_gpu.tenant("--alloc", "100g", "--kernels", "1", timeout=60, check=False)
     assert result.returncode == 3, result.describe()
     line = result.json
-    assert line["status"] == "error", line
+    assert line["status"] == "oom", line  # --alloc out of memory: its own status, the size asked for, exit 3
+    assert line["alloc_bytes"] == 100 * GIB, line
     assert line["error"] == "CUDA_ERROR_OUT_OF_MEMORY", line
     assert line["call"].startswith("cuMemAlloc"), line
     # Nothing of the failed attempt (nor of the dead tenant's context) stays allocated.

@@ -4,6 +4,7 @@
 // Each run prints its summary, seed first: a failure is repeated from that seed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -363,6 +364,180 @@ TEST(Determinism, SplitMix64DrawsThePublishedSequence) {
   for (int i = 0; i < 1000; ++i) EXPECT_LT(bounded.Below(7), 7u);
 }
 
+// ---- schedules, crashes and samples (docs/scenarios.md: what the runner's virtual mode needs) -----------------------
+
+Segment SegmentOf(std::uint64_t start_ns, std::uint64_t stop_ns, const Workload& workload) {
+  Segment segment;
+  segment.start_ns = start_ns;
+  segment.stop_ns = stop_ns;
+  segment.workload = workload;
+  return segment;
+}
+
+// Busy time of window i from the window shares (busy / window_ns, so this is exact for whole nanoseconds).
+std::uint64_t WindowBusyNs(const TenantResult& tenant, std::size_t i, std::uint64_t window_ns) {
+  return static_cast<std::uint64_t>(std::llround(tenant.window_shares[i] * static_cast<double>(window_ns)));
+}
+
+// One process whose schedule runs 1 ms kernels for 2 s, idles for 1 s, then 2 ms kernels to the end, next to a
+// busy tenant, is the same as two processes of the tenant, one for each stretch: neither has kernels in flight when
+// the other runs, and closed loops of one size draw nothing from the generator.
+TEST(Segments, RunAsSeparateProcessesOfTheTenantWould) {
+  const Tenant busy = OneProcess("busy", 50, Persistent(kMillisecondNs));
+  Tenant segmented;
+  segmented.name = "x";
+  segmented.share_percent = 30;
+  Process schedule;
+  schedule.segments = {SegmentOf(0, 2 * kSecondNs, Persistent(kMillisecondNs)),
+                       SegmentOf(3 * kSecondNs, UINT64_MAX, Persistent(2 * kMillisecondNs))};
+  segmented.processes = {schedule};
+  Tenant separate = segmented;
+  Process first;
+  first.workload = Persistent(kMillisecondNs);
+  first.stop_ns = 2 * kSecondNs;
+  Process second;
+  second.workload = Persistent(2 * kMillisecondNs);
+  second.start_ns = 3 * kSecondNs;
+  separate.processes = {first, second};
+
+  Scenario one = Of({busy, segmented});
+  one.sample_ns = 100 * kMillisecondNs;
+  Scenario two = Of({busy, separate});
+  two.sample_ns = 100 * kMillisecondNs;
+  const Result a = RunAndPrint(one);
+  const Result b = RunAndPrint(two);
+  ASSERT_EQ(a.tenants.size(), 2u);
+  ASSERT_EQ(b.tenants.size(), 2u);
+  for (std::size_t t = 0; t < 2; ++t) {
+    EXPECT_EQ(a.tenants[t].window_shares, b.tenants[t].window_shares) << a.tenants[t].name;
+    EXPECT_EQ(a.tenants[t].busy_samples_ns, b.tenants[t].busy_samples_ns) << a.tenants[t].name;
+    EXPECT_EQ(a.tenants[t].kernels, b.tenants[t].kernels) << a.tenants[t].name;
+  }
+  // Both stretches ran, at the cap while the other tenant is busy.
+  EXPECT_NEAR(a.tenants[1].window_shares[1], 0.30, kMeanTolerance);
+  EXPECT_NEAR(a.tenants[1].window_shares[4], 0.30, kMeanTolerance);
+}
+
+// The idle gap of a schedule shows as no busy growth in the samples (once the last kernels have drained), and the
+// next segment starts on time.
+TEST(Segments, AnIdleGapShowsAsNoBusyInTheSamples) {
+  Tenant tenant;
+  tenant.name = "a";
+  tenant.share_percent = 0;
+  Process process;
+  process.segments = {SegmentOf(0, 2 * kSecondNs, Mixed()),
+                      SegmentOf(3 * kSecondNs, 4500 * kMillisecondNs, BackToBack(5 * kMicrosecondNs)),
+                      SegmentOf(5 * kSecondNs, 6 * kSecondNs, SyncLoop(kMillisecondNs))};
+  tenant.processes = {process};
+  Scenario scenario = Of({tenant});
+  scenario.sample_ns = 50 * kMillisecondNs;
+  const Result result = RunAndPrint(scenario);
+  ASSERT_EQ(result.tenants.size(), 1u);
+  const std::vector<std::uint64_t>& samples = result.tenants[0].busy_samples_ns;
+  ASSERT_EQ(samples.size(), 120u);
+  const auto at = [&](std::uint64_t t_ms) { return samples[t_ms / 50 - 1]; };
+  // Alone and uncapped, a segment keeps the device busy (Mixed's largest kernels are 20 ms; 5 us ones lose a little
+  // to the launch overhead), then nothing grows until the next segment starts.
+  EXPECT_GT(at(2000) - at(1000), 900 * kMillisecondNs);
+  for (std::uint64_t t = 2100; t <= 3000; t += 50) EXPECT_EQ(at(t), at(2050)) << "at " << t << " ms";
+  EXPECT_GT(at(3050), at(3000));
+  EXPECT_GT(at(4500) - at(3500), 500 * kMillisecondNs);
+  for (std::uint64_t t = 4550; t <= 5000; t += 50) EXPECT_EQ(at(t), at(4550)) << "at " << t << " ms";
+  EXPECT_GT(at(5050), at(5000));
+  EXPECT_GT(at(6000) - at(5000), 950 * kMillisecondNs);  // a sync loop of 1 ms kernels: 3 us of launch each
+  // 2 .. 3 s: only the kernels queued before 2 s (at most 4 of Mixed's, up to 20 ms each) ran, all before 2.1 s.
+  EXPECT_EQ(WindowBusyNs(result.tenants[0], 2, scenario.window_ns), at(2100) - at(2000));
+  EXPECT_LT(at(2100) - at(2000), 80 * kMillisecondNs);
+}
+
+// A crash stops the tenant's busy time at the crash instant exactly; its queued kernels never run, and the other
+// tenant takes the freed time up to its own cap.
+TEST(Crash, StopsBusyAtTheCrashAndTheOtherTenantTakesTheFreedTimeUnderItsCap) {
+  Tenant a = OneProcess("a", 50, Persistent(kMillisecondNs, 4));
+  a.processes[0].crash_ns = 3050 * kMillisecondNs + 123;  // inside a kernel, three more queued
+  const Tenant b = OneProcess("b", 70, Persistent(kMillisecondNs));
+  Scenario scenario = Of({a, b});
+  scenario.sample_ns = 10 * kMillisecondNs;
+  scenario.record_trace = true;
+  const Result result = RunAndPrint(scenario);
+  ASSERT_EQ(result.tenants.size(), 2u);
+  const std::vector<std::uint64_t>& samples = result.tenants[0].busy_samples_ns;
+  ASSERT_EQ(samples.size(), 600u);
+  // Sample i is at (i + 1) x 10 ms: 304 is 3.05 s (before the crash), 305 is 3.06 s (after it).
+  EXPECT_LT(samples[303], samples[304]);
+  EXPECT_LT(samples[304], samples[305]) << "a's busy grows until the crash, 123 ns past 3.05 s";
+  for (std::size_t i = 305; i < samples.size(); ++i) EXPECT_EQ(samples[i], samples[305]) << "sample " << i;
+  EXPECT_LE(samples[305] - samples[304], 123u) << "nothing after the crash instant counts";
+  // Before the crash the device is shared 50/50 (both want more than half); after it b runs at its cap.
+  EXPECT_NEAR(result.tenants[0].window_shares[2], 0.50, kMeanTolerance);
+  EXPECT_NEAR(result.tenants[1].window_shares[2], 0.50, kMeanTolerance);
+  for (std::size_t w = 4; w < 6; ++w) {
+    EXPECT_EQ(result.tenants[0].window_shares[w], 0.0);
+    EXPECT_NEAR(result.tenants[1].window_shares[w], 0.70, kMeanTolerance) << "window " << w;
+  }
+  EXPECT_NE(result.trace.find("{\"ev\":\"crash\",\"tenant\":\"a\",\"process\":0,\"pid\":1000,\"t_ns\":3050000123,"),
+            std::string::npos);
+  // The same scenario and seed: the same trace.
+  EXPECT_EQ(sim::Run(scenario).trace_digest, result.trace_digest);
+}
+
+// A crashed process of a tenant leaves the tenant's other process running under the tenant's one budget.
+TEST(Crash, TheTenantsOtherProcessKeepsTheWholeShare) {
+  Tenant a = OneProcess("a", 30, Persistent(kMillisecondNs));
+  a.processes.push_back(a.processes[0]);
+  a.processes[0].crash_ns = 2 * kSecondNs;
+  const Tenant b = OneProcess("b", 0, Persistent(kMillisecondNs));
+  const Result result = RunAndPrint(Of({a, b}));
+  ASSERT_EQ(result.tenants.size(), 2u);
+  for (std::size_t w = 1; w < 6; ++w) {
+    EXPECT_NEAR(result.tenants[0].window_shares[w], 0.30, kMeanTolerance) << "window " << w;
+  }
+}
+
+// The samples: monotonic, the last is the sum of the window busy times, and sampling once a window gives the window
+// shares exactly. Sampling changes nothing else: the trace is the same byte for byte.
+TEST(Samples, AreMonotonicSumToTheWindowsAndReproduceTheWindowShares) {
+  Scenario scenario = MixedPair(3);
+  scenario.duration_ns = 6 * kSecondNs;
+  scenario.tenants[1].processes[0].start_ns = 1500 * kMillisecondNs;
+  scenario.tenants[1].processes[0].stop_ns = 4200 * kMillisecondNs;
+  const Result plain = RunAndPrint(scenario);
+  scenario.sample_ns = scenario.window_ns;
+  const Result per_window = RunAndPrint(scenario);
+  scenario.sample_ns = 10 * kMillisecondNs;
+  const Result fine = RunAndPrint(scenario);
+  EXPECT_EQ(plain.trace, per_window.trace);
+  EXPECT_EQ(plain.trace, fine.trace);
+  ASSERT_EQ(fine.tenants.size(), 2u);
+  for (std::size_t t = 0; t < 2; ++t) {
+    const TenantResult& tenant = fine.tenants[t];
+    EXPECT_TRUE(plain.tenants[t].busy_samples_ns.empty());
+    ASSERT_EQ(tenant.busy_samples_ns.size(), 600u);
+    for (std::size_t i = 1; i < tenant.busy_samples_ns.size(); ++i) {
+      ASSERT_LE(tenant.busy_samples_ns[i - 1], tenant.busy_samples_ns[i]) << tenant.name << ", sample " << i;
+    }
+    std::uint64_t windows_busy_ns = 0;
+    for (std::size_t w = 0; w < tenant.window_shares.size(); ++w) {
+      windows_busy_ns += WindowBusyNs(tenant, w, scenario.window_ns);
+    }
+    EXPECT_EQ(tenant.busy_samples_ns.back(), windows_busy_ns) << tenant.name;
+    const TenantResult& coarse = per_window.tenants[t];
+    ASSERT_EQ(coarse.busy_samples_ns.size(), coarse.window_shares.size());
+    std::uint64_t previous_ns = 0;
+    for (std::size_t w = 0; w < coarse.window_shares.size(); ++w) {
+      const std::uint64_t busy_ns = coarse.busy_samples_ns[w] - previous_ns;
+      previous_ns = coarse.busy_samples_ns[w];
+      EXPECT_EQ(static_cast<double>(busy_ns) / static_cast<double>(scenario.window_ns), coarse.window_shares[w])
+          << tenant.name << ", window " << w;
+      EXPECT_EQ(coarse.busy_samples_ns[w], tenant.busy_samples_ns[(w + 1) * 100 - 1]) << tenant.name;
+    }
+    EXPECT_EQ(coarse.window_shares, plain.tenants[t].window_shares);
+  }
+  // b arrives at 1.5 s: nothing before.
+  EXPECT_EQ(fine.tenants[1].busy_samples_ns[149], 0u);
+  EXPECT_GT(fine.tenants[1].busy_samples_ns[150], 0u);
+}
+
 // ---- scenarios that cannot run --------------------------------------------------------------------------------------
 
 TEST(Validate, EachRefusalNamesTheFieldTheValueAndWhatIsAccepted) {
@@ -396,6 +571,59 @@ TEST(Validate, EachRefusalNamesTheFieldTheValueAndWhatIsAccepted) {
   sizes.tenants[0].processes[0].workload = Mixed();
   sizes.tenants[0].processes[0].workload.sizes_ns.clear();
   cases.push_back({"sizes", sizes, {"workload.sizes_ns is empty"}});
+  for (const Case& c : cases) {
+    const std::string error = Validate(c.scenario);
+    for (const char* part : c.parts) {
+      EXPECT_NE(error.find(part), std::string::npos) << c.what << ": '" << error << "' lacks '" << part << "'";
+    }
+    const Result result = sim::Run(c.scenario);
+    EXPECT_EQ(result.error, error) << c.what;
+    EXPECT_EQ(result.kernels, 0u) << c.what;
+  }
+}
+
+TEST(Validate, SchedulesCrashesAndSamplesAreRefusedWithWhatIsAccepted) {
+  struct Case {
+    const char* what;
+    Scenario scenario;
+    std::vector<const char*> parts;
+  };
+  Scenario good = Of({OneProcess("a", 30, Persistent(kMillisecondNs))});
+  good.tenants[0].processes[0].segments = {SegmentOf(0, kSecondNs, Mixed()),
+                                           SegmentOf(2 * kSecondNs, 3 * kSecondNs, SyncLoop(kMillisecondNs))};
+  good.tenants[0].processes[0].crash_ns = 2500 * kMillisecondNs;
+  good.sample_ns = 100 * kMillisecondNs;
+  EXPECT_EQ(Validate(good), "");
+  std::vector<Case> cases;
+  Scenario overlap = good;
+  overlap.tenants[0].processes[0].segments[1].start_ns = 900 * kMillisecondNs;
+  cases.push_back({"overlap", overlap, {"tenants[0].processes[0].segments[1].start_ns = 900000000",
+                                        "at or after segments[0].stop_ns = 1000000000", "not overlapping"}});
+  Scenario unsorted = good;
+  std::swap(unsorted.tenants[0].processes[0].segments[0], unsorted.tenants[0].processes[0].segments[1]);
+  cases.push_back({"unsorted", unsorted, {"segments[1].start_ns = 0", "in time order"}});
+  Scenario empty = good;
+  empty.tenants[0].processes[0].segments[0].stop_ns = 0;
+  cases.push_back({"empty", empty, {"segments[0].start_ns = 0", "below its stop_ns"}});
+  Scenario segment_workload = good;
+  segment_workload.tenants[0].processes[0].segments[1].workload.queue_depth = 500;
+  cases.push_back({"segment workload", segment_workload, {"segments[1].workload.queue_depth = 500", "1 .. 128"}});
+  Scenario crash_late = good;
+  crash_late.tenants[0].processes[0].crash_ns = 3 * kSecondNs;
+  cases.push_back({"crash at stop", crash_late,
+                   {"tenants[0].processes[0].crash_ns = 3000000000", "lifetime [0, 3000000000)", "UINT64_MAX"}});
+  Scenario crash_early = Of({OneProcess("a", 30, Persistent(kMillisecondNs), Policy::force, kSecondNs)});
+  crash_early.tenants[0].processes[0].crash_ns = 10;
+  cases.push_back({"crash before start", crash_early, {"crash_ns = 10", "lifetime [1000000000, 6000000000)"}});
+  Scenario crash_after_end = Of({OneProcess("a", 30, Persistent(kMillisecondNs))});
+  crash_after_end.tenants[0].processes[0].crash_ns = 6 * kSecondNs;
+  cases.push_back({"crash at the end", crash_after_end, {"crash_ns = 6000000000", "[0, 6000000000)"}});
+  Scenario sample = good;
+  sample.sample_ns = 700 * kMillisecondNs;
+  cases.push_back({"sample", sample, {"sample_ns = 700000000", "dividing duration_ns"}});
+  Scenario tiny_sample = good;
+  tiny_sample.sample_ns = 1000;
+  cases.push_back({"tiny sample", tiny_sample, {"sample_ns = 1000", "1 ms .. duration_ns"}});
   for (const Case& c : cases) {
     const std::string error = Validate(c.scenario);
     for (const char* part : c.parts) {

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -285,7 +286,92 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
   return true;
 }
 
+// Whether the owner of `slot` lives, for a reader that holds no slot: 1 its liveness byte is held by some
+// description (ours holds none), 0 it is not, -1 the probe failed.
+int ProbeLiveness(int fd, int slot) {
+  struct flock lock {};
+  lock.l_type = F_WRLCK;  // a test, not a claim: F_OFD_GETLK needs no write access to the file
+  lock.l_whence = SEEK_SET;
+  lock.l_start = LivenessByte(slot);
+  lock.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return -1;
+  return lock.l_type != F_UNLCK ? 1 : 0;
+}
+
 }  // namespace
+
+bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    error = "cannot open " + Quoted(path) + " for reading: " + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (!Validate(fd, path, st, error)) {
+    close(fd);
+    return false;
+  }
+  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) {
+    error = "cannot map " + Quoted(path) + " for reading: " + std::strerror(errno);
+    close(fd);
+    return false;
+  }
+  // Writers change the region under its lock, which a reader never takes: every field is read with a relaxed
+  // atomic load (the const_cast only lets atomic_ref name it; nothing is written through a read-only mapping).
+  auto& region = *const_cast<Region*>(static_cast<const Region*>(mapped));
+  const auto load32 = [](auto& field) { return std::atomic_ref(field).load(std::memory_order_relaxed); };
+  const auto load64 = [](std::uint64_t& field) {
+    return std::atomic_ref<std::uint64_t>(field).load(std::memory_order_relaxed);
+  };
+  Snapshot snapshot;
+  snapshot.version = region.version;
+  const std::uint32_t device_count = std::min(load32(region.device_count), kMaxDevices);
+  std::uint32_t used_devices[kMaxDevices] = {};  // region index of each snapshot device
+  for (std::uint32_t d = 0; d < device_count; ++d) {
+    Device& device = region.devices[d];
+    if (load32(device.in_use) == 0) continue;
+    DeviceSnapshot view{};
+    std::memcpy(view.uuid, device.uuid, sizeof view.uuid);  // written before device_count counted it
+    view.used_bytes = 0;
+    view.limit_bytes = load64(device.limit_bytes);
+    view.context_bytes = load64(device.context_bytes);
+    view.compute.resize(sizeof device.compute);
+    static_assert(sizeof device.compute % 8 == 0 && offsetof(Device, compute) % 8 == 0);
+    for (std::size_t word = 0; word < sizeof device.compute / 8; ++word) {
+      // The cell is updated with 8-byte atomics by its writers: copy it the same way, word by word.
+      auto* cell = reinterpret_cast<std::uint64_t*>(device.compute) + word;
+      const std::uint64_t value = load64(*cell);
+      std::memcpy(view.compute.data() + word * 8, &value, 8);
+    }
+    used_devices[snapshot.devices.size()] = d;
+    snapshot.devices.push_back(std::move(view));
+  }
+  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+    Slot& slot = region.slots[i];
+    if (load32(slot.state) != SlotState::live) continue;
+    const std::int32_t pid = load32(slot.pid);
+    const int probed = ProbeLiveness(fd, i);
+    // The byte is the region's own liveness truth; kill(pid, 0) only where it cannot be probed. A pid of -1 is a
+    // holder the claimant could not name: never kill() it (that would signal every process we may).
+    const bool alive = probed >= 0 ? probed == 1 : pid <= 0 || kill(pid, 0) == 0 || errno == EPERM;
+    if (!alive) continue;
+    SlotSnapshot view;
+    view.pid = pid;
+    view.generation = load64(slot.generation);
+    view.used_bytes.resize(snapshot.devices.size());
+    for (std::size_t d = 0; d < snapshot.devices.size(); ++d) {
+      const std::uint64_t used = load64(slot.used_bytes[used_devices[d]]);
+      view.used_bytes[d] = used;
+      snapshot.devices[d].used_bytes = SaturatingAdd(snapshot.devices[d].used_bytes, used);
+    }
+    snapshot.live.push_back(std::move(view));
+  }
+  munmap(mapped, sizeof(Region));
+  close(fd);
+  out = std::move(snapshot);
+  return true;
+}
 
 // Holds the region's robust lock for a scope. A lock inherited from a dead owner is repaired before use. Waits
 // go in slices (kLockSliceNs) and are bounded (kLockWaitMaxNs). The calling thread cannot be cancelled inside

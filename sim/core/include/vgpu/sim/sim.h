@@ -41,10 +41,23 @@ Workload SyncLoop(std::uint64_t kernel_ns);                                   //
 Workload Mixed(std::uint32_t queue_depth = 4);  // 5 us .. 20 ms in 1-2-5 steps: 12 sizes, log-uniform
 Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);
 
+// A stretch of a process's life with one workload: launches from start_ns, none from stop_ns on.
+struct Segment {
+  std::uint64_t start_ns = 0;
+  std::uint64_t stop_ns = UINT64_MAX;
+  Workload workload;
+};
+
 struct Process {
   Workload workload;
   std::uint64_t start_ns = 0;                // first launch (idle before: a tenant that arrives later)
   std::uint64_t stop_ns = UINT64_MAX;        // no launch from here on
+  // If not empty: the process's schedule instead of workload/start/stop, in time order, not overlapping (the gaps
+  // are idle). Each segment's kernels are distinct kernels from the other segments' (their own cost entries).
+  std::vector<Segment> segments;
+  // Killed at this time (SIGKILL): no launch from then on, its queued and running kernels are dropped, as a
+  // context destroyed with its process. UINT64_MAX = never.
+  std::uint64_t crash_ns = UINT64_MAX;
   // Host time of a launch call before the shim's Admit. The kernel is queued at the Admit (or at ready_at, after
   // the shim's sleep), and the application's next call begins then.
   std::uint64_t launch_overhead_ns = 3 * kMicrosecondNs;
@@ -93,6 +106,9 @@ struct Scenario {
   OthersEstimate others_estimate = OthersEstimate::nvml_minus_cell_busy;
   std::vector<Tenant> tenants;
   bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
+  // If not 0: every sample_ns, each tenant's cumulative busy time is recorded (TenantResult::busy_samples_ns);
+  // duration_ns must be a multiple.
+  std::uint64_t sample_ns = 0;
 };
 
 struct TenantResult {
@@ -102,6 +118,9 @@ struct TenantResult {
   double mean_share = 0;                     // over the windows from settle_ns on
   double worst_window_error = 0;             // largest |window share - cap| over those windows
   std::uint64_t kernels = 0;                 // completed
+  // Scenario::sample_ns: the tenant's cumulative busy time (the model's exact per-process device time, summed over
+  // its processes) at sample_ns, 2 x sample_ns, ..., duration_ns.
+  std::vector<std::uint64_t> busy_samples_ns;
 };
 
 struct Result {

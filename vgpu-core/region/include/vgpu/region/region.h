@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "vgpu/region/layout.h"
 
@@ -85,5 +86,34 @@ class Attachment {
   std::uint64_t file_inode_ = 0;
   std::string path_;
 };
+
+// A read-only view of a region for monitoring (the scenario runner, tools): what each device and each live
+// process holds, read without the lock and without a slot of its own, so a monitor never changes what it watches.
+struct DeviceSnapshot {
+  std::uint8_t uuid[16];
+  std::uint64_t used_bytes;                 // sum of the live processes' slots (not the cached Device::used_bytes)
+  std::uint64_t limit_bytes;                // as the last process that attached configured it
+  std::uint64_t context_bytes;              // measured context overhead, 0 = not yet known
+  std::vector<std::uint8_t> compute;        // a raw copy of Device::compute (the policy code reads it)
+};
+
+struct SlotSnapshot {
+  std::int32_t pid;
+  std::uint64_t generation;
+  std::vector<std::uint64_t> used_bytes;    // per device, indexed as Snapshot::devices
+};
+
+struct Snapshot {
+  std::uint32_t version = 0;
+  std::vector<DeviceSnapshot> devices;      // the devices in use, in the region's order
+  std::vector<SlotSnapshot> live;           // slots whose process still lives
+};
+
+// Reads the region at `path` (O_RDONLY, PROT_READ: a monitor needs no write access). A slot counts as live only
+// while its process lives: its liveness byte is held (the same probe the reaper uses, immune to pid reuse,
+// zombies and pid namespaces), or, where that probe cannot be made, kill(pid, 0) finds the process. So a
+// process killed a moment ago is not reported as holding memory even before anyone reaps its slot. False and
+// `error` (one line: the path and what is wrong) for a missing, truncated or foreign file.
+bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error);
 
 }  // namespace vgpu::region

@@ -1,0 +1,760 @@
+// The scenario runner (sim/runner): virtual mode's trace (shares per window, the memory ledger and OOM, crashes,
+// devices with budgets of their own, determinism, JSON lines, refusals), and live mode over fakecuda with real
+// vgpu-tenant processes under the shim (a capped tenant, an OOM, a SIGKILL whose memory comes back).
+// Scenarios are built as structs here, as the parser (sim/scenario) would resolve them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vgpu/runner/runner.h"
+#include "vgpu/scenario/scenario.h"
+
+namespace vgpu::runner {
+namespace {
+
+using scenario::kMillisecondNs;
+using scenario::kSecondNs;
+constexpr std::uint64_t kMiB = 1ull << 20;
+constexpr std::uint64_t kGiB = 1ull << 30;
+constexpr std::uint64_t kH100ContextBytes = 518 * kMiB;
+constexpr std::uint64_t kH100ReservedBytes = 480 * kMiB;  // NVML's total minus cuMemGetInfo's (81559 - 81079 MiB)
+
+// ---- building scenarios -------------------------------------------------------------------------------------
+
+scenario::Phase Kernels(std::uint64_t kernel_ns, std::uint64_t for_ns = 0) {
+  scenario::Phase phase;
+  phase.kind = scenario::Phase::Kind::kernels;
+  phase.sizes_ns = {kernel_ns};
+  phase.for_ns = for_ns;
+  return phase;
+}
+
+scenario::Phase Idle(std::uint64_t for_ns) {
+  scenario::Phase phase;
+  phase.kind = scenario::Phase::Kind::idle;
+  phase.for_ns = for_ns;
+  return phase;
+}
+
+scenario::ProcessSpec Process(std::uint64_t stop_ns, std::vector<scenario::Phase> work) {
+  scenario::ProcessSpec process;
+  process.stop_ns = stop_ns;
+  process.work = std::move(work);
+  return process;
+}
+
+scenario::TenantSpec Tenant(const std::string& name, std::uint32_t cores, std::vector<std::uint32_t> devices = {0}) {
+  scenario::TenantSpec tenant;
+  tenant.name = name;
+  tenant.cores_percent = cores;
+  tenant.gpu_count = static_cast<std::uint32_t>(devices.size());
+  tenant.devices = std::move(devices);
+  return tenant;
+}
+
+scenario::Scenario Base(const std::string& name, std::uint64_t duration_ns) {
+  scenario::Scenario s;
+  s.name = name;
+  s.gpu = "h100-80gb";
+  s.device_count = 1;
+  s.context_bytes = kH100ContextBytes;
+  s.duration_ns = duration_ns;
+  s.settle_ns = kSecondNs;
+  s.window_ns = kSecondNs;
+  s.sample_ns = 100 * kMillisecondNs;
+  return s;
+}
+
+// One tenant process of 1 ms kernels, closed loop, from 0 to the end.
+scenario::TenantSpec Busy(const std::string& name, std::uint32_t cores, std::uint64_t duration_ns,
+                          std::vector<std::uint32_t> devices = {0}) {
+  scenario::TenantSpec tenant = Tenant(name, cores, std::move(devices));
+  tenant.processes.push_back(Process(duration_ns, {Kernels(kMillisecondNs)}));
+  return tenant;
+}
+
+// ---- reading traces ------------------------------------------------------------------------------------------
+
+// One trace line: a flat JSON object of strings, integers and arrays of integers (all the trace holds). Parse()
+// is strict: anything else, or trailing bytes, is not a trace line.
+struct TraceLine {
+  std::map<std::string, std::string> text;
+  std::map<std::string, std::int64_t> number;
+  std::map<std::string, std::vector<std::int64_t>> numbers;
+
+  std::string Text(const std::string& key) const { return text.count(key) != 0 ? text.at(key) : "<missing>"; }
+  std::int64_t Number(const std::string& key) const { return number.count(key) != 0 ? number.at(key) : -999; }
+
+  static bool Parse(std::string_view line, TraceLine& out) {
+    std::size_t at = 0;
+    const auto skip = [&] {
+      while (at < line.size() && line[at] == ' ') ++at;
+    };
+    const auto string = [&](std::string& value) {
+      if (at >= line.size() || line[at] != '"') return false;
+      for (++at; at < line.size(); ++at) {
+        if (line[at] == '"') {
+          ++at;
+          return true;
+        }
+        if (line[at] == '\\') {
+          if (++at >= line.size()) return false;
+          if (line[at] == 'u') {
+            if (at + 4 >= line.size()) return false;
+            value += '?';
+            at += 4;
+            continue;
+          }
+          if (std::string_view("\"\\/bfnrt").find(line[at]) == std::string_view::npos) return false;
+        } else if (static_cast<unsigned char>(line[at]) < 0x20) {
+          return false;
+        }
+        value += line[at];
+      }
+      return false;
+    };
+    const auto integer = [&](std::int64_t& value) {
+      const std::size_t start = at;
+      if (at < line.size() && line[at] == '-') ++at;
+      const std::size_t digits = at;
+      while (at < line.size() && line[at] >= '0' && line[at] <= '9') ++at;
+      if (at == digits) return false;
+      value = std::stoll(std::string(line.substr(start, at - start)));
+      return true;
+    };
+    if (line.empty() || line[at++] != '{') return false;
+    for (bool first = true;; first = false) {
+      skip();
+      if (at < line.size() && line[at] == '}' && first) break;
+      std::string key;
+      if (!string(key)) return false;
+      skip();
+      if (at >= line.size() || line[at++] != ':') return false;
+      skip();
+      if (at < line.size() && line[at] == '"') {
+        std::string value;
+        if (!string(value)) return false;
+        out.text[key] = value;
+      } else if (at < line.size() && line[at] == '[') {
+        ++at;
+        std::vector<std::int64_t> values;
+        skip();
+        if (at < line.size() && line[at] == ']') {
+          ++at;
+        } else {
+          for (;;) {
+            std::int64_t value = 0;
+            skip();
+            if (!integer(value)) return false;
+            values.push_back(value);
+            skip();
+            if (at < line.size() && line[at] == ',') {
+              ++at;
+              continue;
+            }
+            if (at < line.size() && line[at] == ']') {
+              ++at;
+              break;
+            }
+            return false;
+          }
+        }
+        out.numbers[key] = values;
+      } else {
+        std::int64_t value = 0;
+        if (!integer(value)) return false;
+        out.number[key] = value;
+      }
+      skip();
+      if (at < line.size() && line[at] == ',') {
+        ++at;
+        continue;
+      }
+      if (at < line.size() && line[at] == '}') break;
+      return false;
+    }
+    return at + 1 == line.size();
+  }
+};
+
+struct Trace {
+  std::vector<TraceLine> lines;
+
+  std::vector<TraceLine> Of(const std::string& event) const {
+    std::vector<TraceLine> found;
+    for (const TraceLine& line : lines) {
+      if (line.Text("ev") == event) found.push_back(line);
+    }
+    return found;
+  }
+  std::vector<TraceLine> Of(const std::string& event, const std::string& tenant) const {
+    std::vector<TraceLine> found;
+    for (const TraceLine& line : Of(event)) {
+      if (line.Text("tenant") == tenant) found.push_back(line);
+    }
+    return found;
+  }
+  // t_ns -> busy_ns of a tenant on a physical device.
+  std::map<std::int64_t, std::int64_t> Busy(const std::string& tenant, std::int64_t device) const {
+    std::map<std::int64_t, std::int64_t> busy;
+    for (const TraceLine& line : Of("sample", tenant)) {
+      if (line.Number("device") == device) busy[line.Number("t_ns")] = line.Number("busy_ns");
+    }
+    return busy;
+  }
+  std::map<std::int64_t, std::int64_t> Memory(const std::string& tenant, std::int64_t device) const {
+    std::map<std::int64_t, std::int64_t> memory;
+    for (const TraceLine& line : Of("sample", tenant)) {
+      if (line.Number("device") == device) memory[line.Number("t_ns")] = line.Number("memory_bytes");
+    }
+    return memory;
+  }
+  // The tenant's share (percent) in each whole window [w x window, (w + 1) x window) with both ends sampled.
+  std::vector<double> Shares(const std::string& tenant, std::int64_t device, std::uint64_t window_ns) const {
+    const auto busy = Busy(tenant, device);
+    std::vector<double> shares;
+    for (std::uint64_t start = 0;; start += window_ns) {
+      const auto from = busy.find(static_cast<std::int64_t>(start));
+      const auto to = busy.find(static_cast<std::int64_t>(start + window_ns));
+      if (from == busy.end() || to == busy.end()) break;
+      shares.push_back(100.0 * static_cast<double>(to->second - from->second) / static_cast<double>(window_ns));
+    }
+    return shares;
+  }
+};
+
+// Parses every line; a line that is not a trace line fails the test, naming it.
+Trace Parse(const std::string& text) {
+  Trace trace;
+  std::istringstream in(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    TraceLine parsed;
+    EXPECT_TRUE(TraceLine::Parse(line, parsed)) << "line " << number << " is not a JSON trace line: " << line;
+    EXPECT_EQ(parsed.Text("ev") != "<missing>", true) << "line " << number << " has no ev: " << line;
+    trace.lines.push_back(parsed);
+  }
+  EXPECT_TRUE(text.empty() || text.back() == '\n') << "the trace does not end with a newline";
+  return trace;
+}
+
+std::string Head(const std::string& text, int lines) {
+  std::string head;
+  std::istringstream in(text);
+  std::string line;
+  for (int i = 0; i < lines && std::getline(in, line); ++i) head += line + "\n";
+  return head;
+}
+
+Outcome MustRun(const scenario::Scenario& s, Options options = {}) {
+  const Outcome outcome = runner::Run(s, options);
+  EXPECT_TRUE(outcome.ok) << outcome.error;
+  EXPECT_EQ(outcome.error, "");
+  return outcome;
+}
+
+// Every judged window (from settle on) within `tolerance` points of `target`; prints them all.
+void ExpectShares(const Trace& trace, const std::string& tenant, std::int64_t device, double target,
+                  double tolerance, std::uint64_t settle_ns = kSecondNs, std::uint64_t window_ns = kSecondNs) {
+  const std::vector<double> shares = trace.Shares(tenant, device, window_ns);
+  std::string text;
+  for (const double share : shares) text += " " + std::to_string(share);
+  std::printf("tenant %s device %lld windows (%%):%s\n", tenant.c_str(), static_cast<long long>(device), text.c_str());
+  ASSERT_GT(shares.size(), settle_ns / window_ns) << "no judged window for " << tenant;
+  for (std::size_t w = settle_ns / window_ns; w < shares.size(); ++w) {
+    EXPECT_NEAR(shares[w], target, tolerance) << "tenant " << tenant << " device " << device << " window " << w;
+  }
+}
+
+// ---- virtual mode ------------------------------------------------------------------------------------------
+
+TEST(RunnerVirtual, ThirtySeventySharesHoldInEveryWindowAfterSettling) {
+  scenario::Scenario s = Base("thirty-seventy", 6 * kSecondNs);
+  s.tenants = {Busy("thirty", 30, s.duration_ns), Busy("seventy", 70, s.duration_ns)};
+  const Outcome outcome = MustRun(s);
+  const Trace trace = Parse(outcome.trace);
+  ExpectShares(trace, "thirty", 0, 30, 2);
+  ExpectShares(trace, "seventy", 0, 70, 2);
+  // The header, one sample per tenant and a gpu line per sample instant, and the end.
+  ASSERT_FALSE(trace.lines.empty());
+  EXPECT_EQ(trace.lines.front().Text("ev"), "run");
+  EXPECT_EQ(trace.lines.front().Text("mode"), "virtual");
+  EXPECT_EQ(trace.lines.front().Number("version"), 1);
+  EXPECT_EQ(trace.lines.back().Text("ev"), "end");
+  EXPECT_EQ(trace.lines.back().Number("leaked_bytes"), 0);
+  EXPECT_EQ(trace.Of("sample", "thirty").size(), 61u);
+  EXPECT_EQ(trace.Of("gpu").size(), 61u);
+  // NVML's utilization: the two together keep the device busy.
+  for (const TraceLine& gpu : trace.Of("gpu")) {
+    if (gpu.Number("t_ns") >= static_cast<std::int64_t>(kSecondNs)) {
+      EXPECT_GE(gpu.Number("util_percent"), 95);
+    }
+    EXPECT_LE(gpu.Number("util_percent"), 100);
+  }
+  std::printf("trace head:\n%s", Head(outcome.trace, 15).c_str());
+}
+
+TEST(RunnerVirtual, TheTraceIsInTimeOrderAndTenantLinesDescribeTheContainers) {
+  scenario::Scenario s = Base("order", 2 * kSecondNs);
+  s.tenants = {Busy("a", 30, s.duration_ns)};
+  s.tenants[0].memory_limit_bytes = 4 * kGiB;
+  s.tenants[0].priority = 0;
+  s.tenants[0].policy = scenario::Policy::disable;
+  s.tenants[0].processes[0].replicas = 2;
+  const Trace trace = Parse(MustRun(s).trace);
+  const std::vector<TraceLine> tenants = trace.Of("tenant");
+  ASSERT_EQ(tenants.size(), 1u);
+  EXPECT_EQ(tenants[0].Text("tenant"), "a");
+  EXPECT_EQ(tenants[0].Number("index"), 0);
+  EXPECT_EQ(tenants[0].numbers.at("devices"), std::vector<std::int64_t>{0});
+  EXPECT_EQ(tenants[0].Number("cores_percent"), 30);
+  EXPECT_EQ(tenants[0].Number("memory_limit_bytes"), static_cast<std::int64_t>(4 * kGiB));
+  EXPECT_EQ(tenants[0].Text("policy"), "disable");
+  EXPECT_EQ(tenants[0].Number("priority"), 0);
+  EXPECT_EQ(tenants[0].Number("processes"), 2);
+  const std::vector<TraceLine> processes = trace.Of("process");
+  ASSERT_EQ(processes.size(), 2u);
+  EXPECT_EQ(processes[0].Number("process"), 0);
+  EXPECT_EQ(processes[1].Number("process"), 1);
+  EXPECT_EQ(processes[0].Number("pid"), 0);
+  std::int64_t last = -1;
+  for (const TraceLine& line : trace.lines) {
+    if (line.number.count("t_ns") == 0) continue;
+    EXPECT_GE(line.Number("t_ns"), last) << "out of time order at " << line.Text("ev");
+    last = line.Number("t_ns");
+  }
+  const std::vector<TraceLine> exits = trace.Of("exit");
+  ASSERT_EQ(exits.size(), 2u);
+  EXPECT_EQ(exits[0].Text("status"), "ok");
+  EXPECT_EQ(exits[0].Number("code"), 0);
+  EXPECT_EQ(exits[0].Number("t_ns"), static_cast<std::int64_t>(s.duration_ns));
+}
+
+TEST(RunnerVirtual, MemoryIsTheShimsLedgerContextPlusAllocation) {
+  scenario::Scenario s = Base("memory", 2 * kSecondNs);
+  s.tenants = {Busy("a", 0, s.duration_ns)};
+  s.tenants[0].memory_limit_bytes = 4 * kGiB;
+  s.tenants[0].processes[0].alloc_bytes = kGiB;
+  s.tenants[0].processes[0].start_ns = 500 * kMillisecondNs;
+  const Trace trace = Parse(MustRun(s).trace);
+  const auto memory = trace.Memory("a", 0);
+  EXPECT_EQ(memory.at(0), 0);
+  EXPECT_EQ(memory.at(400 * kMillisecondNs), 0);
+  EXPECT_EQ(memory.at(500 * kMillisecondNs), static_cast<std::int64_t>(kH100ContextBytes + kGiB));
+  EXPECT_EQ(memory.at(1900 * kMillisecondNs), static_cast<std::int64_t>(kH100ContextBytes + kGiB));
+  EXPECT_EQ(memory.at(2000 * kMillisecondNs), 0) << "released when the process stops";
+  for (const TraceLine& gpu : trace.Of("gpu")) {
+    if (gpu.Number("t_ns") == static_cast<std::int64_t>(kSecondNs)) {
+      EXPECT_EQ(gpu.Number("memory_used_bytes"),
+                static_cast<std::int64_t>(kH100ReservedBytes + kH100ContextBytes + kGiB));
+    }
+  }
+  EXPECT_EQ(trace.Of("end").at(0).Number("leaked_bytes"), 0);
+}
+
+TEST(RunnerVirtual, AnAllocationOverTheLimitIsAnOomAndRunsNothing) {
+  scenario::Scenario s = Base("oom", 3 * kSecondNs);
+  s.tenants = {Busy("greedy", 50, s.duration_ns), Busy("context-only", 50, s.duration_ns),
+               Busy("fine", 50, s.duration_ns)};
+  s.tenants[0].memory_limit_bytes = kGiB;
+  s.tenants[0].processes[0].alloc_bytes = 2 * kGiB;
+  s.tenants[1].memory_limit_bytes = 256 * kMiB;  // not even the context fits
+  s.tenants[2].memory_limit_bytes = kGiB;
+  s.tenants[2].processes[0].alloc_bytes = 256 * kMiB;
+  const Trace trace = Parse(MustRun(s).trace);
+  const std::vector<TraceLine> ooms = trace.Of("oom", "greedy");
+  ASSERT_EQ(ooms.size(), 1u);
+  EXPECT_EQ(ooms[0].Number("t_ns"), 0);
+  EXPECT_EQ(ooms[0].Number("process"), 0);
+  EXPECT_EQ(ooms[0].Number("bytes"), static_cast<std::int64_t>(2 * kGiB));
+  ASSERT_EQ(trace.Of("oom", "context-only").size(), 1u);
+  EXPECT_EQ(trace.Of("oom", "context-only")[0].Number("bytes"), static_cast<std::int64_t>(kH100ContextBytes));
+  EXPECT_TRUE(trace.Of("oom", "fine").empty());
+  const std::vector<TraceLine> exits = trace.Of("exit", "greedy");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "oom");
+  EXPECT_EQ(exits[0].Number("code"), 3);
+  EXPECT_EQ(exits[0].Number("t_ns"), 0);
+  for (const auto& [t, busy] : trace.Busy("greedy", 0)) EXPECT_EQ(busy, 0) << "at " << t;
+  for (const auto& [t, bytes] : trace.Memory("greedy", 0)) EXPECT_EQ(bytes, 0) << "at " << t;
+  // The one that fits runs alone at its cap.
+  ExpectShares(trace, "fine", 0, 50, 2);
+}
+
+TEST(RunnerVirtual, ALaterProcessOfTheSameTenantOomsWhileTheFirstHoldsItsMemory) {
+  scenario::Scenario s = Base("second-oom", 2 * kSecondNs);
+  s.tenants = {Tenant("a", 0)};
+  s.tenants[0].memory_limit_bytes = 2 * kGiB;
+  scenario::ProcessSpec first = Process(kSecondNs, {Kernels(kMillisecondNs)});
+  first.alloc_bytes = kGiB;
+  scenario::ProcessSpec second = Process(2 * kSecondNs, {Kernels(kMillisecondNs)});
+  second.start_ns = 500 * kMillisecondNs;
+  second.alloc_bytes = kGiB;
+  scenario::ProcessSpec third = second;
+  third.start_ns = kSecondNs;  // the first has just given its memory back
+  s.tenants[0].processes = {first, second, third};
+  const Trace trace = Parse(MustRun(s).trace);
+  const std::vector<TraceLine> ooms = trace.Of("oom", "a");
+  ASSERT_EQ(ooms.size(), 1u);
+  EXPECT_EQ(ooms[0].Number("process"), 1);
+  EXPECT_EQ(ooms[0].Number("t_ns"), static_cast<std::int64_t>(500 * kMillisecondNs));
+}
+
+TEST(RunnerVirtual, ACrashStopsBusyGrowthAndFreesTheMemory) {
+  scenario::Scenario s = Base("crash", 6 * kSecondNs);
+  s.tenants = {Busy("victim", 40, s.duration_ns)};
+  s.tenants[0].processes[0].crash_at_ns = 3 * kSecondNs;
+  s.tenants[0].processes[0].alloc_bytes = kGiB;
+  const Trace trace = Parse(MustRun(s).trace);
+  const auto busy = trace.Busy("victim", 0);
+  const std::int64_t at_crash = busy.at(3 * kSecondNs);
+  EXPECT_NEAR(static_cast<double>(at_crash), 0.4 * 3e9, 0.03 * 3e9);
+  for (const auto& [t, value] : busy) {
+    if (t >= static_cast<std::int64_t>(3 * kSecondNs)) {
+      EXPECT_EQ(value, at_crash) << "busy grew after the crash, at " << t;
+    }
+  }
+  const std::vector<TraceLine> exits = trace.Of("exit", "victim");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "killed");
+  EXPECT_EQ(exits[0].Number("code"), 9);
+  EXPECT_EQ(exits[0].Number("t_ns"), static_cast<std::int64_t>(3 * kSecondNs));
+  const auto memory = trace.Memory("victim", 0);
+  EXPECT_EQ(memory.at(2900 * kMillisecondNs), static_cast<std::int64_t>(kH100ContextBytes + kGiB));
+  EXPECT_EQ(memory.at(3 * kSecondNs), 0);
+  EXPECT_EQ(trace.Of("end").at(0).Number("leaked_bytes"), 0);
+}
+
+TEST(RunnerVirtual, TwoDevicesWithRemappedOrdinalsHaveBudgetsOfTheirOwn) {
+  scenario::Scenario s = Base("two-devices", 4 * kSecondNs);
+  s.gpu = "2xh100-80gb";
+  s.device_count = 2;
+  // "swapped" sees [1, 0]: its CUDA device 0 is physical 1, its CUDA device 1 physical 0. At 30 % it may use
+  // 30 % of each device: were its budget one for both, it would get 15 % on each.
+  scenario::TenantSpec swapped = Tenant("swapped", 30, {1, 0});
+  swapped.processes = {Process(s.duration_ns, {Kernels(kMillisecondNs)}),
+                       Process(s.duration_ns, {Kernels(kMillisecondNs)})};
+  swapped.processes[1].device = 1;
+  scenario::TenantSpec zero = Busy("on-zero", 50, s.duration_ns, {0});
+  s.tenants = {swapped, zero};
+  const Trace trace = Parse(MustRun(s).trace);
+  ExpectShares(trace, "swapped", 0, 30, 2);
+  ExpectShares(trace, "swapped", 1, 30, 2);
+  ExpectShares(trace, "on-zero", 0, 50, 2);
+  const std::vector<TraceLine> processes = trace.Of("process", "swapped");
+  ASSERT_EQ(processes.size(), 2u);
+  EXPECT_EQ(processes[0].Number("device"), 1) << "CUDA ordinal 0 of [1, 0] is physical device 1";
+  EXPECT_EQ(processes[1].Number("device"), 0);
+  EXPECT_TRUE(trace.Busy("on-zero", 1).empty()) << "a tenant has samples for its own devices only";
+  EXPECT_EQ(trace.Of("gpu").size(), 2u * 41u);
+}
+
+TEST(RunnerVirtual, RepeatedPhasesAlternateBusyAndIdle) {
+  scenario::Scenario s = Base("repeat", 4 * kSecondNs);
+  scenario::TenantSpec tenant = Tenant("bursty", 0);
+  tenant.processes = {
+      Process(s.duration_ns, {Kernels(kMillisecondNs, 200 * kMillisecondNs), Idle(300 * kMillisecondNs)})};
+  tenant.processes[0].repeat = true;
+  s.tenants = {tenant};
+  const Trace trace = Parse(MustRun(s).trace);
+  ExpectShares(trace, "bursty", 0, 40, 1, 0);
+  // Every 500 ms: 200 ms busy (and what is in flight at the phase's end), then nothing.
+  const auto busy = trace.Busy("bursty", 0);
+  EXPECT_NEAR(static_cast<double>(busy.at(300 * kMillisecondNs) - busy.at(200 * kMillisecondNs)), 0, 5e6);
+  EXPECT_NEAR(static_cast<double>(busy.at(700 * kMillisecondNs) - busy.at(500 * kMillisecondNs)), 200e6, 5e6);
+}
+
+TEST(RunnerVirtual, TheSameSeedGivesTheSameTraceByteForByte) {
+  scenario::Scenario s = Base("seeded", 3 * kSecondNs);
+  scenario::TenantSpec mixed = Tenant("mixed", 30);
+  scenario::Phase phase = Kernels(5000);
+  phase.sizes_ns = {5000, 50'000, 500'000, 5'000'000};
+  phase.jitter_permille = 100;
+  mixed.processes = {Process(s.duration_ns, {phase})};
+  s.tenants = {mixed, Busy("steady", 60, s.duration_ns)};
+  s.seed = 42;
+  const std::string first = MustRun(s).trace;
+  const std::string second = MustRun(s).trace;
+  EXPECT_EQ(first, second);
+  s.seed = 43;
+  const std::string other = MustRun(s).trace;
+  EXPECT_NE(first, other) << "another seed draws other kernels";
+  Parse(first);
+}
+
+TEST(RunnerVirtual, TheTraceGoesToAFileLineByLine) {
+  scenario::Scenario s = Base("to-a-file", 2 * kSecondNs);
+  s.tenants = {Busy("a", 30, s.duration_ns)};
+  const std::string in_memory = MustRun(s).trace;
+  char folder[] = "/tmp/vgpu-runner-test.XXXXXX";
+  ASSERT_NE(mkdtemp(folder), nullptr);
+  Options options;
+  options.trace_path = std::string(folder) + "/trace.jsonl";
+  std::vector<double> fractions;
+  options.progress = [&](double fraction, const std::string&) { fractions.push_back(fraction); };
+  const Outcome outcome = MustRun(s, options);
+  EXPECT_EQ(outcome.trace, "") << "kept in the file only";
+  std::ifstream in(options.trace_path);
+  const std::string from_file((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(from_file, in_memory);
+  std::filesystem::remove_all(folder);
+  // At least once per second of scenario time, rising, ending at 1.
+  ASSERT_GE(fractions.size(), 2u);
+  for (std::size_t i = 1; i < fractions.size(); ++i) EXPECT_GE(fractions[i], fractions[i - 1]);
+  EXPECT_EQ(fractions.back(), 1.0);
+}
+
+TEST(RunnerVirtual, ACancelledRunSaysSo) {
+  scenario::Scenario s = Base("cancelled", 2 * kSecondNs);
+  s.tenants = {Busy("a", 30, s.duration_ns)};
+  std::atomic<bool> cancel{true};
+  Options options;
+  options.cancel = &cancel;
+  const Outcome outcome = runner::Run(s, options);
+  EXPECT_FALSE(outcome.ok);
+  EXPECT_NE(outcome.error.find("cancelled"), std::string::npos) << outcome.error;
+}
+
+struct Refusal {
+  const char* what;
+  void (*change)(scenario::Scenario&);
+  const char* expected;  // in the message
+};
+
+// Names the case in test listings (ctest shows GetParam()), instead of the struct's bytes.
+void PrintTo(const Refusal& refusal, std::ostream* out) { *out << refusal.what; }
+
+class RunnerRefusal : public ::testing::TestWithParam<Refusal> {};
+
+TEST_P(RunnerRefusal, ComesBackAsAnOutcomeErrorNamingTheField) {
+  scenario::Scenario s = Base("refused", 2 * kSecondNs);
+  s.tenants = {Busy("a", 30, s.duration_ns)};
+  GetParam().change(s);
+  const Outcome outcome = runner::Run(s, Options{});
+  EXPECT_FALSE(outcome.ok);
+  EXPECT_NE(outcome.error.find(GetParam().expected), std::string::npos) << outcome.error;
+  EXPECT_EQ(outcome.error.find('\n'), std::string::npos) << "not one line: " << outcome.error;
+  EXPECT_EQ(outcome.trace, "") << "nothing ran";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RunnerVirtual, RunnerRefusal,
+    ::testing::Values(
+        Refusal{"real_gpu", [](scenario::Scenario& s) { s.gpu = "real", s.real_gpu = true; }, "live only"},
+        Refusal{"faults", [](scenario::Scenario& s) { s.faults = {"cuLaunchKernel:error=CUDA_ERROR_LAUNCH_FAILED"}; },
+                "not modelled in virtual mode"},
+        Refusal{"mode", [](scenario::Scenario& s) { s.virtual_mode = false; }, "not meant for virtual mode"},
+        Refusal{"stop", [](scenario::Scenario& s) { s.tenants[0].processes[0].stop_ns = 3 * kSecondNs; },
+                "tenants[0].processes[0].stop_ns = 3000000000"},
+        Refusal{"crash", [](scenario::Scenario& s) { s.tenants[0].processes[0].crash_at_ns = 2 * kSecondNs; },
+                "crash_at_ns = 2000000000"},
+        Refusal{"device", [](scenario::Scenario& s) { s.tenants[0].devices = {1}; }, "tenants[0].devices[0] = 1"},
+        Refusal{"ordinal", [](scenario::Scenario& s) { s.tenants[0].processes[0].device = 1; },
+                "tenants[0].processes[0].device = 1"},
+        Refusal{"sample", [](scenario::Scenario& s) { s.sample_ns = 300 * kMillisecondNs; }, "sample_ns = 300000000"},
+        Refusal{"gpu", [](scenario::Scenario& s) { s.gpu = "h200-141gb"; }, "h200-141gb"},
+        Refusal{"depth", [](scenario::Scenario& s) { s.tenants[0].processes[0].work[0].depth = 0; },
+                "work[0].depth = 0"},
+        Refusal{"names", [](scenario::Scenario& s) { s.tenants.push_back(s.tenants[0]); }, "is used twice"},
+        Refusal{"no_tenant", [](scenario::Scenario& s) { s.tenants.clear(); }, "tenants.size() = 0"},
+        Refusal{"mixed_rate",
+                [](scenario::Scenario& s) {
+                  s.tenants[0].processes[0].work[0].sizes_ns = {5000, 50000};
+                  s.tenants[0].processes[0].work[0].rate = 100;
+                },
+                "mixed sizes in a closed loop only"}),
+    [](const ::testing::TestParamInfo<Refusal>& param) { return std::string(param.param.what); });
+
+// Every scenario shipped in scenarios/ that is meant for virtual mode runs, and its trace reads back. Each tenant's
+// share expectations are printed next to what the trace gives (judging them is the Python side's job).
+TEST(RunnerVirtual, EveryShippedScenarioRuns) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(VGPU_TEST_SCENARIO_DIR)) {
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_FALSE(files.empty()) << "no scenario in " << VGPU_TEST_SCENARIO_DIR;
+  for (const std::filesystem::path& file : files) {
+    const scenario::Loaded loaded = scenario::LoadFile(file.string());
+    ASSERT_TRUE(loaded.scenario.has_value()) << file << ": "
+                                             << (loaded.problems.empty() ? "" : loaded.problems[0].ToString());
+    const scenario::Scenario& s = *loaded.scenario;
+    if (!s.virtual_mode) continue;
+    const Outcome outcome = MustRun(s);
+    const Trace trace = Parse(outcome.trace);
+    for (const scenario::TenantSpec& tenant : s.tenants) {
+      for (const scenario::Expectation& expect : tenant.expect) {
+        if (expect.kind == scenario::Expectation::Kind::oom) {
+          std::printf("%s: %s oom expected %d, got %zu\n", s.name.c_str(), tenant.name.c_str(), expect.oom ? 1 : 0,
+                      trace.Of("oom", tenant.name).size());
+          continue;
+        }
+        for (const std::uint32_t device : tenant.devices) {
+          const std::vector<double> shares = trace.Shares(tenant.name, device, s.window_ns);
+          double sum = 0;
+          int count = 0;
+          for (std::size_t w = 0; w < shares.size(); ++w) {
+            if (w * s.window_ns >= expect.from_ns && (w + 1) * s.window_ns <= expect.to_ns) {
+              sum += shares[w];
+              ++count;
+            }
+          }
+          std::printf("%s: %s expects %s %.1f, on device %u the mean over %d window(s) is %.2f\n", s.name.c_str(),
+                      tenant.name.c_str(),
+                      expect.kind == scenario::Expectation::Kind::share       ? "share"
+                      : expect.kind == scenario::Expectation::Kind::min_share ? "min_share"
+                                                                             : "max_share",
+                      expect.percent, device, count, count > 0 ? sum / count : 0.0);
+        }
+      }
+    }
+  }
+}
+
+// ---- live mode over fakecuda ---------------------------------------------------------------------------------
+
+const std::string kInstall = VGPU_TEST_INSTALL_DIR;
+
+bool LivePiecesBuilt(std::string& missing) {
+  for (const char* piece : {"/bin/vgpu-tenant", "/bin/vgpu-sampler", "/lib/libvgpu.so", "/lib/libcuda.so.1",
+                                   "/lib/libnvidia-ml.so.1"}) {
+    if (access((kInstall + piece).c_str(), F_OK) != 0) {
+      missing = kInstall + piece;
+      return false;
+    }
+  }
+  return true;
+}
+
+#define SKIP_WITHOUT_LIVE_PIECES()                                              \
+  do {                                                                          \
+    std::string missing;                                                        \
+    if (!LivePiecesBuilt(missing)) GTEST_SKIP() << missing << " is not built"; \
+  } while (0)
+
+Outcome MustRunLive(const scenario::Scenario& s) {
+  Options options;
+  options.mode = Mode::live;
+  options.install_dir = kInstall;
+  const Outcome outcome = runner::Run(s, options);
+  EXPECT_TRUE(outcome.ok) << outcome.error;
+  std::printf("wall %.2f s; trace head:\n%s", outcome.wall_seconds, Head(outcome.trace, 12).c_str());
+  return outcome;
+}
+
+TEST(RunnerLive, ALoneTenantAtThirtyPercentGetsThirty) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = Base("live-thirty", 3 * kSecondNs);
+  s.tenants = {Busy("a", 30, s.duration_ns)};
+  const Outcome outcome = MustRunLive(s);
+  const Trace trace = Parse(outcome.trace);
+  ExpectShares(trace, "a", 0, 30, 3);
+  EXPECT_EQ(trace.lines.front().Text("mode"), "live");
+  const std::vector<TraceLine> processes = trace.Of("process", "a");
+  ASSERT_EQ(processes.size(), 1u);
+  EXPECT_GT(processes[0].Number("pid"), 0);
+  const std::vector<TraceLine> exits = trace.Of("exit", "a");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "ok") << exits[0].Text("message");
+  // NVML's view over the judged windows: the device is busy about as long as the tenant (200 ms windows).
+  double util = 0;
+  int count = 0;
+  for (const TraceLine& gpu : trace.Of("gpu")) {
+    if (gpu.Number("t_ns") >= static_cast<std::int64_t>(1500 * kMillisecondNs) &&
+        gpu.Number("t_ns") <= static_cast<std::int64_t>(2900 * kMillisecondNs)) {
+      util += static_cast<double>(gpu.Number("util_percent"));
+      ++count;
+    }
+  }
+  ASSERT_GT(count, 0);
+  EXPECT_NEAR(util / count, 30, 8);
+  EXPECT_EQ(trace.Of("end").at(0).Number("leaked_bytes"), 0);
+}
+
+TEST(RunnerLive, AnAllocationOverTheLimitIsAnOom) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = Base("live-oom", kSecondNs);
+  s.settle_ns = 0;
+  s.tenants = {Busy("greedy", 0, s.duration_ns)};
+  s.tenants[0].memory_limit_bytes = kGiB;
+  s.tenants[0].processes[0].alloc_bytes = 2 * kGiB;
+  const Trace trace = Parse(MustRunLive(s).trace);
+  const std::vector<TraceLine> ooms = trace.Of("oom", "greedy");
+  ASSERT_EQ(ooms.size(), 1u);
+  EXPECT_EQ(ooms[0].Number("bytes"), static_cast<std::int64_t>(2 * kGiB));
+  const std::vector<TraceLine> exits = trace.Of("exit", "greedy");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "oom") << exits[0].Text("message");
+  EXPECT_EQ(exits[0].Number("code"), 3);
+  for (const auto& [t, busy] : trace.Busy("greedy", 0)) EXPECT_EQ(busy, 0) << "at " << t;
+  EXPECT_EQ(trace.Of("end").at(0).Number("leaked_bytes"), 0);
+}
+
+TEST(RunnerLive, ACrashIsASigkillAtItsTimeAndItsMemoryComesBack) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = Base("live-crash", 3 * kSecondNs);
+  s.tenants = {Busy("victim", 50, s.duration_ns)};
+  s.tenants[0].memory_limit_bytes = 2 * kGiB;
+  s.tenants[0].processes[0].alloc_bytes = 256 * kMiB;
+  s.tenants[0].processes[0].crash_at_ns = 1500 * kMillisecondNs;
+  const Trace trace = Parse(MustRunLive(s).trace);
+  const std::vector<TraceLine> exits = trace.Of("exit", "victim");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "killed");
+  EXPECT_EQ(exits[0].Number("code"), 9);
+  EXPECT_GE(exits[0].Number("t_ns"), static_cast<std::int64_t>(1500 * kMillisecondNs));
+  EXPECT_LE(exits[0].Number("t_ns"), static_cast<std::int64_t>(1700 * kMillisecondNs));
+  const auto busy = trace.Busy("victim", 0);
+  EXPECT_GT(busy.at(kSecondNs), 0);
+  EXPECT_EQ(busy.at(2 * kSecondNs), busy.at(3 * kSecondNs)) << "busy grew after the SIGKILL";
+  const auto memory = trace.Memory("victim", 0);
+  EXPECT_GE(memory.at(kSecondNs), static_cast<std::int64_t>(256 * kMiB)) << "the allocation, and the context";
+  EXPECT_EQ(memory.at(2 * kSecondNs), 0) << "a killed process holds nothing, reaped or not";
+  EXPECT_EQ(trace.Of("end").at(0).Number("leaked_bytes"), 0);
+}
+
+TEST(RunnerLive, CancellingKillsEveryProcessAndClosesTheTrace) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = Base("live-cancel", 4 * kSecondNs);
+  s.tenants = {Busy("a", 30, s.duration_ns), Busy("b", 30, s.duration_ns)};
+  s.tenants[1].processes[0].start_ns = 3 * kSecondNs;  // never started: cancelled before
+  std::atomic<bool> cancel{false};
+  Options options;
+  options.mode = Mode::live;
+  options.install_dir = kInstall;
+  options.cancel = &cancel;
+  int calls = 0;
+  options.progress = [&](double, const std::string&) {
+    if (++calls == 1) cancel = true;  // about one second in
+  };
+  const Outcome outcome = runner::Run(s, options);
+  EXPECT_FALSE(outcome.ok);
+  EXPECT_NE(outcome.error.find("cancelled at"), std::string::npos) << outcome.error;
+  EXPECT_LT(outcome.wall_seconds, 3.0);
+  const Trace trace = Parse(outcome.trace);
+  const std::vector<TraceLine> exits = trace.Of("exit", "a");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "killed");
+  EXPECT_TRUE(trace.Of("process", "b").empty());
+  ASSERT_FALSE(trace.lines.empty());
+  EXPECT_EQ(trace.lines.back().Text("ev"), "end");
+  EXPECT_LT(trace.lines.back().Number("t_ns"), static_cast<std::int64_t>(2 * kSecondNs));
+  EXPECT_EQ(trace.lines.back().Number("leaked_bytes"), 0);
+}
+
+}  // namespace
+}  // namespace vgpu::runner
