@@ -462,8 +462,13 @@ class Engine final : public model::TimelineListener {
       if (now_ns_ == next_crash_ns_) CrashDue();
       if (now_ns_ == next_nvml_end_ns_) RecordNvmlWindowEnd();
       if (now_ns_ == next_observe_ns_) Observe();
+      const bool report = now_ns_ == next_window_ns_ || now_ns_ == next_sample_ns_;
       if (now_ns_ == next_window_ns_) CloseWindow();
       if (now_ns_ == next_sample_ns_) RecordSample();
+      if (report && scenario_.progress && !scenario_.progress(now_ns_)) {
+        Fail("cancelled at " + std::to_string(now_ns_) + " ns of simulated time");
+        return;
+      }
       if (now_ns_ >= end_ns) return;
       // In process order. A step schedules its own process strictly later, and no other at this instant (its
       // completions up to now were all settled before the first step here).

@@ -229,8 +229,22 @@ Outcome RunVirtual(const scenario::Scenario& s, const Options& options, TraceSin
       rows[d][t].sim_index = static_cast<int>(simulation.tenants.size());
       simulation.tenants.push_back(std::move(tenant));
     }
+    std::uint64_t next_report_ns = scenario::kSecondNs;
+    simulation.progress = [&](std::uint64_t now_ns) {
+      if (options.cancel != nullptr && options.cancel->load()) return false;
+      if (options.progress && now_ns >= next_report_ns) {
+        next_report_ns = now_ns + scenario::kSecondNs;
+        const double within = static_cast<double>(now_ns) / static_cast<double>(s.duration_ns);
+        options.progress(0.9 * (d + within) / device_count, "simulating device " + std::to_string(d));
+      }
+      return true;
+    };
     if (!simulation.tenants.empty()) {
       results[d] = sim::Run(simulation);
+      if (options.cancel != nullptr && options.cancel->load()) {
+        outcome.error = "cancelled while device " + std::to_string(d) + " was simulated";
+        return outcome;
+      }
       if (!results[d].error.empty()) {
         outcome.error = "scenario '" + s.name + "', device " + std::to_string(d) + ": the simulator refused it: " +
                         results[d].error;

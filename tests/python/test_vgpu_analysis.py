@@ -141,6 +141,18 @@ def test_min_and_max_share_are_bounds():
     assert results == [("min_share", True), ("max_share", False), ("max_share", True), ("min_share", False)]
 
 
+def test_bounds_hold_in_every_window_not_only_on_average():
+    # Mean over the judged windows is 96 %, but one window is at 80 %: a min_share of 90 fails there, and a
+    # max_share of 97 fails on the 100 % windows although the mean is under it.
+    writer = TraceWriter().tenant("a").window_shares("a", [0, 80, 100, 100, 100, 100]).end()
+    trace = parse_trace(writer.text())
+    spec = scenario({"a": [expectation("min_share", 90), expectation("max_share", 97)]})
+    checks = [c for c in summarize(trace, spec).checks if c.tenant == "a" and c.kind != "oom"]
+    assert [(c.kind, c.passed) for c in checks] == [("min_share", False), ("max_share", False)]
+    assert checks[0].measured == pytest.approx(80) and "at 1 s" in checks[0].detail
+    assert checks[1].measured == pytest.approx(100)
+
+
 def test_oom_expectations_and_the_default_that_none_may():
     writer = TraceWriter().tenant("a", memory_limit=GIB).tenant("b", memory_limit=GIB).tenant("c")
     writer.window_shares("a", [10] * 6).window_shares("b", [10] * 6).window_shares("c", [10] * 6)

@@ -637,3 +637,36 @@ TEST(Validate, SchedulesCrashesAndSamplesAreRefusedWithWhatIsAccepted) {
 
 }  // namespace
 }  // namespace vgpu::sim
+
+namespace vgpu::sim {
+namespace {
+
+// Long runs show progress and can be stopped: the callback sees simulated time grow, at every window end and
+// sample, without changing the run; returning false stops it with an error that says so.
+TEST(Progress, IsReportedWithoutChangingTheRunAndCanStopIt) {
+  Scenario scenario;
+  Tenant a;
+  a.name = "a";
+  a.share_percent = 30;
+  a.processes.push_back(Process{.workload = Persistent(kMillisecondNs, 4)});
+  scenario.tenants = {a};
+  scenario.sample_ns = 100 * kMillisecondNs;
+  scenario.record_trace = true;
+  const Result quiet = vgpu::sim::Run(scenario);
+  std::vector<std::uint64_t> seen;
+  scenario.progress = [&](std::uint64_t now_ns) {
+    seen.push_back(now_ns);
+    return true;
+  };
+  const Result reported = vgpu::sim::Run(scenario);
+  ASSERT_TRUE(reported.error.empty()) << reported.error;
+  EXPECT_EQ(reported.trace_digest, quiet.trace_digest);
+  ASSERT_EQ(seen.size(), scenario.duration_ns / scenario.sample_ns);
+  for (std::size_t i = 1; i < seen.size(); ++i) EXPECT_GT(seen[i], seen[i - 1]);
+  scenario.progress = [](std::uint64_t now_ns) { return now_ns < 2 * kSecondNs; };
+  const Result stopped = vgpu::sim::Run(scenario);
+  EXPECT_NE(stopped.error.find("cancelled at 2000000000 ns"), std::string::npos) << stopped.error;
+}
+
+}  // namespace
+}  // namespace vgpu::sim

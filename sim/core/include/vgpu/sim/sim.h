@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,9 @@ struct Scenario {
   // If not 0: every sample_ns, each tenant's cumulative busy time is recorded (TenantResult::busy_samples_ns);
   // duration_ns must be a multiple.
   std::uint64_t sample_ns = 0;
+  // If set: called with the simulated time at every window end and every sample (long runs show progress); false
+  // stops the run (Result::error says it was cancelled). Reads nothing of the run, so the trace is unchanged.
+  std::function<bool(std::uint64_t now_ns)> progress;
 };
 
 struct TenantResult {

@@ -1,0 +1,76 @@
+"""The starter scenario library (scenarios/*.yaml), run as users run it: every scenario in virtual mode, the ones
+marked below also live (real vgpu-tenant processes under the real shim over fakecuda); each must keep every promise
+it writes down. The plots are kept as CI artifacts in $VGPU_ARTIFACTS (default <build>/artifacts/scenarios).
+
+Live and virtual runs of the same scenario must also agree: per-tenant mean share within 3 points (issue 5)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vgpu_fixtures import BUILD_DIR, REPO_ROOT, native_reason
+
+SCENARIOS = sorted((REPO_ROOT / "scenarios").glob("*.yaml"))
+# Live in CI: short enough, and what the issue asks for at least. four-tenants and small-kernel-storm are not here:
+# live on a 2-core machine they miss (docs/scenarios.md, "Live and virtual").
+LIVE = ["single-tenant-30", "thirty-seventy", "memory-oom", "sigkill-mid-run", "noisy-neighbour-default"]
+ARTIFACTS = Path(os.environ.get("VGPU_ARTIFACTS", BUILD_DIR / "artifacts" / "scenarios"))
+
+pytestmark = pytest.mark.skipif(native_reason() is not None, reason=str(native_reason()))
+
+
+def run_and_judge(path: Path, mode: str):
+    import vgpu
+    from vgpu.analysis import format_report, summarize
+    from vgpu.plot import plot
+    from vgpu.trace import parse_trace
+
+    scenario = vgpu.load_scenario(path)
+    outcome = vgpu.run(scenario, mode=mode)
+    assert outcome.ok, f"{path.name} ({mode}): the run did not complete: {outcome.error}"
+    trace = parse_trace(outcome.trace, f"<{path.name} {mode}>")
+    report = summarize(trace, scenario, mode=mode)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    plot(trace, report, ARTIFACTS / f"{path.stem}-{mode}.png")
+    (ARTIFACTS / f"{path.stem}-{mode}.jsonl").write_text(outcome.trace)
+    text = format_report(report)
+    print("\n" + text)
+    return report, text
+
+
+def test_the_library_covers_the_field():
+    names = {path.stem for path in SCENARIOS}
+    for wanted in ["single-tenant-30", "single-tenant-caps", "thirty-seventy", "four-tenants",
+                   "noisy-neighbour-default", "noisy-neighbour-force", "bursty-and-idle", "small-kernel-storm",
+                   "persistent-kernels", "memory-oom", "sigkill-mid-run", "multi-process-container",
+                   "two-devices-remapped"]:
+        assert wanted in names, f"scenarios/{wanted}.yaml is missing"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[path.stem for path in SCENARIOS])
+def test_every_scenario_keeps_its_promises_in_virtual_time(path: Path):
+    report, text = run_and_judge(path, "virtual")
+    assert report.finished
+    assert report.passed, text
+    # Every promise is written down: at least one check per tenant besides the implicit "no OOM".
+    for tenant in report.tenants:
+        assert any(c.tenant == tenant.name and not c.implicit for c in report.checks), tenant.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LIVE)
+def test_live_over_fakecuda_keeps_the_promises_and_agrees_with_virtual_time(name: str, tenant_available):
+    path = REPO_ROOT / "scenarios" / f"{name}.yaml"
+    live, live_text = run_and_judge(path, "live")
+    assert live.finished
+    assert live.passed, live_text
+    virtual, _ = run_and_judge(path, "virtual")
+    for tenant in live.tenants:
+        other = virtual.tenant(tenant.name)
+        if tenant.mean_share_percent is None or other.mean_share_percent is None:
+            continue
+        assert abs(tenant.mean_share_percent - other.mean_share_percent) <= 3.0, (
+            f"{name}: {tenant.name} live {tenant.mean_share_percent:.1f} % vs virtual {other.mean_share_percent:.1f} %")
