@@ -239,3 +239,26 @@ def test_ctrl_c_stops_a_live_run(tenant_available, tmp_path):
     assert process.returncode == 130, stderr
     assert time.monotonic() - interrupted < 5
     assert "interrupted" in stderr
+
+
+# The three mistakes issue 5 names: an invalid key, a negative limit, a bad unit. Each is refused by `vgpu check`
+# with exit 2 and a line naming the file, the line and the key.
+MISTAKES = {
+    "invalid-key": ("      nvidia.com/gpucores: 30\n    polcy: force\n", 6, "tenants[0].polcy", "unknown key"),
+    "negative-limit": ("      nvidia.com/gpucores: -30\n", 5, "tenants[0].limits.nvidia.com/gpucores", "-30"),
+    "bad-unit": ("      nvidia.com/gpumem: 4Gb\n", 5, "tenants[0].limits.nvidia.com/gpumem", "4Gb"),
+}
+
+
+@requires_native
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_check_names_file_line_and_key_of_each_mistake(mistake, tmp_path):
+    limits, line, key, fragment = MISTAKES[mistake]
+    path = tmp_path / f"{mistake}.yaml"
+    path.write_text("duration: 3s\ntenants:\n  - name: a\n    limits:\n" + limits +
+                    "    processes:\n      - work:\n          - kernels: 1ms\n")
+    result = run_cli("check", str(path), timeout=60)
+    assert result.returncode == 2, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"{path}:{line}: {key}: "), first
+    assert fragment in first, first
