@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -231,6 +233,10 @@ rn::Outcome RunScenario(const sc::Scenario& scenario, const std::string& mode, c
       cancel.store(true, std::memory_order_relaxed);
     }
   };
+
+  // The environment is copied now, with the GIL held: another Python thread may call setenv (os.environ[...] = ...)
+  // while the run goes, which can free the environ array under a reader.
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) options.environment.emplace_back(*entry);
 
   const sc::Scenario copy = scenario;
   rn::Outcome outcome;

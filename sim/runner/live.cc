@@ -31,6 +31,7 @@
 #include "fakecuda/model/layout.h"
 #include "fakecuda/model/model.h"
 #include "internal.h"
+#include "vgpu/policy/config.h"
 #include "vgpu/region/region.h"
 
 extern char** environ;
@@ -52,9 +53,6 @@ constexpr std::uint64_t kReapPeriodNs = 110 * kMillisecondNs;
 constexpr std::uint64_t kLeakSettleNs = 1 * kSecondNs;
 constexpr std::size_t kMaxLineBytes = 64 * 1024;
 constexpr std::size_t kStderrLinesKept = 4;
-// A file that, where it exists, wins over the environment in the shim (vgpu-core/policy/config_os.cc): the
-// scenario's limits would be silently ignored.
-constexpr const char* kSystemConfig = "/etc/vgpu/vgpu.conf";
 
 std::uint64_t MonotonicNs() {
   struct timespec now {};
@@ -228,8 +226,10 @@ bool Spawn(const std::vector<std::string>& argv, const std::vector<std::string>&
       [[maybe_unused]] const ssize_t w = write(status[1], &e, sizeof e);
       _exit(127);
     }
-    // Descriptors the host process left inheritable (a test harness's, a Python program's) stay out of tenants.
-    closefrom(3);
+    // Descriptors the host process left inheritable (a test harness's, a Python program's) stay out of tenants;
+    // the status pipe stays open (O_CLOEXEC closes it on a successful exec) so a failed exec can still report.
+    if (status[1] > 3) close_range(3, static_cast<unsigned>(status[1]) - 1, 0);
+    close_range(static_cast<unsigned>(status[1]) + 1, ~0U, 0);
     execve(args[0], args.data(), env.data());
     const int e = errno;
     [[maybe_unused]] const ssize_t w = write(status[1], &e, sizeof e);
@@ -295,6 +295,7 @@ struct Child {
   std::uint64_t busy_ns = 0;    // the latest report's
   std::string result_status;    // the result line's "status"
   int wait_status = 0;
+  bool reaped_elsewhere = false;  // waitpid said ECHILD: another part of the host process reaped it
 };
 
 struct GpuView {
@@ -338,7 +339,17 @@ class LiveRun {
     Outcome outcome;
     if (!Prepare(outcome.error) || !StartSampler(outcome.error)) return outcome;
     WriteHeader(s_, Mode::live, device_count_, trace_);
-    Loop();
+    try {
+      Loop();
+    } catch (const std::exception& exception) {
+      // The caller's progress callback (or host memory) failed: the processes are stopped and the trace still
+      // ends with its end line.
+      error_ = std::string("the run stopped: ") + exception.what();
+      stopping_ = true;
+    } catch (...) {
+      error_ = "the run stopped: the progress callback failed";
+      stopping_ = true;
+    }
     Finish();
     if (error_.empty()) error_ = late_errors_;
     outcome.ok = error_.empty();
@@ -353,10 +364,24 @@ class LiveRun {
  private:
   // ---- setup -------------------------------------------------------------------------------------------
 
+  // The value of NAME in the run's environment (Options::environment, or environ), null if unset.
+  const char* Env(std::string_view name) const {
+    for (const std::string& entry : environment_) {
+      if (entry.size() > name.size() && entry.compare(0, name.size(), name) == 0 && entry[name.size()] == '=') {
+        return entry.c_str() + name.size() + 1;
+      }
+    }
+    return nullptr;
+  }
+
   bool Prepare(std::string& error) {
+    environment_ = options_.environment;
+    if (environment_.empty()) {
+      for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) environment_.emplace_back(*entry);
+    }
     install_ = options_.install_dir;
     if (install_.empty()) {
-      const char* from_environment = std::getenv("VGPU_INSTALL_DIR");
+      const char* from_environment = Env("VGPU_INSTALL_DIR");
       install_ = from_environment != nullptr ? from_environment : "";
     }
     if (install_.empty()) {
@@ -386,8 +411,8 @@ class LiveRun {
         return false;
       }
     }
-    if (access(kSystemConfig, F_OK) == 0) {
-      error = std::string("live mode: ") + kSystemConfig + " exists, and the shim then ignores the environment: the "
+    if (access(policy::SystemConfigPath(), F_OK) == 0) {
+      error = std::string("live mode: ") + policy::SystemConfigPath() + " exists, and the shim then ignores the environment: the "
               "scenario's limits would not apply; run on a machine without it";
       return false;
     }
@@ -432,7 +457,7 @@ class LiveRun {
         return false;
       }
     } else {
-      const char* tmp = std::getenv("TMPDIR");
+      const char* tmp = Env("TMPDIR");
       std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/vgpu-run.XXXXXX";
       if (mkdtemp(pattern.data()) == nullptr) {
         error = "cannot create a work folder '" + pattern + "': " + std::strerror(errno) + "; set TMPDIR or "
@@ -456,14 +481,14 @@ class LiveRun {
     static constexpr std::string_view kDropped[] = {
         "LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DEVICE_MEMORY_LIMIT",
         "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY", "VGPU_CONFIG_FILE",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"};
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_DEVICE_ORDER"};
     // Over fakecuda, the machine is ours; FAKECUDA_TRACE and FAKECUDA_LOG stay (they only observe).
     static constexpr std::string_view kDroppedFake[] = {
         "LD_LIBRARY_PATH=", "FAKECUDA_STATE=", "FAKECUDA_DEVICES=", "FAKECUDA_TIMESLICE_US=", "FAKECUDA_FAULTS=",
         "FAKECUDA_SEED=", "FAKECUDA_MODE=", "FAKECUDA_KERNEL_COSTS=", "FAKECUDA_DEFAULT_KERNEL_NS="};
     std::string library_path;
-    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-      const std::string_view text(*entry);
+    for (const std::string& entry : environment_) {
+      const std::string_view text(entry);
       // Prefixes: CUDA_DEVICE_MEMORY_LIMIT covers its _<i> forms too.
       bool drop = std::any_of(std::begin(kDropped), std::end(kDropped),
                               [&](std::string_view key) { return text.substr(0, key.size()) == key; });
@@ -509,6 +534,9 @@ class LiveRun {
         }
       }
       environment.push_back("CUDA_VISIBLE_DEVICES=" + visible);
+      // NVML (the sampler, the device numbers in the trace) counts devices in PCI order; CUDA's default is fastest
+      // first. On a machine of mixed GPUs they differ: make CUDA count as NVML does.
+      environment.push_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
       environment.push_back(std::string("GPU_CORE_UTILIZATION_POLICY=") + PolicyText(tenant.policy));
       environment.push_back("CUDA_TASK_PRIORITY=" + std::to_string(tenant.priority));
       tenant_environments_.push_back(std::move(environment));
@@ -723,8 +751,15 @@ class LiveRun {
         std::size_t running = 0;
         for (const Child& child : children_) running += child.started && !child.exited ? 1 : 0;
         const double fraction = std::min(0.99, static_cast<double>(now - t0_) / static_cast<double>(s_.duration_ns));
-        options_.progress(fraction, "t = " + std::to_string((now - t0_) / kMillisecondNs) + " ms, " +
-                                        std::to_string(running) + " process(es) running");
+        try {
+          options_.progress(fraction, "t = " + std::to_string((now - t0_) / kMillisecondNs) + " ms, " +
+                                          std::to_string(running) + " process(es) running");
+        } catch (const std::exception& exception) {
+          // Stopped like a cancel: the processes are killed and waited for, the trace gets its end line.
+          if (!stopping_) Fail(std::string("the progress callback failed: ") + exception.what());
+        } catch (...) {
+          if (!stopping_) Fail("the progress callback failed");
+        }
         next_progress += kSecondNs;
       }
       const bool all_ended = std::all_of(children_.begin(), children_.end(), [&](const Child& child) {
@@ -822,7 +857,14 @@ class LiveRun {
       if (!child.started || child.exited) continue;
       int status = 0;
       const pid_t done = waitpid(child.pid, &status, WNOHANG);
-      if (done != child.pid) continue;
+      if (done == -1 && errno == ECHILD) {
+        // Someone else reaped it (a host that ignores SIGCHLD, or waits for any child): it has ended, how is
+        // unknown. Reported as an error rather than waited for forever.
+        status = W_EXITCODE(255, 0);
+        child.reaped_elsewhere = true;
+      } else if (done != child.pid) {
+        continue;
+      }
       child.exited = true;
       child.exit_abs = MonotonicNs();
       child.wait_status = status;
@@ -841,7 +883,11 @@ class LiveRun {
     std::string text_status = "error";
     std::int64_t code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
     std::string message;
-    if (by_sigkill && child.killed_late) {
+    if (child.reaped_elsewhere) {
+      message = "its exit status was taken by someone else in this process (SIGCHLD ignored, or a wait for any "
+                "child): how it ended is unknown";
+      code = -1;
+    } else if (by_sigkill && child.killed_late) {
       // Hung: an error of the run, but not one that stops the others.
       message = "still running " + std::to_string(kGraceNs / kSecondNs) + " s after its stop time: killed";
       late_errors_ += (late_errors_.empty() ? "" : "; ") + ("tenant '" + name + "' process " +
@@ -1060,6 +1106,7 @@ class LiveRun {
 
   const scenario::Scenario& s_;
   const Options& options_;
+  std::vector<std::string> environment_;  // the run's environment (Prepare)
   TraceSink& trace_;
   std::string install_, tenant_binary_, sampler_binary_, shim_;
   std::string work_;

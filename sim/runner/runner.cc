@@ -429,7 +429,17 @@ Outcome Run(const scenario::Scenario& scenario, const Options& options) {
   clock_gettime(CLOCK_MONOTONIC, &ended);
   outcome.wall_seconds = static_cast<double>(ended.tv_sec - started.tv_sec) +
                          static_cast<double>(ended.tv_nsec - started.tv_nsec) * 1e-9;
-  if (options.progress && outcome.ok) options.progress(1.0, "done");
+  if (options.progress && outcome.ok) {
+    try {
+      options.progress(1.0, "done");
+    } catch (const std::exception& exception) {  // Run never throws, whatever the caller's callback does
+      outcome.ok = false;
+      outcome.error = std::string("the progress callback failed: ") + exception.what();
+    } catch (...) {
+      outcome.ok = false;
+      outcome.error = "the progress callback failed";
+    }
+  }
   return outcome;
 }
 

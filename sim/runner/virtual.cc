@@ -64,6 +64,7 @@ bool ToSegments(const scenario::ProcessSpec& spec, std::vector<sim::Segment>& se
   std::uint64_t now = spec.start_ns;
   for (;;) {
     const std::uint64_t cycle_start = now;
+    const std::size_t segments_before = segments.size();
     for (std::size_t w = 0; w < spec.work.size() && now < spec.stop_ns; ++w) {
       const scenario::Phase& phase = spec.work[w];
       const std::uint64_t left = spec.stop_ns - now;
@@ -86,7 +87,8 @@ bool ToSegments(const scenario::ProcessSpec& spec, std::vector<sim::Segment>& se
         return false;
       }
     }
-    if (!spec.repeat || now >= spec.stop_ns || now == cycle_start) break;
+    // A cycle that ran nothing (only idle phases) would run nothing again: the rest is idle, however many cycles.
+    if (!spec.repeat || now >= spec.stop_ns || now == cycle_start || segments.size() == segments_before) break;
   }
   return true;
 }

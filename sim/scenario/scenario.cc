@@ -31,7 +31,8 @@ constexpr std::size_t kMaxNameChars = 64;
 constexpr std::size_t kMaxTenants = 16;
 constexpr std::size_t kMaxProcessEntries = 16;
 constexpr std::uint64_t kMaxReplicas = 64;
-constexpr std::uint64_t kMaxProcessesInAll = fakecuda::model::kMaxProcesses;  // the fake machine's process slots
+// The fake machine's process slots, less the one the live runner's sampler takes (sim/runner/runner.cc).
+constexpr std::uint64_t kMaxProcessesInAll = fakecuda::model::kMaxProcesses - 1;
 constexpr std::uint64_t kMaxRealDevices = 16;
 constexpr std::size_t kMaxPhases = 64;
 constexpr std::size_t kMaxMixedSizes = 1024;
@@ -596,7 +597,7 @@ class Checker {
     if (processes > kMaxProcessesInAll) {
       Add(node.key_line, "tenants",
           "the tenants start " + std::to_string(processes) + " processes (replicas counted); expected at most " +
-              std::to_string(kMaxProcessesInAll) + " (the fake machine's process slots)");
+              std::to_string(kMaxProcessesInAll) + " (the fake machine's process slots, one kept for the live runner's sampler)");
     }
   }
 
@@ -945,12 +946,12 @@ class Checker {
       }
     }
     if (const Node* rate = node.Find("rate")) {
-      const std::string accepted = "launches per second, above 0 up to 1000000 (absent: a closed loop)";
+      const std::string accepted = "launches per second, 0.001 up to 1000000 (absent: a closed loop)";
       if (const std::string* text = Text(*rate, Join(path, "rate"), accepted)) {
         double value = 0;
         if (!values::ParseDecimal(*text, value)) {
           Add(rate->line, Join(path, "rate"), Shown(*rate) + " is not a number; expected " + accepted);
-        } else if (value <= 0 || value > kMaxRate) {
+        } else if (value < 0.001 || value > kMaxRate) {  // vgpu-tenant's and the runner's least rate
           Add(rate->line, Join(path, "rate"), Shown(*rate) + " is out of range; expected " + accepted);
         } else {
           phase.rate = value;

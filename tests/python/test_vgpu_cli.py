@@ -4,6 +4,7 @@ plot, exit codes), `vgpu smi --region` on a live container region."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from vgpu_fixtures import BAD_SCENARIO, GIB, SMALL_SCENARIO, cli_env, requires_native, run_cli
+from vgpu_fixtures import BAD_SCENARIO, GIB, PYTHON_DIR, SMALL_SCENARIO, cli_env, requires_native, run_cli
 
 import vgpu
 from vgpu.cli import main
@@ -262,3 +263,24 @@ def test_check_names_file_line_and_key_of_each_mistake(mistake, tmp_path):
     first = result.stderr.splitlines()[0]
     assert first.startswith(f"{path}:{line}: {key}: "), first
     assert fragment in first, first
+
+
+@requires_native
+def test_a_live_run_in_a_process_that_ignores_sigchld_ends(tenant_available, tmp_path):
+    """Regression: with SIGCHLD ignored the kernel reaps the tenants itself and waitpid says ECHILD; the runner
+    waited for an exit it could never see, forever. It now ends, reporting the exit as unknown."""
+    script = tmp_path / "ignore_sigchld.py"
+    script.write_text(
+        "import signal\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        "import vgpu\n"
+        "text = 'duration: 1s\\nsettle: 0s\\ntenants:\\n  - name: a\\n    processes:\\n      - work:\\n"
+        "          - kernels: 1ms\\n'\n"
+        "outcome = vgpu.run(vgpu.load_scenario_text(text, 't.yaml'), mode='live')\n"
+        "exits = [line for line in outcome.trace.splitlines() if '\"ev\":\"exit\"' in line]\n"
+        "print(outcome.ok, len(exits), exits[0] if exits else '')\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(PYTHON_DIR)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("True 1 "), result.stdout
+    assert "taken by someone else" in result.stdout, result.stdout

@@ -758,3 +758,63 @@ TEST(RunnerLive, CancellingKillsEveryProcessAndClosesTheTrace) {
 
 }  // namespace
 }  // namespace vgpu::runner
+
+// ---- regressions from the review of the first version ---------------------------------------------------------
+
+namespace vgpu::runner {
+namespace {
+
+// A repeating work list of idle phases only ran nothing forever, one cycle at a time (an hour of 1 ns idles was
+// 3.6e12 iterations, before any cancel check): a cycle that runs nothing ends the schedule.
+TEST(RunnerRegression, AnAllIdleRepeatingProcessDoesNotLoopOverEveryCycle) {
+  scenario::Scenario s = Base("idle-forever", 3600 * kSecondNs);
+  s.sample_ns = kSecondNs;
+  scenario::TenantSpec idle = Tenant("idle", 30);
+  idle.processes = {Process(s.duration_ns, {Idle(1)})};
+  idle.processes[0].repeat = true;
+  s.tenants = {idle, Busy("busy", 30, s.duration_ns)};
+  const Outcome outcome = MustRun(s);
+  EXPECT_LT(outcome.wall_seconds, 30.0);
+  for (const auto& [t, busy] : Parse(outcome.trace).Busy("idle", 0)) EXPECT_EQ(busy, 0) << "at " << t;
+}
+
+// A progress callback that throws ends the run with an error that says so; Run itself never throws.
+TEST(RunnerRegression, AThrowingProgressCallbackIsAnOutcomeErrorNotAnException) {
+  scenario::Scenario s = Base("throwing-progress", 2 * kSecondNs);
+  s.tenants = {Busy("a", 30, s.duration_ns)};
+  Options options;
+  options.progress = [](double fraction, const std::string&) {
+    if (fraction >= 1.0) throw std::runtime_error("the caller's display broke");
+  };
+  Outcome outcome;
+  EXPECT_NO_THROW(outcome = runner::Run(s, options));
+  EXPECT_FALSE(outcome.ok);
+  EXPECT_NE(outcome.error.find("the caller's display broke"), std::string::npos) << outcome.error;
+}
+
+// An exec that fails (here: a vgpu-tenant that is not executable) is reported with its reason, not as a process that
+// exited with status 127: the exec status pipe stays open across the descriptor clean-up before exec.
+TEST(RunnerRegression, AFailedExecIsReportedWithItsReason) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  char folder[] = "/tmp/vgpu-runner-exec.XXXXXX";
+  ASSERT_NE(mkdtemp(folder), nullptr);
+  const std::filesystem::path install(folder);
+  std::filesystem::create_directories(install / "bin");
+  std::filesystem::create_symlink(std::filesystem::path(kInstall) / "lib", install / "lib");
+  std::filesystem::copy_file(std::filesystem::path(kInstall) / "bin" / "vgpu-sampler", install / "bin" / "vgpu-sampler");
+  { std::ofstream(install / "bin" / "vgpu-tenant") << "not a program\n"; }
+  std::filesystem::permissions(install / "bin" / "vgpu-tenant", std::filesystem::perms::owner_all);
+  scenario::Scenario s = Base("exec-fails", kSecondNs);
+  s.settle_ns = 0;
+  s.tenants = {Busy("a", 30, s.duration_ns)};
+  Options options;
+  options.mode = Mode::live;
+  options.install_dir = install.string();
+  const Outcome outcome = runner::Run(s, options);
+  EXPECT_FALSE(outcome.ok);
+  EXPECT_NE(outcome.error.find("Exec format error"), std::string::npos) << outcome.error;
+  std::filesystem::remove_all(install);
+}
+
+}  // namespace
+}  // namespace vgpu::runner

@@ -575,7 +575,7 @@ TEST(ScenarioRules, TenantAndProcessCounts) {
   for (int i = 0; i < 5; ++i) {
     crowd += "  - name: t" + std::to_string(i) + "\n    processes:\n      - replicas: 64\n        work: [{idle: 1s}]\n";
   }
-  EXPECT_PROBLEM(crowd, 2, "tenants", "the tenants start 320 processes (replicas counted); expected at most 256");
+  EXPECT_PROBLEM(crowd, 2, "tenants", "the tenants start 320 processes (replicas counted); expected at most 255");
 }
 
 TEST(ScenarioRules, AllProblemsInFileOrder) {

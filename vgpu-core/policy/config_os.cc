@@ -145,4 +145,6 @@ bool LoadConfig(Config& out, std::string& error, const char* system_path) {
   return true;
 }
 
+const char* SystemConfigPath() { return VGPU_SYSTEM_CONFIG; }
+
 }  // namespace vgpu::policy

@@ -27,6 +27,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -311,15 +312,24 @@ bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
     close(fd);
     return false;
   }
-  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ, MAP_SHARED, fd, 0);
-  if (mapped == MAP_FAILED) {
-    error = "cannot map " + Quoted(path) + " for reading: " + std::strerror(errno);
-    close(fd);
-    return false;
+  // A copy, read with pread, not a mapping: the file is writable by every container user, and a mapping of a file
+  // truncated under the reader faults (SIGBUS) and kills the monitor. Writers change the region under its lock,
+  // which a reader never takes, so the copy may be a moment apart between fields: fine for monitoring.
+  const auto copy = std::make_unique<Region>();
+  auto* bytes = reinterpret_cast<char*>(copy.get());
+  std::size_t have = 0;
+  while (have < sizeof(Region)) {
+    const ssize_t got = pread(fd, bytes + have, sizeof(Region) - have, static_cast<off_t>(have));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      error = "cannot read " + Quoted(path) + ": " + (got < 0 ? std::string(std::strerror(errno))
+                                                               : "the file was truncated while being read");
+      close(fd);
+      return false;
+    }
+    have += static_cast<std::size_t>(got);
   }
-  // Writers change the region under its lock, which a reader never takes: every field is read with a relaxed
-  // atomic load (the const_cast only lets atomic_ref name it; nothing is written through a read-only mapping).
-  auto& region = *const_cast<Region*>(static_cast<const Region*>(mapped));
+  auto& region = *copy;
   const auto load32 = [](auto& field) { return std::atomic_ref(field).load(std::memory_order_relaxed); };
   const auto load64 = [](std::uint64_t& field) {
     return std::atomic_ref<std::uint64_t>(field).load(std::memory_order_relaxed);
@@ -367,7 +377,6 @@ bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
     }
     snapshot.live.push_back(std::move(view));
   }
-  munmap(mapped, sizeof(Region));
   close(fd);
   out = std::move(snapshot);
   return true;
@@ -662,7 +671,8 @@ int Attachment::DeviceIndex(const std::uint8_t uuid[16]) {
   Store(device.context_bytes, 0);
   Store(device.limit_bytes, 0);
   device.in_use = 1;
-  region.device_count = count + 1;  // last: the entry is complete before anyone can find it
+  // Last, with release order: the entry is complete before anyone who reads the count with acquire finds it.
+  std::atomic_ref<std::uint32_t>(region.device_count).store(count + 1, std::memory_order_release);
   return static_cast<int>(count);
 }
 

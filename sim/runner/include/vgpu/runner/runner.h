@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "vgpu/scenario/scenario.h"
 
@@ -23,6 +24,10 @@ struct Options {
   // Called from the running thread at least once per second of scenario time (and at the end with 1.0).
   std::function<void(double fraction_done, const std::string& what)> progress;
   const std::atomic<bool>* cancel = nullptr;  // set to stop early: processes are killed, the trace is closed
+  // The environment the run reads (VGPU_INSTALL_DIR, TMPDIR) and passes on to its processes, as NAME=VALUE
+  // entries; empty = this process's environ, read when the run starts. A host that runs this off its main thread
+  // while other threads may call setenv (Python with the GIL released) passes a copy taken beforehand.
+  std::vector<std::string> environment;
 };
 
 struct Outcome {

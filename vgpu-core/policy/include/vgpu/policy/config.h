@@ -57,6 +57,9 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
 // environment. A system file that exists but cannot be read or parsed is an error (fail closed), never a fall
 // back to the environment. Read once per process: the caller calls it once at init; it caches nothing itself.
 bool LoadConfig(Config& out, std::string& error, const char* system_path = nullptr);
+// The system file's path this build uses (VGPU_SYSTEM_CONFIG): tools that set limits through the environment
+// check it first, since where it exists the environment is ignored.
+const char* SystemConfigPath();
 
 // True for the names of the contract: the five base names, and CUDA_DEVICE_MEMORY_LIMIT_<i> and
 // CUDA_DEVICE_SM_LIMIT_<i> for i = 0..15 written without leading zeros.

@@ -1,0 +1,1032 @@
+#!/usr/bin/env python3
+"""The GPU suite (issue 6), started by tests/gpu/run.sh after the build: every stage in one run on a GPU machine.
+
+Stages (VGPU_GPU_STAGES picks some): conformance, memory, compute, overhead, fidelity. After each one the report
+is written again (report.json, report.md in --out), so a run cut short still returns what it measured. Every
+program it starts has a timeout and its own process group, which is killed when the timeout passes.
+
+This program itself never loads the shim: it is the host's view (NVML through pynvml, nvidia-smi) beside the
+workloads it starts under LD_PRELOAD=libvgpu.so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+WORKLOADS = os.path.join(HERE, "torch_workloads.py")
+STAGES = ("conformance", "memory", "compute", "overhead", "fidelity")
+# Suites whose tests compare free memory or list the GPU's processes: run one test at a time on the real GPU.
+SERIAL_SUITES = {"array", "memory", "nvml", "pool", "vmm", "driver_init"}
+MIB = 1 << 20
+
+
+def now_utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.datetime.now(datetime.timezone.utc).strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run(cmd, env=None, timeout=60.0, cwd=None) -> dict:
+    """Runs cmd in its own process group; on timeout the whole group is SIGKILLed."""
+    begin = time.time()
+    try:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as failure:
+        return {"rc": None, "stdout": "", "stderr": repr(failure), "wall_s": 0.0, "timed_out": False, "pid": None}
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(proc)
+        stdout, stderr = proc.communicate()
+    return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "wall_s": time.time() - begin,
+            "timed_out": timed_out, "pid": proc.pid}
+
+
+def start(cmd, env=None) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> dict:
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(proc)
+        stdout, stderr = proc.communicate()
+    return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "timed_out": timed_out, "pid": proc.pid}
+
+
+def json_lines(text: str) -> list[dict]:
+    found = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return found
+
+
+def tail(text: str, n: int = 600) -> str:
+    text = (text or "").strip()
+    return text[-n:]
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def rnd(value, digits=3):
+    return None if value is None else round(value, digits)
+
+
+# ---- the host's view: NVML (pynvml) and nvidia-smi, outside the shim ---------------------------------------------
+
+
+class Nvml:
+    def __init__(self):
+        self.ok = False
+        self.error = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.n = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.ok = True
+        except Exception as failure:  # noqa: BLE001
+            self.error = repr(failure)
+
+    def call(self, name, *args):
+        if not self.ok:
+            return None
+        try:
+            return getattr(self.n, name)(*args)
+        except Exception:  # noqa: BLE001 - a query the driver (or fakecuda) does not answer
+            return None
+
+    def sample(self) -> dict:
+        n = self.n
+        util = self.call("nvmlDeviceGetUtilizationRates", self.handle)
+        power = self.call("nvmlDeviceGetPowerUsage", self.handle)
+        return {"t": time.time(), "sm_mhz": self.call("nvmlDeviceGetClockInfo", self.handle, n.NVML_CLOCK_SM),
+                "util": None if util is None else util.gpu,
+                "power_w": None if power is None else power / 1000.0}
+
+    def processes(self) -> list[tuple[int, int]]:
+        found = self.call("nvmlDeviceGetComputeRunningProcesses", self.handle) or []
+        return [(p.pid, (p.usedGpuMemory or 0) // MIB) for p in found]
+
+
+class Sampler(threading.Thread):
+    """NVML every `period` s: SM clock, utilization, power; kept with their wall times."""
+
+    def __init__(self, nvml: Nvml, period: float = 0.05):
+        super().__init__(daemon=True)
+        self.nvml, self.period = nvml, period
+        self.samples: list[dict] = []
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.is_set() and self.nvml.ok:
+            self.samples.append(self.nvml.sample())
+            self.stopping.wait(self.period)
+
+    def stop(self):
+        self.stopping.set()
+        self.join(timeout=5)
+
+    def between(self, t0: float, t1: float) -> dict:
+        chosen = [s for s in self.samples if t0 <= s["t"] <= t1]
+        return {"sm_mhz_median": median(s["sm_mhz"] for s in chosen),
+                "sm_mhz_min": min((s["sm_mhz"] for s in chosen if s["sm_mhz"] is not None), default=None),
+                "sm_mhz_max": max((s["sm_mhz"] for s in chosen if s["sm_mhz"] is not None), default=None),
+                "util_mean": rnd(mean(s["util"] for s in chosen), 1),
+                "power_w_mean": rnd(mean(s["power_w"] for s in chosen), 1), "nvml_samples": len(chosen)}
+
+
+class AppsSampler(threading.Thread):
+    """The host's per-process memory view, as fast as it answers: nvidia-smi --query-compute-apps (or pynvml)."""
+
+    def __init__(self, nvml: Nvml, use_smi: bool):
+        super().__init__(daemon=True)
+        self.nvml, self.use_smi = nvml, use_smi
+        self.rows: list[tuple[float, int, int]] = []  # (time, pid, MiB)
+        self.errors = 0
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.is_set():
+            t = time.time()
+            if self.use_smi:
+                done = run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                           timeout=20)
+                if done["rc"] != 0:
+                    self.errors += 1
+                for line in done["stdout"].splitlines():
+                    parts = [p.strip() for p in line.split(",")]
+                    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                        self.rows.append((t, int(parts[0]), int(parts[1])))
+            else:
+                for pid, mib in self.nvml.processes():
+                    self.rows.append((t, pid, mib))
+                self.stopping.wait(0.05)
+
+    def stop(self):
+        self.stopping.set()
+        self.join(timeout=30)
+
+
+# ---- the suite ------------------------------------------------------------------------------------------------------
+
+
+class Suite:
+    def __init__(self, args):
+        self.args = args
+        self.build = os.path.abspath(args.build)
+        self.out = os.path.abspath(args.out)
+        self.fake = bool(os.environ.get("VGPU_GPU_FAKE"))
+        self.started = float(os.environ.get("VGPU_GPU_STARTED_S") or time.time())
+        self.budget = float(os.environ.get("VGPU_GPU_BUDGET_S") or 520)
+        self.point_s = float(os.environ.get("VGPU_GPU_POINT_S") or 3)
+        self.shim = os.path.join(self.build, "lib", "libvgpu.so")
+        self.tenant = os.path.join(self.build, "bin", "vgpu-tenant")
+        self.tmp = tempfile.mkdtemp(prefix="vgpu-gpu-suite.")
+        self.nvml = Nvml()
+        self.smi = shutil.which("nvidia-smi") is not None and not self.fake
+        self.report = {"suite": "vgpu GPU suite (tests/gpu/run.sh)", "report_version": 1, "started": now_utc(),
+                       "fake": self.fake, "stages": {}}
+        self.lock = threading.Lock()
+
+    # -- time and environments --
+
+    def elapsed(self) -> float:
+        return time.time() - self.started
+
+    def left(self) -> float:
+        return self.budget - self.elapsed()
+
+    def base_env(self) -> dict:
+        env = dict(os.environ)
+        for key in list(env):
+            if key in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "VGPU_CONFIG_FILE") \
+                    or key.startswith(("CUDA_DEVICE_MEMORY_", "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION")):
+                del env[key]
+        if not self.fake:
+            for key in list(env):
+                if key.startswith("FAKECUDA_"):
+                    del env[key]
+            own = os.path.join(self.build, "lib")
+            parts = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and os.path.abspath(p) != own]
+            if parts:
+                env["LD_LIBRARY_PATH"] = ":".join(parts)
+            else:
+                env.pop("LD_LIBRARY_PATH", None)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def shim_env(self, name: str, memory: str | None = None, sm: int | None = None, policy: str | None = "force",
+                 **extra) -> dict:
+        env = self.base_env()
+        region = os.path.join(self.tmp, f"{name}.region")
+        if os.path.exists(region):
+            os.unlink(region)
+        env["LD_PRELOAD"] = self.shim
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = region
+        if memory:
+            env["CUDA_DEVICE_MEMORY_LIMIT"] = memory
+        if sm:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(sm)
+        if policy and (memory or sm):
+            env["GPU_CORE_UTILIZATION_POLICY"] = policy
+        env.update({k: v for k, v in extra.items() if v is not None})
+        return env
+
+    def torch(self, *args) -> list[str]:
+        return [sys.executable, WORKLOADS, *args]
+
+    # -- the report --
+
+    def save(self) -> None:
+        with self.lock:
+            self.report["updated"] = now_utc()
+            self.report["wall_s"] = round(self.elapsed(), 1)
+            path = os.path.join(self.out, "report.json")
+            with open(path + ".tmp", "w") as handle:
+                json.dump(self.report, handle, indent=1, sort_keys=False)
+            os.replace(path + ".tmp", path)
+            with open(os.path.join(self.out, "report.md.tmp"), "w") as handle:
+                handle.write(render(self.report))
+            os.replace(os.path.join(self.out, "report.md.tmp"), os.path.join(self.out, "report.md"))
+
+    # -- stage 0: what machine, what tree --
+
+    def environment(self) -> None:
+        env = {"date": now_utc(), "host": platform.node(), "kernel": platform.release(),
+               "python": sys.version.split()[0], "build": self.build,
+               "build_info": os.environ.get("VGPU_GPU_BUILD_INFO", "").strip(),
+               "commit": os.environ.get("VGPU_COMMIT") or None,
+               "command": os.environ.get("VGPU_GPU_COMMAND") or "VGPU_COMMIT=<sha> bash tests/gpu/run.sh"}
+        head = run(["git", "-C", REPO, "rev-parse", "HEAD"], timeout=20)
+        env["device_checkout_head"] = head["stdout"].strip() if head["rc"] == 0 else None
+        if not env["commit"]:
+            env["commit"] = env["device_checkout_head"]
+            env["commit_source"] = "git rev-parse HEAD of the tree the suite ran in"
+        else:
+            env["commit_source"] = "VGPU_COMMIT"
+        status = run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"], timeout=20)
+        env["device_checkout_modified_files"] = len(status["stdout"].splitlines()) if status["rc"] == 0 else None
+        if self.smi:
+            done = run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,"
+                        "pci.bus_id,uuid", "--format=csv,noheader"], timeout=30)
+            parts = [p.strip() for p in done["stdout"].strip().splitlines()[0].split(",")] if done["rc"] == 0 else []
+            keys = ["gpu", "driver", "memory_total", "sm_clock_max", "power_limit", "pci_bus_id", "uuid"]
+            env.update(dict(zip(keys, parts)))
+            header = run(["nvidia-smi"], timeout=30)["stdout"]
+            found = re.search(r"CUDA Version:\s*([0-9.]+)", header)
+            env["cuda_version"] = found.group(1) if found else None
+            env["gpu_count"] = len(run(["nvidia-smi", "-L"], timeout=30)["stdout"].strip().splitlines())
+        if self.nvml.ok:
+            n, h = self.nvml.n, self.nvml.handle
+            name = self.nvml.call("nvmlDeviceGetName", h)
+            env.setdefault("gpu", name.decode() if isinstance(name, bytes) else name)
+            driver = self.nvml.call("nvmlSystemGetDriverVersion")
+            env.setdefault("driver", driver.decode() if isinstance(driver, bytes) else driver)
+            cuda = self.nvml.call("nvmlSystemGetCudaDriverVersion_v2") or self.nvml.call("nvmlSystemGetCudaDriverVersion")
+            if cuda and not env.get("cuda_version"):
+                env["cuda_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        else:
+            env["nvml_error"] = self.nvml.error
+        env["vgpu_conf_present"] = os.path.exists("/etc/vgpu/vgpu.conf")
+        self.report["env"] = env
+        log(f"GPU {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda_version')}, "
+            f"commit {env.get('commit')} (device checkout HEAD {env.get('device_checkout_head')})")
+        self.save()
+
+    # -- stage 1: conformance, the real driver and fakecuda --
+
+    def conformance(self) -> dict:
+        binaries = sorted(glob.glob(os.path.join(self.build, "bin", "conformance_*_test")))
+        if not binaries:
+            return {"status": "skipped", "note": "no conformance binaries in the build (see build.log)"}
+        real_env = self.base_env()
+        if self.fake:
+            real_env["FAKECUDA_STATE"] = os.path.join(self.tmp, "conformance-real")
+            os.makedirs(real_env["FAKECUDA_STATE"], exist_ok=True)
+        fake_env = self.base_env()
+        for key in list(fake_env):
+            if key.startswith("FAKECUDA_"):
+                del fake_env[key]
+        fake_env["LD_LIBRARY_PATH"] = os.path.join(self.build, "lib")
+        fake_env["FAKECUDA_STATE"] = os.path.join(self.tmp, "conformance-fake")
+        os.makedirs(fake_env["FAKECUDA_STATE"], exist_ok=True)
+        tests = []  # (binary, suite, test name)
+        for binary in binaries:
+            suite = os.path.basename(binary)[len("conformance_"):-len("_test")]
+            listed = run([binary, "--gtest_list_tests"], env=fake_env, timeout=30)
+            group = None
+            for line in listed["stdout"].splitlines():
+                if not line.strip():
+                    continue
+                if not line.startswith(" "):
+                    group = line.split("#")[0].strip()
+                elif group:
+                    tests.append((binary, suite, group + line.split("#")[0].strip()))
+        result = {"status": "done", "binaries": len(binaries), "tests": len(tests)}
+        for where, env, serial in (("real", real_env, True), ("fakecuda", fake_env, False)):
+            if self.left() < 60:
+                result[where] = {"status": "skipped", "note": f"{self.left():.0f} s left"}
+                continue
+            begin = time.time()
+            outcomes = self.run_tests(tests, env, serial, where)
+            counts = {k: sum(1 for o in outcomes.values() if o["status"] == k) for k in ("passed", "failed", "skipped")}
+            result[where] = {"status": "done", "wall_s": round(time.time() - begin, 1), **counts,
+                             "failures": [{"test": name, **{k: v for k, v in o.items() if k != "status"}}
+                                          for name, o in sorted(outcomes.items()) if o["status"] == "failed"],
+                             "skips": [{"test": name, "message": o.get("message", "")}
+                                       for name, o in sorted(outcomes.items()) if o["status"] == "skipped"],
+                             "outcomes": {name: o["status"] for name, o in sorted(outcomes.items())}}
+            log(f"conformance on {where}: {counts} in {time.time() - begin:.1f} s")
+            self.report["stages"]["conformance"] = result
+            self.save()
+        if result.get("real", {}).get("outcomes") and result.get("fakecuda", {}).get("outcomes"):
+            real, fake = result["real"]["outcomes"], result["fakecuda"]["outcomes"]
+            result["differences"] = [{"test": t, "real": real.get(t), "fakecuda": fake.get(t)}
+                                     for t in sorted(set(real) | set(fake)) if real.get(t) != fake.get(t)]
+        return result
+
+    def run_tests(self, tests, env, serial_on_gpu: bool, where: str) -> dict:
+        folder = os.path.join(self.tmp, f"gtest-{where}")
+        os.makedirs(folder, exist_ok=True)
+
+        def one(index_test):
+            index, (binary, suite, name) = index_test
+            output = os.path.join(folder, f"{index}.json")
+            done = run([binary, f"--gtest_filter={name}", f"--gtest_output=json:{output}"], env=env, timeout=90)
+            return name, parse_gtest(done, output, name)
+
+        indexed = list(enumerate(tests))
+        serial = [t for t in indexed if serial_on_gpu and t[1][1] in SERIAL_SUITES]
+        parallel = [t for t in indexed if not (serial_on_gpu and t[1][1] in SERIAL_SUITES)]
+        outcomes = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=6 if serial_on_gpu else 8) as pool:
+            for name, outcome in pool.map(one, parallel):
+                outcomes[name] = outcome
+        for item in serial:
+            name, outcome = one(item)
+            outcomes[name] = outcome
+        return outcomes
+
+    # -- stage 2: memory under CUDA_DEVICE_MEMORY_LIMIT=4g --
+
+    def memory(self) -> dict:
+        limit, limit_mib = "4g", 4096
+        result = {"status": "done", "limit": limit, "limit_mib": limit_mib, "host_view_source":
+                  "nvidia-smi --query-compute-apps" if self.smi else "pynvml nvmlDeviceGetComputeRunningProcesses"}
+        tenants = []
+        for size, expect in (("3g", "ok"), ("4g", "oom")):
+            done = run([self.tenant, "--alloc", size, "--kernels", "10"], env=self.shim_env(f"m{size}", memory=limit),
+                       timeout=60)
+            line = (json_lines(done["stdout"]) or [{}])[-1]
+            tenants.append({"alloc": size, "expected": expect, "status": line.get("status"), "exit": done["rc"],
+                            "error": line.get("error"), "call": line.get("call"),
+                            "held": line.get("status") == expect})
+        result["vgpu_tenant"] = tenants
+        self.report["stages"]["memory"] = result
+        self.save()
+        runs = []
+        for conf in ("", "expandable_segments:True"):
+            apps = AppsSampler(self.nvml, self.smi)
+            apps.start()
+            proc = start(self.torch("mem", "--hold", "2"),
+                         env=self.shim_env(f"t{len(runs)}", memory=limit, PYTORCH_CUDA_ALLOC_CONF=conf or None))
+            done = finish(proc, timeout=150)
+            apps.stop()
+            lines = {line.get("event"): line for line in json_lines(done["stdout"])}
+            mine = [r for r in apps.rows if r[1] == proc.pid]
+            matched = "pid" if mine else "any process (the pid was not listed)"
+            rows = mine or apps.rows
+            holding, released = lines.get("holding", {}), lines.get("released", {})
+            during_hold = [r[2] for r in rows if holding.get("t", 0) <= r[0] <= released.get("t", 0)]
+            start_line = lines.get("start", {})
+            entry = {"alloc_conf": conf or "(default)", "exit": done["rc"], "timed_out": done["timed_out"],
+                     "torch": start_line.get("torch"),
+                     "mem_get_info_at_start_mib": [start_line.get("mem_get_info_free_mib"),
+                                                   start_line.get("mem_get_info_total_mib")],
+                     "oom": holding.get("oom"), "oom_message": holding.get("oom_message"),
+                     "allocated_before_oom_mib": holding.get("allocated_mib"),
+                     "reserved_mib": holding.get("reserved_mib"),
+                     "mem_get_info_at_cap_mib": [holding.get("mem_get_info_free_mib"),
+                                                 holding.get("mem_get_info_total_mib")],
+                     "nvidia_smi_under_shim": holding.get("nvidia_smi_under_shim"),
+                     "pynvml_under_shim": holding.get("pynvml_under_shim"),
+                     "recovered_1gib_after_oom": lines.get("end", {}).get("recovered_1gib_after_oom"),
+                     "host_samples": len(rows), "host_samples_while_holding": len(during_hold),
+                     "host_matched_by": matched, "host_max_mib": max((r[2] for r in rows), default=None),
+                     "host_max_while_holding_mib": max(during_hold, default=None), "host_sampler_errors": apps.errors}
+            entry["held"] = bool(entry["oom"]) and entry["host_max_mib"] is not None \
+                and entry["host_max_mib"] <= limit_mib and entry["mem_get_info_at_start_mib"][1] == limit_mib
+            if done["rc"] != 0 or not lines:
+                entry["stderr"] = tail(done["stderr"], 1500)
+            runs.append(entry)
+            log(f"memory, PyTorch {entry['alloc_conf']}: OOM {entry['oom']} after {entry['allocated_before_oom_mib']} "
+                f"MiB, host max {entry['host_max_mib']} MiB over {entry['host_samples']} samples")
+            result["pytorch"] = runs
+            self.save()
+        return result
+
+    # -- stage 3: compute caps --
+
+    def compute(self) -> dict:
+        caps = [int(c) for c in (os.environ.get("VGPU_GPU_CAPS") or "10,30,50,70,90").split(",")]
+        point = self.point_s
+        result = {"status": "done", "policy": "force", "point_s": point, "caps": caps, "torch": {}, "tenant": {},
+                  "notes": []}
+        self.report["stages"]["compute"] = result
+        sampler = Sampler(self.nvml)
+        sampler.start()
+        try:
+            for cap in [0] + caps:
+                if self.left() < 3 * point + 60:
+                    result["notes"].append(f"cap {cap}: skipped, {self.left():.0f} s left")
+                    continue
+                env = self.base_env() if cap == 0 else self.shim_env(f"c{cap}", sm=cap)
+                done = run(self.torch("compute", "--which", "mm8192,mm2048,add", "--seconds", str(point)), env=env,
+                           timeout=3 * point + 90)
+                for line in json_lines(done["stdout"]):
+                    if line.get("event") != "result":
+                        continue
+                    clocks = sampler.between(line["t_start"], line["t_end"])
+                    result["torch"].setdefault(line["workload"], {})[str(cap)] = {
+                        "ops_per_s": rnd(line["ops_per_s"]), "ops": line["ops"], "elapsed_s": rnd(line["elapsed_s"]),
+                        "description": line["description"], **clocks}
+                if done["rc"] != 0:
+                    result["notes"].append(f"torch at cap {cap}: exit {done['rc']}"
+                                           f"{' (timed out)' if done['timed_out'] else ''}: {tail(done['stderr'], 800)}")
+                t0 = time.time()
+                done = run([self.tenant, "--seconds", str(point), "--kernel-us", "1000"], env=env, timeout=point + 40)
+                line = (json_lines(done["stdout"]) or [{}])[-1]
+                result["tenant"][str(cap)] = {"busy_fraction": line.get("busy_fraction"),
+                                              "kernels_per_s": line.get("kernels_per_s"), "status": line.get("status"),
+                                              **sampler.between(t0, time.time())}
+                log(f"compute cap {cap or 'none'}: " + ", ".join(
+                    f"{w} {v[str(cap)]['ops_per_s']:.1f}/s" for w, v in result["torch"].items() if str(cap) in v)
+                    + f", tenant busy {line.get('busy_fraction')}")
+                self.finish_compute(result)
+                self.save()
+            if self.left() > 40:
+                result["pair_tenant"] = self.pair_tenant(sampler)
+                self.save()
+            if self.left() > 60:
+                result["pair_torch"] = self.pair_torch(sampler)
+                self.finish_compute(result)
+                self.save()
+        finally:
+            sampler.stop()
+        return result
+
+    @staticmethod
+    def finish_compute(result) -> None:
+        for workload, points in result["torch"].items():
+            base = points.get("0")
+            for cap, entry in points.items():
+                if base and base.get("ops_per_s"):
+                    entry["fraction_of_uncapped"] = rnd(entry["ops_per_s"] / base["ops_per_s"], 4)
+                    if base.get("sm_mhz_median") and entry.get("sm_mhz_median") and workload.startswith("mm"):
+                        entry["fraction_x_clock_ratio"] = rnd(entry["fraction_of_uncapped"] * base["sm_mhz_median"]
+                                                              / entry["sm_mhz_median"], 4)
+        base = result["tenant"].get("0", {}).get("kernels_per_s")
+        for entry in result["tenant"].values():
+            if base and entry.get("kernels_per_s"):
+                entry["fraction_of_uncapped"] = rnd(entry["kernels_per_s"] / base, 4)
+
+    def pair_tenant(self, sampler) -> dict:
+        seconds = 5
+        t0 = time.time()
+        procs = {cap: start([self.tenant, "--seconds", str(seconds), "--kernel-us", "1000"],
+                            env=self.shim_env(f"p{cap}", sm=cap)) for cap in (30, 70)}
+        pair = {}
+        for cap, proc in procs.items():
+            done = finish(proc, timeout=seconds + 40)
+            line = (json_lines(done["stdout"]) or [{}])[-1]
+            pair[str(cap)] = {"busy_fraction": line.get("busy_fraction"), "kernels_per_s": line.get("kernels_per_s"),
+                              "status": line.get("status")}
+        pair["clocks"] = sampler.between(t0, time.time())
+        log(f"pair 30/70 vgpu-tenant 1 ms: {pair['30']['busy_fraction']} / {pair['70']['busy_fraction']}")
+        return pair
+
+    def pair_torch(self, sampler) -> dict:
+        seconds = 5
+        go = os.path.join(self.tmp, "pair.go")
+        procs, ready = {}, {}
+        for cap in (30, 70):
+            ready[cap] = os.path.join(self.tmp, f"pair{cap}.ready")
+            procs[cap] = start(self.torch("compute", "--which", "mm8192", "--seconds", str(seconds), "--ready",
+                                          ready[cap], "--go", go), env=self.shim_env(f"q{cap}", sm=cap))
+        give_up = time.time() + 90
+        while not all(os.path.exists(r) for r in ready.values()) and time.time() < give_up:
+            if any(p.poll() is not None for p in procs.values()):
+                break
+            time.sleep(0.01)
+        with open(go, "w") as handle:
+            handle.write("go")
+        pair = {}
+        for cap, proc in procs.items():
+            done = finish(proc, timeout=seconds + 60)
+            line = next((l for l in json_lines(done["stdout"]) if l.get("event") == "result"), {})
+            entry = {"ops_per_s": rnd(line.get("ops_per_s")), "exit": done["rc"]}
+            if line:
+                entry.update(sampler.between(line["t_start"], line["t_end"]))
+            else:
+                entry["stderr"] = tail(done["stderr"], 800)
+            pair[str(cap)] = entry
+        log(f"pair 30/70 PyTorch matmul 8192: {pair['30'].get('ops_per_s')} / {pair['70'].get('ops_per_s')} per s")
+        return pair
+
+    # -- stage 4: overhead --
+
+    def overhead(self) -> dict:
+        configs = {"none": lambda: self.base_env(), "shim": lambda: self.shim_env("o-shim", policy=None),
+                   "shim_limits": lambda: self.shim_env("o-limits", memory="70g", sm=99, policy="force")}
+        order = ["none", "shim", "shim_limits", "shim_limits", "shim", "none"]
+        result = {"status": "done", "order": order, "configs": {
+            "none": "no shim", "shim": "LD_PRELOAD=libvgpu.so, no limits",
+            "shim_limits": "LD_PRELOAD=libvgpu.so, CUDA_DEVICE_MEMORY_LIMIT=70g, CUDA_DEVICE_SM_LIMIT=99, force"},
+            "rounds": []}
+        for index, name in enumerate(order):
+            if self.left() < 25:
+                result["note"] = f"stopped after {index} of {len(order)} rounds: {self.left():.0f} s left"
+                break
+            entry = {"config": name}
+            done = run(self.torch("overhead", "--samples", "3000", "--launches", "10000"), env=configs[name](),
+                       timeout=90)
+            line = next((l for l in json_lines(done["stdout"]) if l.get("event") == "result"), None)
+            if line:
+                entry.update({k: line[k] for k in ("sync_op_median_us", "sync_op_p10_us", "sync_op_p90_us",
+                                                   "launch_rate_per_s")})
+            else:
+                entry["torch_error"] = f"exit {done['rc']}: {tail(done['stderr'], 600)}"
+            done = run([self.tenant, "--seconds", "1.5", "--kernel-us", "1", "--depth", "64"], env=configs[name](),
+                       timeout=40)
+            line = (json_lines(done["stdout"]) or [{}])[-1]
+            entry["tenant_launch_rate_per_s"] = line.get("kernels_per_s")
+            done = run([self.tenant, "--seconds", "1.5", "--kernel-us", "1", "--depth", "1"], env=configs[name](),
+                       timeout=40)
+            line = (json_lines(done["stdout"]) or [{}])[-1]
+            rate = line.get("kernels_per_s")
+            entry["tenant_sync_launch_us"] = rnd(1e6 / rate) if rate else None
+            result["rounds"].append(entry)
+            log(f"overhead {name}: {entry}")
+            result["summary"] = overhead_summary(result["rounds"])
+            self.report["stages"]["overhead"] = result
+            self.save()
+        return result
+
+    # -- stage 5: fidelity --
+
+    def fidelity(self) -> dict:
+        native = glob.glob(os.path.join(self.build, "python", "vgpu", "_native*.so"))
+        fallback = os.path.join(self.build, "bin", "run_scenario")
+        if not native and not os.access(fallback, os.X_OK):
+            return {"status": "skipped", "note": "neither vgpu._native nor tests/gpu/run_scenario.cc was built"}
+        result = {"status": "done", "runner": "python3 -m vgpu run" if native else "tests/gpu/run_scenario.cc",
+                  "scenarios": {}}
+        folder = os.path.join(self.tmp, "scenarios")
+        os.makedirs(folder, exist_ok=True)
+        for name in ("single-tenant-30", "thirty-seventy"):
+            original = os.path.join(REPO, "scenarios", f"{name}.yaml")
+            text = open(original).read()
+            # A copy that runs on the machine's GPU, live only: gpu: real and mode: [live] in place of its own.
+            real_text = re.sub(r"(?m)^(gpu|mode):.*\n", "", text)
+            real_text = re.sub(r"(?m)^(name:.*\n)", r"\1gpu: real\nmode: [live]\n", real_text, count=1)
+            if "gpu: real" not in real_text:
+                real_text = "gpu: real\nmode: [live]\n" + real_text
+            real_file = os.path.join(folder, f"{name}.yaml")
+            with open(real_file, "w") as handle:
+                handle.write(real_text)
+            entry = {}
+            for label, path, mode in (("gpu_live", real_file, "live"), ("fakecuda_live", original, "live"),
+                                      ("fakecuda_virtual", original, "virtual")):
+                if self.left() < 25:
+                    entry[label] = {"status": "skipped", "note": f"{self.left():.0f} s left"}
+                    continue
+                keep = label == "gpu_live"
+                trace = os.path.join(self.out if keep else self.tmp, f"{name}-{label}.jsonl")
+                entry[label] = self.scenario(path, mode, trace, bool(native), keep and name == "thirty-seventy")
+                log(f"scenario {name} {label}: {entry[label].get('shares')} {entry[label].get('passed')}")
+            shares = {label: e.get("shares") or {} for label, e in entry.items()}
+            agreement = {}
+            for tenant in shares.get("gpu_live", {}):
+                real = shares["gpu_live"][tenant]
+                agreement[tenant] = {other: rnd(real - shares[other][tenant], 2)
+                                     for other in ("fakecuda_live", "fakecuda_virtual")
+                                     if tenant in shares.get(other, {})}
+            entry["gpu_minus_fakecuda_points"] = agreement
+            entry["agree_within_3_points"] = bool(agreement) and all(
+                abs(d) <= 3 for diffs in agreement.values() for d in diffs.values())
+            result["scenarios"][name] = entry
+            self.report["stages"]["fidelity"] = result
+            self.save()
+        return result
+
+    def scenario(self, path, mode, trace, native: bool, plot: bool) -> dict:
+        begin = time.time()
+        if native:
+            env = self.base_env()
+            env["PYTHONPATH"] = os.path.join(REPO, "python") + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            env["VGPU_BUILD_DIR"] = self.build
+            cmd = [sys.executable, "-m", "vgpu", "run", path, "--mode", mode, "--json", "--quiet", "--trace", trace]
+            if plot:
+                cmd += ["--plot", trace.replace(".jsonl", ".png")]
+            done = run(cmd, env=env, timeout=90, cwd=REPO)
+            if plot and done["rc"] not in (0, 1):  # matplotlib missing, say: once more without the plot
+                done = run(cmd[:-2], env=env, timeout=90, cwd=REPO)
+        else:
+            done = run([os.path.join(self.build, "bin", "run_scenario"), path, mode, trace, self.build],
+                       env=self.base_env(), timeout=90, cwd=REPO)
+        entry = {"exit": done["rc"], "wall_s": rnd(time.time() - begin, 1)}
+        summary = next((l for l in json_lines(done["stdout"]) if "tenants" in l), None)
+        if summary:
+            entry["passed"] = summary.get("passed")
+            entry["vgpu_shares"] = {t["name"]: t.get("mean_share_percent") for t in summary["tenants"]}
+            entry["failed_checks"] = [c.get("expected") + ": " + str(c.get("detail"))
+                                      for c in summary.get("checks", []) if not c.get("passed")]
+        if os.path.exists(trace):
+            entry["shares"] = trace_shares(trace)
+        if done["rc"] not in (0, 1) or "shares" not in entry:
+            entry["error"] = tail(done["stderr"] or done["stdout"], 1200)
+        return entry
+
+    # -- driver --
+
+    def main(self) -> int:
+        stages = [s.strip() for s in (os.environ.get("VGPU_GPU_STAGES") or ",".join(STAGES)).split(",") if s.strip()]
+        self.environment()
+        if self.report["env"].get("vgpu_conf_present"):
+            log("/etc/vgpu/vgpu.conf exists: the shim would ignore the environment; the suite cannot set limits")
+            self.report["error"] = "/etc/vgpu/vgpu.conf exists here"
+            self.save()
+            return 1
+        minimum = {"conformance": 60, "memory": 40, "compute": 90, "overhead": 40, "fidelity": 40}
+        for stage in stages:
+            if stage not in STAGES:
+                log(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+                continue
+            if self.left() < minimum[stage]:
+                self.report["stages"][stage] = {"status": "skipped", "note": f"{self.left():.0f} s left of the budget"}
+                log(f"{stage}: skipped, {self.left():.0f} s left")
+                self.save()
+                continue
+            log(f"stage {stage} ({self.left():.0f} s left)")
+            begin = time.time()
+            try:
+                result = getattr(self, stage)()
+            except Exception:  # noqa: BLE001 - one stage's failure must not lose the others
+                result = dict(self.report["stages"].get(stage) or {})
+                result["status"] = "error"
+                result["error"] = traceback.format_exc()[-3000:]
+                log(f"stage {stage} broke:\n{result['error']}")
+            result["wall_s"] = round(time.time() - begin, 1)
+            self.report["stages"][stage] = result
+            self.save()
+        self.report["finished"] = now_utc()
+        self.save()
+        log(f"done in {self.elapsed():.0f} s; report: {os.path.join(self.out, 'report.md')}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return 0
+
+
+def parse_gtest(done: dict, output: str, name: str) -> dict:
+    text = (done["stdout"] or "") + (done["stderr"] or "")
+    data = None
+    if os.path.exists(output):
+        try:
+            with open(output) as handle:
+                data = json.load(handle)
+        except (OSError, json.JSONDecodeError):
+            data = None
+    if data:
+        for suite in data.get("testsuites", []):
+            for test in suite.get("testsuite", []):
+                if f"{suite.get('name')}.{test.get('name')}" != name:
+                    continue
+                if test.get("failures"):
+                    return {"status": "failed",
+                            "message": "\n".join(f.get("failure", "") for f in test["failures"])[:2000]}
+                if test.get("result") == "SKIPPED" or "[  SKIPPED ]" in text:
+                    found = re.search(r"Skipped\n(.*?)\n\[  SKIPPED \]", text, re.S)
+                    return {"status": "skipped", "message": (found.group(1).strip() if found else "")[:500]}
+                if done["rc"] == 0:
+                    return {"status": "passed"}
+    if done["timed_out"]:
+        return {"status": "failed", "message": f"timed out after {done['wall_s']:.0f} s: {tail(text, 800)}"}
+    if done["rc"] == 0 and "[  PASSED  ] 1 test" in text:
+        return {"status": "passed"}
+    return {"status": "failed", "message": f"exit {done['rc']} without a result (crash?): {tail(text, 1200)}"}
+
+
+def overhead_summary(rounds: list[dict]) -> dict:
+    keys = ("sync_op_median_us", "launch_rate_per_s", "tenant_launch_rate_per_s", "tenant_sync_launch_us")
+    per = {}
+    for entry in rounds:
+        per.setdefault(entry["config"], []).append(entry)
+    summary = {"per_config": {}, "vs_none_percent": {}}
+    for config, entries in per.items():
+        summary["per_config"][config] = {k: rnd(mean(e.get(k) for e in entries), 2) for k in keys}
+        summary["per_config"][config]["rounds"] = len(entries)
+    base = summary["per_config"].get("none")
+    if base:
+        for config, values in summary["per_config"].items():
+            if config == "none":
+                continue
+            change = {}
+            for key in keys:
+                if values.get(key) and base.get(key):
+                    ratio = values[key] / base[key]
+                    # Latencies: + is slower; rates: the loss, + is slower too.
+                    change[key] = rnd((ratio - 1) * 100 if key.endswith("_us") else (1 - ratio) * 100, 2)
+            summary["vs_none_percent"][config] = change
+        # The noise floor: how far the two no-shim rounds are apart.
+        nones = per.get("none", [])
+        if len(nones) >= 2:
+            summary["none_round_spread_percent"] = {
+                key: rnd(abs(nones[0][key] - nones[1][key]) / min(nones[0][key], nones[1][key]) * 100, 2)
+                for key in keys if nones[0].get(key) and nones[1].get(key)}
+    return summary
+
+
+def trace_shares(path: str) -> dict:
+    """Mean share (percent) per tenant over the judged windows [settle, duration), from the trace's samples."""
+    head, busy = None, {}
+    with open(path) as handle:
+        for line in handle:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("ev") == "run":
+                head = event
+            elif event.get("ev") == "sample":
+                busy.setdefault(event["tenant"], {}).setdefault(event["t_ns"], 0)
+                busy[event["tenant"]][event["t_ns"]] += event["busy_ns"]
+    if not head:
+        return {}
+    window, settle, duration = head["window_ns"], head["settle_ns"], head["duration_ns"]
+    shares = {}
+    for tenant, series in busy.items():
+        values = []
+        t = settle
+        while t + window <= duration:
+            if t in series and t + window in series:
+                values.append((series[t + window] - series[t]) / window * 100)
+            t += window
+        if values:
+            shares[tenant] = round(statistics.fmean(values), 2)
+    return shares
+
+
+# ---- the markdown report -------------------------------------------------------------------------------------------
+
+
+def fmt(value, digits=1, suffix=""):
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def pct(value, digits=1):
+    return "—" if value is None else f"{value * 100:.{digits}f} %"
+
+
+def render(report: dict) -> str:
+    env = report.get("env", {})
+    stages = report.get("stages", {})
+    lines = ["# vgpu GPU suite report", ""]
+    if report.get("fake"):
+        lines += ["**Plumbing test over fakecuda (VGPU_GPU_FAKE=1): the figures mean nothing.**", ""]
+    lines += [f"- date: {env.get('date', report.get('started'))} (report updated {report.get('updated')}, "
+              f"{report.get('wall_s')} s after the command started)",
+              f"- GPU: {env.get('gpu')} ({env.get('memory_total')}, SM clock max {env.get('sm_clock_max')}, "
+              f"power limit {env.get('power_limit')}, {env.get('gpu_count')} GPU(s))",
+              f"- driver: {env.get('driver')}, CUDA {env.get('cuda_version')}",
+              f"- commit: {env.get('commit')} ({env.get('commit_source')}); the device checkout's HEAD: "
+              f"{env.get('device_checkout_head')}",
+              f"- command: `{env.get('command')}`",
+              f"- host: {env.get('host')}, kernel {env.get('kernel')}, Python {env.get('python')}",
+              f"- build: {env.get('build_info') or 'as configured'}", ""]
+    conf = stages.get("conformance")
+    if conf:
+        lines += ["## 1. Conformance: the same tests on the real driver and on fakecuda", ""]
+        if conf.get("status") != "done":
+            lines += [f"{conf.get('status')}: {conf.get('note') or conf.get('error', '')}", ""]
+        lines += ["| driver | passed | failed | skipped | wall |", "|---|---|---|---|---|"]
+        for where in ("real", "fakecuda"):
+            r = conf.get(where)
+            if r:
+                lines.append(f"| {where} | {r.get('passed', '—')} | {r.get('failed', '—')} | {r.get('skipped', '—')} | "
+                             f"{fmt(r.get('wall_s'), 1, ' s')} |")
+        lines.append("")
+        for where in ("real", "fakecuda"):
+            for failure in (conf.get(where) or {}).get("failures", []):
+                message = failure.get("message", "").strip().replace("\n", " / ")[:500]
+                lines.append(f"- FAILED on {where}: `{failure['test']}`: {message}")
+            for skip in (conf.get(where) or {}).get("skips", []):
+                lines.append(f"- skipped on {where}: `{skip['test']}`: {skip.get('message', '')[:200]}")
+        if conf.get("differences") is not None:
+            lines.append(f"- outcomes that differ between the two: {len(conf['differences'])}" + (
+                "" if not conf["differences"] else ": " + ", ".join(
+                    f"`{d['test']}` ({d['real']} / {d['fakecuda']})" for d in conf["differences"])))
+        lines.append("")
+    mem = stages.get("memory")
+    if mem:
+        lines += [f"## 2. Memory: CUDA_DEVICE_MEMORY_LIMIT={mem.get('limit')}", ""]
+        if mem.get("status") != "done":
+            lines += [f"{mem.get('status')}: {mem.get('note') or mem.get('error', '')}", ""]
+        for t in mem.get("vgpu_tenant", []):
+            lines.append(f"- vgpu-tenant --alloc {t['alloc']}: status {t['status']} (expected {t['expected']}), "
+                         f"exit {t['exit']}{', ' + str(t['error']) + ' from ' + str(t['call']) if t.get('error') else ''}"
+                         f": {'held' if t['held'] else 'NOT as expected'}")
+        if mem.get("pytorch"):
+            lines += ["", f"Host view: {mem.get('host_view_source')}, sampled outside the shim while each process ran.",
+                      "", "| PyTorch allocator | mem_get_info at start (free / total MiB) | allocated before OOM | "
+                      "nvidia-smi under the shim (total / used MiB) | host view max (MiB) | samples (while holding) | "
+                      "1 GiB again after OOM | held |", "|---|---|---|---|---|---|---|---|"]
+            for r in mem["pytorch"]:
+                smi = r.get("nvidia_smi_under_shim") or {}
+                smi_text = f"{smi.get('total_mib')} / {smi.get('used_mib')}" if "total_mib" in smi else \
+                    str(smi.get("error", "—"))[:80]
+                start_view = r.get("mem_get_info_at_start_mib") or [None, None]
+                lines.append(f"| {r['alloc_conf']} | {start_view[0]} / {start_view[1]} | "
+                             f"{fmt(r.get('allocated_before_oom_mib'), 0, ' MiB')} | {smi_text} | "
+                             f"{r.get('host_max_mib')} | {r.get('host_samples')} ({r.get('host_samples_while_holding')}) "
+                             f"| {r.get('recovered_1gib_after_oom')} | {'yes' if r.get('held') else 'NO'} |")
+            for r in mem["pytorch"]:
+                lines.append(f"- {r['alloc_conf']}: OutOfMemoryError: {str(r.get('oom_message'))[:300]}")
+                if r.get("stderr"):
+                    lines.append(f"  - stderr: {r['stderr'][-300:]}")
+        lines.append("")
+    comp = stages.get("compute")
+    if comp:
+        lines += [f"## 3. Compute caps ({comp.get('policy')}), {comp.get('point_s')} s per point", ""]
+        if comp.get("status") != "done":
+            lines += [f"{comp.get('status')}: {comp.get('error', '')}", ""]
+        caps = ["0"] + [str(c) for c in comp.get("caps", [])]
+        for workload, points in comp.get("torch", {}).items():
+            description = next(iter(points.values())).get("description", workload)
+            lines += [f"**PyTorch {description}**", "",
+                      "| cap | ops/s | of uncapped | × clock ratio | SM clock MHz (median, min–max) | NVML util % | power W |",
+                      "|---|---|---|---|---|---|---|"]
+            for cap in caps:
+                e = points.get(cap)
+                if not e:
+                    continue
+                lines.append(f"| {'none' if cap == '0' else cap + ' %'} | {fmt(e.get('ops_per_s'))} | "
+                             f"{pct(e.get('fraction_of_uncapped'))} | {pct(e.get('fraction_x_clock_ratio'))} | "
+                             f"{fmt(e.get('sm_mhz_median'), 0)} ({fmt(e.get('sm_mhz_min'), 0)}–{fmt(e.get('sm_mhz_max'), 0)}) | "
+                             f"{fmt(e.get('util_mean'))} | {fmt(e.get('power_w_mean'), 0)} |")
+            lines.append("")
+        if comp.get("tenant"):
+            lines += ["**vgpu-tenant 1 ms spin kernels** (busy fraction: the GPU time its kernels ran / wall time, exact)",
+                      "", "| cap | busy (own time share) | kernels/s | of uncapped | SM clock MHz | NVML util % |",
+                      "|---|---|---|---|---|---|"]
+            for cap in caps:
+                e = comp["tenant"].get(cap)
+                if e:
+                    lines.append(f"| {'none' if cap == '0' else cap + ' %'} | {pct(e.get('busy_fraction'))} | "
+                                 f"{fmt(e.get('kernels_per_s'))} | {pct(e.get('fraction_of_uncapped'))} | "
+                                 f"{fmt(e.get('sm_mhz_median'), 0)} | {fmt(e.get('util_mean'))} |")
+            lines.append("")
+        if comp.get("pair_tenant") or comp.get("pair_torch"):
+            lines += ["**Two containers side by side, capped 30 % and 70 %**", ""]
+            p = comp.get("pair_tenant")
+            if p:
+                lines.append(f"- vgpu-tenant 1 ms, 5 s: busy {pct(p['30'].get('busy_fraction'))} / "
+                             f"{pct(p['70'].get('busy_fraction'))} (sum {pct((p['30'].get('busy_fraction') or 0) + (p['70'].get('busy_fraction') or 0))}), "
+                             f"SM clock {fmt(p.get('clocks', {}).get('sm_mhz_median'), 0)} MHz")
+            p = comp.get("pair_torch")
+            if p:
+                base = (comp.get("torch", {}).get("mm8192", {}).get("0") or {}).get("ops_per_s")
+                parts = []
+                for cap in ("30", "70"):
+                    e = p.get(cap, {})
+                    frac = e["ops_per_s"] / base if base and e.get("ops_per_s") else None
+                    parts.append(f"{cap} %: {fmt(e.get('ops_per_s'))}/s ({pct(frac)} of uncapped alone), SM clock "
+                                 f"{fmt(e.get('sm_mhz_median'), 0)} MHz")
+                lines.append("- PyTorch bf16 matmul 8192, 5 s from a common start: " + "; ".join(parts))
+            lines.append("")
+        for note in comp.get("notes", []):
+            lines.append(f"- note: {note[:600]}")
+        lines.append("")
+    over = stages.get("overhead")
+    if over and over.get("summary"):
+        s = over["summary"]
+        lines += ["## 4. Overhead of the shim", "",
+                  "Rounds in the order " + ", ".join(over.get("order", [])) + "; each value the mean of its rounds.", "",
+                  "| config | PyTorch sync tiny op, median µs | PyTorch tiny-op launches/s | vgpu-tenant 1 µs kernels, depth 64, launches/s | vgpu-tenant launch+sync µs |",
+                  "|---|---|---|---|---|"]
+        for config, v in s.get("per_config", {}).items():
+            lines.append(f"| {config}: {over['configs'].get(config)} | {fmt(v.get('sync_op_median_us'), 2)} | "
+                         f"{fmt(v.get('launch_rate_per_s'), 0)} | {fmt(v.get('tenant_launch_rate_per_s'), 0)} | "
+                         f"{fmt(v.get('tenant_sync_launch_us'), 2)} |")
+        lines += ["", "Added cost against no shim, percent (+ = slower; for rates, the throughput lost):", "",
+                  "| config | sync tiny op | tiny-op launch rate | tenant launch rate | tenant launch+sync |", "|---|---|---|---|---|"]
+        for config, v in s.get("vs_none_percent", {}).items():
+            lines.append(f"| {config} | {fmt(v.get('sync_op_median_us'), 2, ' %')} | {fmt(v.get('launch_rate_per_s'), 2, ' %')} | "
+                         f"{fmt(v.get('tenant_launch_rate_per_s'), 2, ' %')} | {fmt(v.get('tenant_sync_launch_us'), 2, ' %')} |")
+        if s.get("none_round_spread_percent"):
+            lines.append("")
+            lines.append("Noise floor (the two no-shim rounds apart, percent): " + ", ".join(
+                f"{k} {v}" for k, v in s["none_round_spread_percent"].items()))
+        lines.append("")
+    fid = stages.get("fidelity")
+    if fid:
+        lines += ["## 5. Fidelity: scenarios on the GPU and on fakecuda (h100-80gb)", ""]
+        if fid.get("status") != "done":
+            lines += [f"{fid.get('status')}: {fid.get('note') or fid.get('error', '')}", ""]
+        else:
+            lines += [f"Runner: {fid.get('runner')}. Mean share per tenant over the judged windows, from each trace.", "",
+                      "| scenario | tenant | GPU live | fakecuda live | fakecuda virtual | GPU − fakecuda live / virtual | within 3 points |",
+                      "|---|---|---|---|---|---|---|"]
+            for name, e in fid.get("scenarios", {}).items():
+                for tenant, diffs in (e.get("gpu_minus_fakecuda_points") or {}).items():
+                    values = [((e.get(k) or {}).get("shares") or {}).get(tenant) for k in
+                              ("gpu_live", "fakecuda_live", "fakecuda_virtual")]
+                    lines.append(f"| {name} | {tenant} | {fmt(values[0], 2)} | {fmt(values[1], 2)} | {fmt(values[2], 2)} | "
+                                 f"{fmt(diffs.get('fakecuda_live'), 2)} / {fmt(diffs.get('fakecuda_virtual'), 2)} | "
+                                 f"{'yes' if all(abs(d) <= 3 for d in diffs.values()) else 'NO'} |")
+            lines.append("")
+            for name, e in fid.get("scenarios", {}).items():
+                for label in ("gpu_live", "fakecuda_live", "fakecuda_virtual"):
+                    r = e.get(label) or {}
+                    verdict = {True: "PASS", False: "FAIL", None: "—"}[r.get("passed")]
+                    extra = ("; failed: " + "; ".join(r["failed_checks"])) if r.get("failed_checks") else ""
+                    error = f"; error: {r['error'][:300]}" if r.get("error") else ""
+                    lines.append(f"- {name} {label}: expectations {verdict} (exit {r.get('exit')}, "
+                                 f"{r.get('wall_s')} s){extra}{error}")
+        lines.append("")
+    lines += ["## Stages", "", "| stage | status | wall |", "|---|---|---|"]
+    for name, stage in stages.items():
+        lines.append(f"| {name} | {stage.get('status')} | {fmt(stage.get('wall_s'), 1, ' s')} |")
+    for name, stage in stages.items():
+        if stage.get("error"):
+            lines += ["", f"{name} error:", "", "```", stage["error"][-1500:], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--build", required=True, help="the build folder (lib/libvgpu.so, bin/vgpu-tenant, ...)")
+    parser.add_argument("--out", required=True, help="where report.json and report.md go")
+    parser.add_argument("--render", metavar="REPORT_JSON", help="only render this report.json as markdown on stdout")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    return Suite(args).main()
+
+
+if __name__ == "__main__":
+    if "--render" in sys.argv:
+        with open(sys.argv[sys.argv.index("--render") + 1]) as source:
+            print(render(json.load(source)), end="")
+        sys.exit(0)
+    sys.exit(main())
