@@ -474,6 +474,23 @@ class LiveRun {
     return true;
   }
 
+  // The entries of an inherited LD_PRELOAD (separated by spaces or colons) other than a libvgpu.so, each followed
+  // by a space: the shim is added once, after them.
+  static std::string KeptPreloads(std::string_view list) {
+    std::string kept;
+    while (!list.empty()) {
+      const std::size_t end = list.find_first_of(" :");
+      const std::string_view item = list.substr(0, end);
+      list = end == std::string_view::npos ? std::string_view() : list.substr(end + 1);
+      const std::size_t slash = item.rfind('/');
+      const std::string_view base = slash == std::string_view::npos ? item : item.substr(slash + 1);
+      if (item.empty() || base.substr(0, 10) == "libvgpu.so") continue;
+      kept += item;
+      kept += ' ';
+    }
+    return kept;
+  }
+
   std::string RegionPath(const scenario::TenantSpec& tenant) const { return work_ + "/" + tenant.name + ".region"; }
 
   // The runner's environment without anything that would change what the shim or the fake GPU do, then ours.
@@ -487,8 +504,10 @@ class LiveRun {
         "LD_LIBRARY_PATH=", "FAKECUDA_STATE=", "FAKECUDA_DEVICES=", "FAKECUDA_TIMESLICE_US=", "FAKECUDA_FAULTS=",
         "FAKECUDA_SEED=", "FAKECUDA_MODE=", "FAKECUDA_KERNEL_COSTS=", "FAKECUDA_DEFAULT_KERNEL_NS="};
     std::string library_path;
+    std::string inherited_preload;  // the host's own preloads (a sanitizer runtime, a profiler) stay, ahead of the shim
     for (const std::string& entry : environment_) {
       const std::string_view text(entry);
+      if (text.substr(0, 11) == "LD_PRELOAD=") inherited_preload = KeptPreloads(text.substr(11));
       // Prefixes: CUDA_DEVICE_MEMORY_LIMIT covers its _<i> forms too.
       bool drop = std::any_of(std::begin(kDropped), std::end(kDropped),
                               [&](std::string_view key) { return text.substr(0, key.size()) == key; });
@@ -517,7 +536,7 @@ class LiveRun {
         environment.push_back("FAKECUDA_FAULTS=" + rules);
         environment.push_back("FAKECUDA_SEED=" + std::to_string(s_.seed));
       }
-      environment.push_back("LD_PRELOAD=" + shim_);
+      environment.push_back("LD_PRELOAD=" + inherited_preload + shim_);
       environment.push_back("CUDA_DEVICE_MEMORY_SHARED_CACHE=" + RegionPath(tenant));
       std::string visible;
       for (std::size_t i = 0; i < tenant.devices.size(); ++i) {

@@ -114,5 +114,6 @@ else
   build_info+="prebuilt tree $build; "
 fi
 export VGPU_GPU_BUILD_INFO=$build_info VGPU_GPU_STARTED_S=$start_s
+export VGPU_GPU_COMMAND=${VGPU_GPU_COMMAND:-"VGPU_COMMIT=${VGPU_COMMIT:-<sha>} bash tests/gpu/run.sh"}
 PYTHONUNBUFFERED=1 python3 "$repo/tests/gpu/suite.py" --build "$build" --out "$out" 2>&1 | tee -a "$out/suite.log"
 exit "${PIPESTATUS[0]}"

@@ -190,7 +190,8 @@ class AppsSampler(threading.Thread):
     def __init__(self, nvml: Nvml, use_smi: bool):
         super().__init__(daemon=True)
         self.nvml, self.use_smi = nvml, use_smi
-        self.rows: list[tuple[float, int, int]] = []  # (time, pid, MiB)
+        self.rows: list[tuple[float, int, int]] = []  # (time, pid, MiB) from nvidia-smi (else pynvml)
+        self.nvml_rows: list[tuple[float, int, int]] = []  # the same from pynvml, beside nvidia-smi
         self.errors = 0
         self.stopping = threading.Event()
 
@@ -206,6 +207,8 @@ class AppsSampler(threading.Thread):
                     parts = [p.strip() for p in line.split(",")]
                     if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
                         self.rows.append((t, int(parts[0]), int(parts[1])))
+                for pid, mib in self.nvml.processes():
+                    self.nvml_rows.append((time.time(), pid, mib))
             else:
                 for pid, mib in self.nvml.processes():
                     self.rows.append((t, pid, mib))
@@ -337,6 +340,8 @@ class Suite:
         else:
             env["nvml_error"] = self.nvml.error
         env["vgpu_conf_present"] = os.path.exists("/etc/vgpu/vgpu.conf")
+        compiler = run(["c++", "--version"], timeout=20)
+        env["compiler"] = compiler["stdout"].splitlines()[0] if compiler["rc"] == 0 and compiler["stdout"] else None
         self.report["env"] = env
         log(f"GPU {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda_version')}, "
             f"commit {env.get('commit')} (device checkout HEAD {env.get('device_checkout_head')})")
@@ -443,6 +448,7 @@ class Suite:
             apps.stop()
             lines = {line.get("event"): line for line in json_lines(done["stdout"])}
             mine = [r for r in apps.rows if r[1] == proc.pid]
+            nvml_mine = [r[2] for r in apps.nvml_rows if r[1] == proc.pid]
             matched = "pid" if mine else "any process (the pid was not listed)"
             rows = mine or apps.rows
             holding, released = lines.get("holding", {}), lines.get("released", {})
@@ -462,7 +468,8 @@ class Suite:
                      "recovered_1gib_after_oom": lines.get("end", {}).get("recovered_1gib_after_oom"),
                      "host_samples": len(rows), "host_samples_while_holding": len(during_hold),
                      "host_matched_by": matched, "host_max_mib": max((r[2] for r in rows), default=None),
-                     "host_max_while_holding_mib": max(during_hold, default=None), "host_sampler_errors": apps.errors}
+                     "host_max_while_holding_mib": max(during_hold, default=None), "host_sampler_errors": apps.errors,
+                     "host_pynvml_samples": len(nvml_mine), "host_pynvml_max_mib": max(nvml_mine, default=None)}
             entry["held"] = bool(entry["oom"]) and entry["host_max_mib"] is not None \
                 and entry["host_max_mib"] <= limit_mib and entry["mem_get_info_at_start_mib"][1] == limit_mib
             if done["rc"] != 0 or not lines:
@@ -512,6 +519,22 @@ class Suite:
                     f"{w} {v[str(cap)]['ops_per_s']:.1f}/s" for w, v in result["torch"].items() if str(cap) in v)
                     + f", tenant busy {line.get('busy_fraction')}")
                 self.finish_compute(result)
+                self.save()
+            if self.left() > 50:
+                # Very short kernels: 5 us spin kernels, 8 in flight, uncapped and at 30 %.
+                result["tenant_5us"] = {}
+                for cap in (0, 30):
+                    env = self.base_env() if cap == 0 else self.shim_env(f"s{cap}", sm=cap)
+                    done = run([self.tenant, "--seconds", str(point), "--kernel-us", "5", "--depth", "8"], env=env,
+                               timeout=point + 40)
+                    line = (json_lines(done["stdout"]) or [{}])[-1]
+                    result["tenant_5us"][str(cap)] = {k: line.get(k) for k in ("busy_fraction", "kernels_per_s",
+                                                                               "status")}
+                base = result["tenant_5us"]["0"].get("kernels_per_s")
+                if base and result["tenant_5us"]["30"].get("kernels_per_s"):
+                    result["tenant_5us"]["30"]["fraction_of_uncapped"] = rnd(
+                        result["tenant_5us"]["30"]["kernels_per_s"] / base, 4)
+                log(f"5 us kernels: {result['tenant_5us']}")
                 self.save()
             if self.left() > 40:
                 result["pair_tenant"] = self.pair_tenant(sampler)
@@ -587,7 +610,7 @@ class Suite:
     def overhead(self) -> dict:
         configs = {"none": lambda: self.base_env(), "shim": lambda: self.shim_env("o-shim", policy=None),
                    "shim_limits": lambda: self.shim_env("o-limits", memory="70g", sm=99, policy="force")}
-        order = ["none", "shim", "shim_limits", "shim_limits", "shim", "none"]
+        order = ["none", "shim", "shim_limits", "shim_limits", "shim", "none", "none", "shim", "shim_limits"]
         result = {"status": "done", "order": order, "configs": {
             "none": "no shim", "shim": "LD_PRELOAD=libvgpu.so, no limits",
             "shim_limits": "LD_PRELOAD=libvgpu.so, CUDA_DEVICE_MEMORY_LIMIT=70g, CUDA_DEVICE_SM_LIMIT=99, force"},
@@ -788,9 +811,12 @@ def overhead_summary(rounds: list[dict]) -> dict:
         # The noise floor: how far the two no-shim rounds are apart.
         nones = per.get("none", [])
         if len(nones) >= 2:
-            summary["none_round_spread_percent"] = {
-                key: rnd(abs(nones[0][key] - nones[1][key]) / min(nones[0][key], nones[1][key]) * 100, 2)
-                for key in keys if nones[0].get(key) and nones[1].get(key)}
+            spread = {}
+            for key in keys:
+                values = [e[key] for e in nones if e.get(key)]
+                if len(values) >= 2:
+                    spread[key] = rnd((max(values) - min(values)) / min(values) * 100, 2)
+            summary["none_round_spread_percent"] = spread
     return summary
 
 
@@ -854,7 +880,7 @@ def render(report: dict) -> str:
               f"{env.get('device_checkout_head')}",
               f"- command: `{env.get('command')}`",
               f"- host: {env.get('host')}, kernel {env.get('kernel')}, Python {env.get('python')}",
-              f"- build: {env.get('build_info') or 'as configured'}", ""]
+              f"- build: Release, {env.get('compiler')}; {env.get('build_info') or 'everything built'}", ""]
     conf = stages.get("conformance")
     if conf:
         lines += ["## 1. Conformance: the same tests on the real driver and on fakecuda", ""]
@@ -890,8 +916,8 @@ def render(report: dict) -> str:
         if mem.get("pytorch"):
             lines += ["", f"Host view: {mem.get('host_view_source')}, sampled outside the shim while each process ran.",
                       "", "| PyTorch allocator | mem_get_info at start (free / total MiB) | allocated before OOM | "
-                      "nvidia-smi under the shim (total / used MiB) | host view max (MiB) | samples (while holding) | "
-                      "1 GiB again after OOM | held |", "|---|---|---|---|---|---|---|---|"]
+                      "nvidia-smi under the shim (total / used MiB) | host view max (MiB) | samples (while holding) | pynvml host max (MiB) | "
+                      "1 GiB again after OOM | held |", "|---|---|---|---|---|---|---|---|---|"]
             for r in mem["pytorch"]:
                 smi = r.get("nvidia_smi_under_shim") or {}
                 smi_text = f"{smi.get('total_mib')} / {smi.get('used_mib')}" if "total_mib" in smi else \
@@ -900,7 +926,7 @@ def render(report: dict) -> str:
                 lines.append(f"| {r['alloc_conf']} | {start_view[0]} / {start_view[1]} | "
                              f"{fmt(r.get('allocated_before_oom_mib'), 0, ' MiB')} | {smi_text} | "
                              f"{r.get('host_max_mib')} | {r.get('host_samples')} ({r.get('host_samples_while_holding')}) "
-                             f"| {r.get('recovered_1gib_after_oom')} | {'yes' if r.get('held') else 'NO'} |")
+                             f"| {r.get('host_pynvml_max_mib')} | {r.get('recovered_1gib_after_oom')} | {'yes' if r.get('held') else 'NO'} |")
             for r in mem["pytorch"]:
                 lines.append(f"- {r['alloc_conf']}: OutOfMemoryError: {str(r.get('oom_message'))[:300]}")
                 if r.get("stderr"):
@@ -937,6 +963,12 @@ def render(report: dict) -> str:
                                  f"{fmt(e.get('kernels_per_s'))} | {pct(e.get('fraction_of_uncapped'))} | "
                                  f"{fmt(e.get('sm_mhz_median'), 0)} | {fmt(e.get('util_mean'))} |")
             lines.append("")
+        if comp.get("tenant_5us"):
+            t5 = comp["tenant_5us"]
+            lines += [f"**vgpu-tenant 5 µs spin kernels, depth 8**: uncapped busy {pct(t5.get('0', {}).get('busy_fraction'))} "
+                      f"at {fmt(t5.get('0', {}).get('kernels_per_s'), 0)} kernels/s; at 30 % busy "
+                      f"{pct(t5.get('30', {}).get('busy_fraction'))} at {fmt(t5.get('30', {}).get('kernels_per_s'), 0)} "
+                      f"kernels/s = {pct(t5.get('30', {}).get('fraction_of_uncapped'))} of uncapped throughput", ""]
         if comp.get("pair_tenant") or comp.get("pair_torch"):
             lines += ["**Two containers side by side, capped 30 % and 70 %**", ""]
             p = comp.get("pair_tenant")
@@ -976,7 +1008,7 @@ def render(report: dict) -> str:
                          f"{fmt(v.get('tenant_launch_rate_per_s'), 2, ' %')} | {fmt(v.get('tenant_sync_launch_us'), 2, ' %')} |")
         if s.get("none_round_spread_percent"):
             lines.append("")
-            lines.append("Noise floor (the two no-shim rounds apart, percent): " + ", ".join(
+            lines.append("Noise floor (the no-shim rounds' spread, (max − min) / min, percent): " + ", ".join(
                 f"{k} {v}" for k, v in s["none_round_spread_percent"].items()))
         lines.append("")
     fid = stages.get("fidelity")
