@@ -142,3 +142,25 @@ def test_utilization_rises_while_a_tenant_spins(fake_gpu, tenant_available):
     assert not newer["errors"] and not newer["wrong"], f"nvmlDeviceGetProcessUtilization(lastSeenTimeStamp): {newer}"
     assert newer["not_found"] >= 1, (f"asked for samples newer than the latest one, NVML must raise "
                                      f"NVMLError_NotFound (at least while no new sample landed): {newer}")
+
+
+def test_an_nvml_only_process_in_a_container_sees_the_containers_usage(fake_gpu, tenant_available):
+    """Regression (H100, tests/gpu suite): nvidia-smi under the shim showed used 0 of the 4 GiB slice while a process
+    of the same container held 3.5 GiB. An NVML-only process never starts CUDA, so the shim could not name the
+    device through CUDA; it now names it by NVML's UUID."""
+    shim = fake_gpu.library_dir / "libvgpu.so"
+    if not shim.exists():
+        pytest.skip(f"{shim} is not built")
+    fake_gpu.env.update({"LD_PRELOAD": str(shim), "CUDA_DEVICE_MEMORY_LIMIT": "4Gi",
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "box.region")})
+    holder = fake_gpu.start_tenant("--seconds", "3", "--kernel-us", "1000", "--alloc", "1Gi")
+    time.sleep(1.5)
+    view = fake_gpu.run_py(
+        "import json, pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "m = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))\n"
+        "print(json.dumps({'total': m.total, 'used': m.used, 'free': m.free}))\n").json
+    assert holder.finish(timeout=60).returncode == 0
+    assert view["total"] == 4 * 1024 ** 3, view
+    assert view["used"] >= 1024 ** 3, view
+    assert view["used"] + view["free"] == view["total"], view

@@ -39,6 +39,28 @@ int OrdinalFromVisibleDevices(nvmlDevice_t device, const char* uuid) {
   return -1;
 }
 
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's spelling of cuDeviceGetUuid's bytes) to the 16 bytes.
+bool UuidFromText(const char* text, std::uint8_t out[16]) {
+  if (strncasecmp(text, "GPU-", 4) != 0) return false;
+  int have = 0;
+  int high = -1;
+  for (const char* c = text + 4; *c != '\0' && have < 16; ++c) {
+    if (*c == '-') continue;
+    int value = -1;
+    if (*c >= '0' && *c <= '9') value = *c - '0';
+    else if (*c >= 'a' && *c <= 'f') value = *c - 'a' + 10;
+    else if (*c >= 'A' && *c <= 'F') value = *c - 'A' + 10;
+    if (value < 0) return false;
+    if (high < 0) {
+      high = value;
+    } else {
+      out[have++] = static_cast<std::uint8_t>(high * 16 + value);
+      high = -1;
+    }
+  }
+  return have == 16;
+}
+
 int OrdinalOf(nvmlDevice_t device) {
   char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
   if (Real::nvmlDeviceGetUUID == nullptr || Real::nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS) return -1;
@@ -67,8 +89,18 @@ bool SliceView(nvmlDevice_t device, unsigned long long physical_total, unsigned 
   const std::uint64_t limit = MemoryLimit(ordinal);
   if (ordinal < 0 || limit == 0) return false;
   ReconcilePools();
+  int region_device = RegionDevice(ordinal);
+  if (region_device < 0) {
+    // CUDA not started in this process (nvidia-smi, a monitoring agent): name the device by NVML's UUID.
+    std::uint8_t uuid[16];
+    char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+    if (Real::nvmlDeviceGetUUID != nullptr && Real::nvmlDeviceGetUUID(device, text, sizeof text) == NVML_SUCCESS &&
+        UuidFromText(text, uuid)) {
+      region_device = RegionDeviceOfUuid(ordinal, uuid);
+    }
+  }
   total = std::min<unsigned long long>(limit, physical_total);
-  used = std::min<unsigned long long>(Used(ordinal), total);
+  used = std::min<unsigned long long>(UsedOnRegionDevice(region_device), total);
   free_bytes = std::min(total - used, physical_free);  // never more than the device really has free
   return true;
 }

@@ -122,7 +122,17 @@ int RegionDevice(int ordinal) {
       Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) {
     return -1;
   }
-  const int index = shim.region->DeviceIndex(reinterpret_cast<const std::uint8_t*>(uuid.bytes));
+  return RegionDeviceOfUuid(ordinal, reinterpret_cast<const std::uint8_t*>(uuid.bytes));
+}
+
+int RegionDeviceOfUuid(int ordinal, const std::uint8_t uuid[16]) {
+  Shim& shim = TheShim();
+  if (ordinal < 0 || ordinal >= policy::kMaxDevices || shim.region == nullptr) return -1;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (shim.region_device[ordinal] >= 0) return shim.region_device[ordinal];
+  }
+  const int index = shim.region->DeviceIndex(uuid);
   if (index >= 0) {
     const std::uint64_t limit = MemoryLimit(ordinal);
     if (limit != 0) shim.region->SetLimitForMonitoring(index, limit);
@@ -163,10 +173,11 @@ void Uncharge(int ordinal, std::uint64_t bytes) {
   if (device >= 0 && bytes > 0) shim.region->Release(device, bytes);
 }
 
-std::uint64_t Used(int ordinal) {
+std::uint64_t Used(int ordinal) { return UsedOnRegionDevice(RegionDevice(ordinal)); }
+
+std::uint64_t UsedOnRegionDevice(int device) {
   Shim& shim = TheShim();
-  const int device = RegionDevice(ordinal);
-  return device >= 0 ? shim.region->Used(device) : 0;
+  return device >= 0 && shim.region != nullptr ? shim.region->Used(device) : 0;
 }
 
 bool ReconcilePools() {

@@ -87,14 +87,18 @@ inline constexpr nvmlReturn_t kFailedClosedNvml = NVML_ERROR_DRIVER_NOT_LOADED;
 std::uint64_t MemoryLimit(int ordinal);
 // The region's device index for a CUDA ordinal (-1 if unknown: the device cannot be named).
 int RegionDevice(int ordinal);
+// The same for an ordinal whose UUID the caller already knows: an NVML-only process (nvidia-smi) never starts
+// CUDA, so it names the device from NVML's UUID instead.
+int RegionDeviceOfUuid(int ordinal, const std::uint8_t uuid[16]);
 // The ordinal of the calling thread's current context, or -1.
 int CurrentOrdinal();
 
 // Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit.
 bool Charge(int ordinal, std::uint64_t bytes);
 void Uncharge(int ordinal, std::uint64_t bytes);
-// The container's usage on `ordinal`.
+// The container's usage on `ordinal`; UsedOnRegionDevice for a region device index.
 std::uint64_t Used(int ordinal);
+std::uint64_t UsedOnRegionDevice(int device);
 
 // Reconciles every stream-ordered pool's charge with the pool's reserved memory (pools grow and are trimmed
 // inside the driver). Returns true if anything was given back.
