@@ -52,6 +52,13 @@ namespace figures = fakecuda::nvml;
 constexpr char kDriverVersion[] = "580.95.05";
 constexpr char kNvmlVersion[] = "13.580.95.05";
 constexpr int kCudaDriverVersion = 13000;
+// Names newer nvml.h headers have (the nvidia-nvml-dev 13.4 wheel) and CUDA 13.0's toolkit header lacks: the values
+// are the driver's, so the library is the same whichever header it is built against.
+#ifndef NVML_INIT_FLAG_FORCE_INIT
+#define NVML_INIT_FLAG_FORCE_INIT (1 << 2)
+#endif
+constexpr auto kTemperatureGpuMax = static_cast<nvmlTemperatureSensors_t>(1);  // NVML_TEMPERATURE_GPU_MAX
+
 constexpr unsigned int kKnownInitFlags = NVML_INIT_FLAG_NO_GPUS | NVML_INIT_FLAG_NO_ATTACH | NVML_INIT_FLAG_FORCE_INIT;
 // nvmlProcessInfo_v2_t: gpuInstanceId and computeInstanceId when MIG is off.
 constexpr unsigned int kNoMigInstance = 0xFFFFFFFFu;
@@ -923,10 +930,10 @@ nvmlReturn_t ClockInfo(const char* function, nvmlDevice_t device, nvmlClockType_
 
 nvmlReturn_t ReadTemperature(state::Attachment& attachment, std::uint32_t index, nvmlTemperatureSensors_t sensor,
                              unsigned int& celsius) {
-  if (sensor != NVML_TEMPERATURE_GPU && sensor != NVML_TEMPERATURE_GPU_MAX) return NVML_ERROR_INVALID_ARGUMENT;
+  if (sensor != NVML_TEMPERATURE_GPU && sensor != kTemperatureGpuMax) return NVML_ERROR_INVALID_ARGUMENT;
   LiveDevice live(attachment, index);
   const double smoothed = figures::SmoothedUtilizationPercent(live.machine(), index, live.now_ns());
-  celsius = figures::TemperatureCelsius(smoothed, sensor == NVML_TEMPERATURE_GPU_MAX);
+  celsius = figures::TemperatureCelsius(smoothed, sensor == kTemperatureGpuMax);
   return NVML_SUCCESS;
 }
 

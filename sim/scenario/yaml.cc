@@ -167,10 +167,14 @@ class Reader {
   std::string Path() const {
     std::string path;
     for (const Step& step : path_) {
+      // Appended piece by piece: GCC 12 at -O3 warns (-Wrestrict, a false positive) on "[" + std::to_string(..).
       if (step.key == nullptr) {
-        path += "[" + std::to_string(step.index) + "]";
+        path += '[';
+        path += std::to_string(step.index);
+        path += ']';
       } else {
-        path += (path.empty() ? "" : ".") + *step.key;
+        if (!path.empty()) path += '.';
+        path += *step.key;
       }
     }
     return path;
