@@ -161,3 +161,17 @@ def test_default_policy_gives_the_gpu_back_when_another_container_arrives(fake_g
           f"from 1 s after the arrival")
     assert abs(lender_share - 0.30) <= 0.03, lender_share
     assert abs(arrival_share - 0.70) <= 0.03, arrival_share
+
+
+def test_one_kernel_of_many_sizes_is_held_to_its_cap(fake_gpu, tenant_available, shim_path):
+    """vgpu-tenant's spin kernel launched at sizes 5 us .. 5 ms under one function and shape (as a GEMM dispatcher
+    or a variable-length batch does): most launches are not measured, and they must be settled at what such a
+    launch costs on average, not at the median (which, for sizes this skewed, is far below the mean)."""
+    contain(fake_gpu, shim_path, "mixed", 30)
+    result = fake_gpu.tenant("--seconds", "5", "--phase", "kernels=5us|50us|500us|5ms,depth=4", timeout=60)
+    assert result.returncode == 0, result.describe()
+    line = result.json
+    print(f"\nmixed sizes under one function, capped at 30 %: {100 * line['busy_fraction']:.1f} %")
+    # Within 5 points, not 3: runs give 31-36 % (an open bias of a few points, docs/compute-limit.md); before the
+    # fix, 62 %.
+    assert abs(line["busy_fraction"] - 0.30) <= 0.05, line

@@ -19,8 +19,8 @@ namespace {
 static_assert(sizeof(policy::BudgetCell) <= sizeof(region::Device::compute), "the budget must fit the region");
 
 constexpr std::uint64_t kBurstNs = 20'000'000;
-constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then one launch in kMeasureEvery per kernel
-constexpr std::uint32_t kMeasureEvery = 8;
+constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then about one launch per kMeasureSpacingNs of its run time
+constexpr std::uint64_t kMeasureSpacingNs = 250'000;
 constexpr std::uint64_t kObserveOthersEveryNs = 100'000'000;
 constexpr std::uint64_t kCompletionPollNs = 200'000;
 constexpr std::uint64_t kMaxCompletionWaitNs = 200'000'000;
@@ -54,7 +54,10 @@ struct DeviceLimiter {
   std::deque<Pending> pending;
   std::deque<Pending> abandoned;  // settled at their estimate while still running: events held until done
   std::unordered_map<CUcontext, std::vector<CUevent>> free_events;
-  std::unordered_map<const void*, std::uint32_t> launches;  // per function, for measurement sampling
+  struct Sampling {
+    std::uint32_t launches = 0;
+  };
+  std::unordered_map<const void*, Sampling> sampling;  // per function: which launches are measured
   std::atomic<std::uint64_t> last_observed_ns{0};
   bool lend = false;
 };
@@ -218,15 +221,21 @@ double OthersBusy(int ordinal, std::uint64_t now) {
   return std::max(0.0, utilization.gpu / 100.0 - policy::Limiter::PublishedShare(cell, now));
 }
 
-// A cheap, per-process pseudo-random choice of which launches are measured after the first ones: a fixed pattern
-// (every 8th) would let a tenant put its heavy work on the unmeasured launches.
-bool SampleThisLaunch(std::uint32_t n) {
-  if (n < kAlwaysMeasureFirst) return true;
+// Which launches are measured (two event records each, a few microseconds on a real GPU): the first ones of each
+// kernel, then each launch with a probability that follows the kernel's usual run time: a kernel of 250 us or more
+// every time (the events cost ~1 % of it or less, and the budget follows its real sizes launch by launch), a 5 us
+// kernel one launch in fifty, never fewer than one in 64. A draw per launch, not a clock: measuring "the first
+// launch after a pause" would pick the launches whose event pair also times the host's gap before an idle stream
+// starts them (5 us kernels at a 30 % cap got 27 %). Random, so that a tenant cannot put its heavy work where
+// nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
+bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_ns) {
+  if (sampling.launches++ < kAlwaysMeasureFirst) return true;
   static thread_local std::uint64_t state = NowNs() | 1;
   state ^= state << 13;
   state ^= state >> 7;
   state ^= state << 17;
-  return state % kMeasureEvery == 0;
+  const std::uint64_t one_in = std::clamp<std::uint64_t>(kMeasureSpacingNs / std::max<std::uint64_t>(estimate_ns, 1), 1, 8);
+  return state % one_in == 0;
 }
 
 std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared) {
@@ -296,7 +305,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   bool measure = false;
   {
     std::lock_guard<std::mutex> guard(d->mutex);
-    if (SampleThisLaunch(d->launches[function]++)) {
+    if (SampleThisLaunch(d->sampling[function], d->limiter->EstimateNs(key))) {
       start = TakeEvent(*d, context);
       end = TakeEvent(*d, context);
       measure = start != nullptr && end != nullptr;

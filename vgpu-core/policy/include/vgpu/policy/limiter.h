@@ -65,7 +65,8 @@ class Limiter {
 
   // The launch did not happen (the driver refused it): everything it was charged goes back.
   void Cancel(const KernelKey& key, std::uint64_t charged_ns);
-  // A launch the caller chose not to measure (sampling): settled at its estimate, no correction.
+  // A launch the caller chose not to measure (sampling): settled at the mean of the kernel's recent measurements
+  // (the unbiased guess of its cost), or at its charge if it was never measured.
   void SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns);
 
   // `default` policy: the fraction of a recent period in which others' kernels ran (the device's utilization over
@@ -99,9 +100,14 @@ class Limiter {
   struct Cost {
     std::uint64_t recent[16] = {};
     std::uint32_t count = 0;
-    std::uint64_t estimate_ns = 0;
+    std::uint64_t estimate_ns = 0;         // the median of `recent`: the launch charge
+    std::uint64_t upper_quartile_ns = 0;   // of `recent`: tells one size with stray outliers from a mix of sizes
+    std::uint64_t longer[64] = {};         // the last 64 measurements, for the mean
+    std::uint64_t longer_sum = 0;
     std::uint32_t unknown_in_flight = 0;  // launches admitted before the first measurement, not yet settled
   };
+
+  std::uint64_t BusyOf(const KernelKey& key, std::uint64_t accounted_ns) const;
 
   BudgetCell& cell_;
   LimiterConfig config_;
