@@ -136,8 +136,9 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
     // next to a busy container is over-charged, never under (docs/compute-limit.md, "What is not held").
     std::uint64_t sorted[16];
     std::copy(cost.recent, cost.recent + n, sorted);
-    std::sort(sorted, sorted + n);
+    std::nth_element(sorted, sorted + n / 2, sorted + n);
     cost.estimate_ns = sorted[n / 2];
+    std::nth_element(sorted + n / 2, sorted + (3 * n) / 4, sorted + n);  // the upper half only: all >= the median
     cost.upper_quartile_ns = sorted[(3 * n) / 4];
     std::uint64_t& oldest = cost.longer[(cost.count - 1) % 64];
     cost.longer_sum += *measured_ns - oldest;  // modular arithmetic: exact while the true sum fits
@@ -173,8 +174,8 @@ void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, s
   // At what such a launch costs: for a kernel of one size, its median (robust to a stray measurement that also
   // timed a host pause before an idle stream started it: 5 us kernels at a 30 % cap got 26 % at the mean); for a
   // kernel whose recent sizes spread widely (the upper quartile over twice the median: one function launched at
-  // 5 us .. 5 ms, a GEMM dispatcher), the mean of its last 64 measurements, since the median of a skewed mix is far below what a launch
-  // costs on average (62 % at a 30 % cap when every unmeasured launch was settled at the median).
+  // 5 us .. 5 ms, a GEMM dispatcher), the mean of its last 64 measurements, since the median of a skewed mix is far
+  // below what a launch costs on average (62 % at a 30 % cap when every unmeasured launch was settled at the median).
   std::uint64_t accounted = charged_ns;
   if (const auto it = costs_.find(key); it != costs_.end() && it->second.count > 0) {
     const Cost& cost = it->second;
@@ -216,7 +217,9 @@ double Limiter::BusyFraction(const BudgetCell& cell, std::uint64_t from_ns, std:
   auto& mutable_cell = const_cast<BudgetCell&>(cell);
   const std::uint64_t newest = Atomic(mutable_cell.bucket_epoch).load(std::memory_order_acquire);
   double busy = 0;
-  for (std::uint64_t e = from_ns / kBucketNs; e * kBucketNs < to_ns; ++e) {
+  // Only the ring's buckets can hold anything: a period reaching further back starts where the ring does.
+  const std::uint64_t oldest = newest >= kBuckets ? newest - kBuckets + 1 : 0;
+  for (std::uint64_t e = std::max(from_ns / kBucketNs, oldest); e * kBucketNs < to_ns; ++e) {
     if (e > newest || e + kBuckets <= newest) continue;  // not recorded, or overwritten
     const std::uint64_t from = std::max(from_ns, e * kBucketNs);
     const std::uint64_t to = std::min(to_ns, (e + 1) * kBucketNs);
