@@ -69,6 +69,41 @@ void Log(int level, const char* format, ...) {
   std::fprintf(stderr, "vgpu[%d]: %s\n", static_cast<int>(getpid()), message);
 }
 
+namespace {
+
+// The configuration as it was when the process started: read in a constructor, before the program's own code runs,
+// so that a program cannot raise its limits by changing its environment before its first CUDA call (a setenv of
+// CUDA_DEVICE_MEMORY_LIMIT in Python before cuInit did exactly that: tests/python/test_bypass.py). Only the
+// environment and the configuration file are read here (no CUDA, no region); an error is kept and reported when the
+// process first uses the GPU, so processes that never do (a shell) print nothing.
+struct CapturedConfig {
+  bool captured = false;
+  bool ok = false;
+  policy::Config config;
+  std::string error;
+};
+CapturedConfig& Captured() {
+  static CapturedConfig captured;
+  return captured;
+}
+
+__attribute__((constructor)) void CaptureConfigurationAtStart() {
+  CapturedConfig& captured = Captured();
+  captured.ok = policy::LoadConfig(captured.config, captured.error);
+  captured.captured = true;
+}
+
+// The captured configuration, or a fresh read where the constructor did not run.
+bool StartConfig(policy::Config& config, std::string& error) {
+  const CapturedConfig& captured = Captured();
+  if (!captured.captured) return policy::LoadConfig(config, error);
+  config = captured.config;
+  error = captured.error;
+  return captured.ok;
+}
+
+}  // namespace
+
 Mode Initialize() {
   Shim& shim = TheShim();
   if (t_initializing) return Mode::passthrough;  // re-entered from inside initialization: reach the driver
@@ -80,7 +115,7 @@ Mode Initialize() {
   if (!ResolveReal()) {
     // No driver at all: nothing to protect; hooks report what the missing driver would.
     mode = Mode::passthrough;
-  } else if (!policy::LoadConfig(shim.config, error)) {
+  } else if (!StartConfig(shim.config, error)) {
     std::fprintf(stderr, "%s (pid %d); GPU access is refused (fail closed)\n", error.c_str(), static_cast<int>(getpid()));
     mode = Mode::failed;
   } else if (!shim.config.AnyLimit()) {
