@@ -477,19 +477,24 @@ TEST_F(NvmlWithContextTest, ThisProcessIsListedWithItsMemory) {
   EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, nvmlDeviceGetComputeRunningProcesses_v3(device, nullptr, nullptr));
 }
 
-TEST_F(NvmlWithContextTest, BusyDeviceShowsUtilization) {
-  CUmodule module = nullptr;
+// One block of the spin kernel running for 2 s on the current context: the device is busy throughout.
+void LaunchTwoSecondSpin(CUmodule& module) {
   CUfunction spin = nullptr;
   ASSERT_CU_OK(cuModuleLoadData(&module, kSpinKernelPtx));
   ASSERT_CU_OK(cuModuleGetFunction(&spin, module, kSpinKernelName));
-  const nvmlDevice_t device = NvmlDeviceOfCudaDeviceZero();
-  ASSERT_NE(device, nullptr);
-
-  // One block spinning for 2 s: NVML's utilization is the fraction of time a kernel ran, so it reads near 100 %
-  // once a sample period (about 200 ms) has passed.
   std::uint64_t ns_per_block = 2000 * kNanosecondsPerMillisecond;
   void* parameters[] = {&ns_per_block};
   ASSERT_CU_OK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, parameters, nullptr));
+}
+
+TEST_F(NvmlWithContextTest, BusyDeviceShowsUtilization) {
+  const nvmlDevice_t device = NvmlDeviceOfCudaDeviceZero();
+  ASSERT_NE(device, nullptr);
+  // NVML's utilization is the fraction of time a kernel ran, so it reads near 100 % once a sample period (about
+  // 200 ms) of the 2 s spin has passed.
+  CUmodule module = nullptr;
+  LaunchTwoSecondSpin(module);
+  if (HasFatalFailure()) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
   nvmlUtilization_t utilization{};
   ASSERT_NVML_OK(nvmlDeviceGetUtilizationRates(device, &utilization));
@@ -518,15 +523,11 @@ TEST_F(NvmlWithContextTest, BusyDeviceShowsUtilization) {
 // period. A NULL buffer asks for the buffer size; samples are percent busy, stamped with CPU time in microseconds;
 // nothing newer than a given timestamp is NVML_ERROR_NOT_FOUND.
 TEST_F(NvmlWithContextTest, BusyDeviceUtilizationSamplesArePercentWithCpuTimestamps) {
-  CUmodule module = nullptr;
-  CUfunction spin = nullptr;
-  ASSERT_CU_OK(cuModuleLoadData(&module, kSpinKernelPtx));
-  ASSERT_CU_OK(cuModuleGetFunction(&spin, module, kSpinKernelName));
   const nvmlDevice_t device = NvmlDeviceOfCudaDeviceZero();
   ASSERT_NE(device, nullptr);
-  std::uint64_t ns_per_block = 2000 * kNanosecondsPerMillisecond;
-  void* parameters[] = {&ns_per_block};
-  ASSERT_CU_OK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, parameters, nullptr));
+  CUmodule module = nullptr;
+  LaunchTwoSecondSpin(module);
+  if (HasFatalFailure()) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
 
   nvmlValueType_t type{};

@@ -46,27 +46,8 @@ def log(message: str) -> None:
     print(f"[{datetime.datetime.now(datetime.timezone.utc).strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run(cmd, env=None, timeout=60.0, cwd=None) -> dict:
-    """Runs cmd in its own process group; on timeout the whole group is SIGKILLed."""
-    begin = time.time()
-    try:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    except OSError as failure:
-        return {"rc": None, "stdout": "", "stderr": repr(failure), "wall_s": 0.0, "timed_out": False, "pid": None}
-    timed_out = False
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_group(proc)
-        stdout, stderr = proc.communicate()
-    return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "wall_s": time.time() - begin,
-            "timed_out": timed_out, "pid": proc.pid}
-
-
-def start(cmd, env=None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+def start(cmd, env=None, cwd=None) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
@@ -86,6 +67,16 @@ def finish(proc: subprocess.Popen, timeout: float) -> dict:
         kill_group(proc)
         stdout, stderr = proc.communicate()
     return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "timed_out": timed_out, "pid": proc.pid}
+
+
+def run(cmd, env=None, timeout=60.0, cwd=None) -> dict:
+    """Runs cmd in its own process group; on timeout the whole group is SIGKILLed."""
+    begin = time.time()
+    try:
+        proc = start(cmd, env=env, cwd=cwd)
+    except OSError as failure:
+        return {"rc": None, "stdout": "", "stderr": repr(failure), "wall_s": 0.0, "timed_out": False, "pid": None}
+    return {**finish(proc, timeout), "wall_s": time.time() - begin}
 
 
 def json_lines(text: str) -> list[dict]:

@@ -305,7 +305,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   bool measure = false;
   {
     std::lock_guard<std::mutex> guard(d->mutex);
-    if (SampleThisLaunch(d->sampling[function], d->limiter->EstimateNs(key))) {
+    if (SampleThisLaunch(d->sampling[function], admission.charged_ns)) {  // the charge is the estimate
       start = TakeEvent(*d, context);
       end = TakeEvent(*d, context);
       measure = start != nullptr && end != nullptr;
