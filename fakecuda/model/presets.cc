@@ -146,7 +146,11 @@ bool ParseBytes(std::string_view text, std::uint64_t& bytes) {
 MachineConfig DefaultConfig() {
   MachineConfig config{};
   config.mode = SchedulingMode::timeslice;
-  config.timeslice_ns = 2'000'000;
+  // Measured on an H100 (driver 580.159.04, tests/gpu/slice_probe.cu, docs/results-gpu.md "Calibration"): two
+  // busy processes are switched out for 2.40-2.44 ms at a time, and a handover costs ~160 us (154-165 us from the
+  // last instruction of one context to the first of the next): a 2.1 ms slice plus two switches.
+  config.timeslice_ns = 2'100'000;
+  config.switch_ns = 160'000;
   config.nvml_window_ns = 200'000'000;
   config.nvml_publish_lag_ns = 40'000'000;
   std::string error;

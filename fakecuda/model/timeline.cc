@@ -61,9 +61,13 @@ bool SlotHasKernelAtHead(const Machine& m, std::uint32_t device, std::uint32_t s
 // An event marker is written by its context's channel, which the GPU serves only while the context holds the
 // device: under time-slicing, a marker of a process that is not running waits for that process's turn (the real
 // GPU timestamps it then). A device that nobody is running kernels on is anyone's at once.
-bool MarkerMayComplete(const Machine& m, std::uint32_t device, std::uint32_t slot, bool active_busy) {
+// During a handover between processes no channel is served: markers wait for its end.
+bool MarkerMayComplete(const Machine& m, std::uint32_t device, std::uint32_t slot, bool active_busy,
+                       std::uint64_t t) {
   const DeviceTimeline& d = m.devices[device];
-  return m.config.mode == SchedulingMode::mps || d.active_slot == kNoSlot || d.active_slot == slot || !active_busy;
+  if (m.config.mode == SchedulingMode::mps) return true;
+  if (t < d.switch_until_ns) return false;
+  return d.active_slot == kNoSlot || d.active_slot == slot || !active_busy;
 }
 
 // Completes zero-time operations at stream heads (markers that may complete, open gates, satisfied waits) and
@@ -79,7 +83,7 @@ void ResolveInstantOps(Machine& m, std::uint32_t device, std::uint64_t t) {
       if (!StreamInUse(s) || s.device != device) continue;
       while (s.head < s.tail) {
         const Op& op = s.ring[s.head % kStreamDepth];
-        const bool done = (op.kind == OpKind::marker && MarkerMayComplete(m, device, s.slot, active_busy)) ||
+        const bool done = (op.kind == OpKind::marker && MarkerMayComplete(m, device, s.slot, active_busy, t)) ||
                           (op.kind == OpKind::gate && op.gate_open != 0) ||
                           (op.kind == OpKind::wait && TargetPassed(m, op));
         if (!done) break;
@@ -285,6 +289,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     if (runnable.kernels == 0 && runnable.count > 0) {
       // Only markers wait, and nobody runs kernels: the device is free, they complete now.
       d.active_slot = kNoSlot;
+      d.switch_until_ns = 0;
       ResolveInstantOps(m, device, t);
       GatherRunnable(m, device, runnable);
     }
@@ -299,6 +304,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
       }
       t = now_ns;
       d.active_slot = kNoSlot;
+      d.switch_until_ns = 0;
       break;
     }
 
@@ -331,8 +337,13 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
             next = slot;
           }
         }
+        // A handover from one process to another costs the device `switch_ns` in which nobody runs (saving and
+        // restoring contexts); the new holder's slice starts after it. From an idle device it is free.
+        const std::uint32_t previous = d.active_slot;
         d.active_slot = next;
-        d.slice_end_ns = t + m.config.timeslice_ns;
+        const bool handover = previous != kNoSlot && next != kNoSlot && next != previous && m.config.switch_ns > 0;
+        d.switch_until_ns = handover ? t + m.config.switch_ns : 0;
+        d.slice_end_ns = (handover ? d.switch_until_ns : t) + m.config.timeslice_ns;
         contended = false;
         bool next_waits_on_marker = false;
         for (std::uint32_t k = 0; k < runnable.count; ++k) {
@@ -349,8 +360,9 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     // Speeds: kernels of one process share its SMs; under MPS all processes share the device, each process
     // held to its own SM share first.
     double demand = 0;
+    const bool switching = !mps && t < d.switch_until_ns;
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
-      rates[k] = !runnable.marker[k] && (mps || runnable.slots[k] == d.active_slot) ? 1.0 : 0.0;
+      rates[k] = !runnable.marker[k] && !switching && (mps || runnable.slots[k] == d.active_slot) ? 1.0 : 0.0;
       // Time-slicing: the same sum as below, in the same order, while the rates are at hand.
       if (!mps) demand += rates[k] * runnable.ops[k]->sm_fraction;
     }
@@ -377,6 +389,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     // The next event: a completion, a slice end (if someone waits), a window end, or now.
     std::uint64_t next_t = std::min(now_ns, d.window_start_ns + window);
     if (!mps && contended) next_t = std::min(next_t, std::max(d.slice_end_ns, t + 1));
+    if (switching) next_t = std::min(next_t, d.switch_until_ns);
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       if (rates[k] <= 0) continue;
       const double left = std::max(0.0, runnable.ops[k]->remaining_ns);

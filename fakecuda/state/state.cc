@@ -81,6 +81,17 @@ bool ReadConfig(model::MachineConfig& config, std::string& error) {
     }
     config.timeslice_ns = us * 1000;
   }
+  if (const char* handover = std::getenv("FAKECUDA_SWITCH_US"); handover != nullptr && *handover != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long us = std::strtoull(handover, &end, 10);
+    if (errno != 0 || end == handover || *end != '\0' || us > 100'000 || handover[0] == '-') {
+      error = std::string("FAKECUDA_SWITCH_US='") + handover + "' is not a whole number of microseconds in "
+              "0..100000 (e.g. 160; 0 makes a handover between processes free)";
+      return false;
+    }
+    config.switch_ns = us * 1000;
+  }
   if (const char* mode = std::getenv("FAKECUDA_MODE"); mode != nullptr && *mode != '\0') {
     if (std::strcmp(mode, "timeslice") == 0) config.mode = model::SchedulingMode::timeslice;
     else if (std::strcmp(mode, "mps") == 0) config.mode = model::SchedulingMode::mps;

@@ -102,6 +102,9 @@ std::string Validate(const Scenario& s) {
   if (s.timeslice_ns < kMicrosecondNs || s.timeslice_ns > kSecondNs) {
     return Field("", "timeslice_ns", s.timeslice_ns, "1 us .. 1 s, e.g. 2000000");
   }
+  if (s.switch_ns > 100 * kMillisecondNs) {
+    return Field("", "switch_ns", s.switch_ns, "0 .. 100 ms, e.g. 160000");
+  }
   if (s.window_ns < kMillisecondNs || s.window_ns > kMaxDurationNs) {
     return Field("", "window_ns", s.window_ns, "1 ms .. 100 h, e.g. 1000000000");
   }

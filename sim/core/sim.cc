@@ -239,6 +239,7 @@ class Engine final : public model::TimelineListener {
     std::string error;
     model::ParseDevices(scenario_.device, config, error);
     config.timeslice_ns = scenario_.timeslice_ns;
+    config.switch_ns = scenario_.switch_ns;
     config.mode = model::SchedulingMode::timeslice;
     machine_ = std::make_unique<model::Machine>();  // value-initialized: zeroed, as a fresh state file is
     model::InitMachine(*machine_, config, 0, 0);
@@ -365,6 +366,7 @@ class Engine final : public model::TimelineListener {
         .Number("seed", scenario_.seed)
         .Text("device", scenario_.device)
         .Number("timeslice_ns", scenario_.timeslice_ns)
+        .Number("switch_ns", scenario_.switch_ns)
         .Number("duration_ns", scenario_.duration_ns)
         .Number("window_ns", scenario_.window_ns)
         .End();

@@ -501,8 +501,8 @@ class LiveRun {
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_DEVICE_ORDER"};
     // Over fakecuda, the machine is ours; FAKECUDA_TRACE and FAKECUDA_LOG stay (they only observe).
     static constexpr std::string_view kDroppedFake[] = {
-        "LD_LIBRARY_PATH=", "FAKECUDA_STATE=", "FAKECUDA_DEVICES=", "FAKECUDA_TIMESLICE_US=", "FAKECUDA_FAULTS=",
-        "FAKECUDA_SEED=", "FAKECUDA_MODE=", "FAKECUDA_KERNEL_COSTS=", "FAKECUDA_DEFAULT_KERNEL_NS="};
+        "LD_LIBRARY_PATH=", "FAKECUDA_STATE=", "FAKECUDA_DEVICES=", "FAKECUDA_TIMESLICE_US=", "FAKECUDA_SWITCH_US=",
+        "FAKECUDA_FAULTS=", "FAKECUDA_SEED=", "FAKECUDA_MODE=", "FAKECUDA_KERNEL_COSTS=", "FAKECUDA_DEFAULT_KERNEL_NS="};
     std::string library_path;
     std::string inherited_preload;  // the host's own preloads (a sanitizer runtime, a profiler) stay, ahead of the shim
     for (const std::string& entry : environment_) {
@@ -525,6 +525,7 @@ class LiveRun {
       base_environment_.push_back("FAKECUDA_DEVICES=" + devices_spec_);
       base_environment_.push_back("FAKECUDA_TIMESLICE_US=" +
                                   std::to_string(std::max<std::uint64_t>(1, s_.timeslice_ns / 1000)));
+      base_environment_.push_back("FAKECUDA_SWITCH_US=" + std::to_string(s_.switch_ns / 1000));
     }
     tenant_environments_.clear();
     for (const scenario::TenantSpec& tenant : s_.tenants) {

@@ -202,6 +202,7 @@ Outcome RunVirtual(const scenario::Scenario& s, const Options& options, TraceSin
     sim::Scenario simulation;
     simulation.device = items[d];
     simulation.timeslice_ns = s.timeslice_ns;
+    simulation.switch_ns = s.switch_ns;
     simulation.duration_ns = s.duration_ns;
     simulation.settle_ns = 0;  // the trace's reader judges windows; the simulator's own summary is unused
     simulation.window_ns = s.window_ns;

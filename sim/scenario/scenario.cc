@@ -40,7 +40,6 @@ constexpr std::uint64_t kMaxInFlight = fakecuda::model::kStreamDepth;
 constexpr std::uint64_t kMaxBlocks = 65535;
 constexpr double kMaxJitterPercent = 50;
 constexpr double kMaxRate = 1e6;
-constexpr std::uint64_t kMicrosecondNs = 1'000;
 constexpr std::uint64_t kMinDurationNs = 100 * kMillisecondNs;
 constexpr std::uint64_t kMaxDurationNs = 3600 * kSecondNs;
 constexpr std::uint64_t kMiB = 1ull << 20;
@@ -329,7 +328,7 @@ class Checker {
       return;
     }
     if (!CheckMapping(root, "",
-                      {"name", "description", "gpu", "timeslice", "mode", "duration", "settle", "window", "sample",
+                      {"name", "description", "gpu", "timeslice", "switch", "mode", "duration", "settle", "window", "sample",
                        "seed", "tenants", "expect", "faults"},
                       "a mapping of keys (name, gpu, duration, tenants, ...)")) {
       return;
@@ -343,6 +342,7 @@ class Checker {
     }
     CheckGpu(root.Find("gpu"));
     if (const Node* node = root.Find("timeslice")) CheckTimeslice(*node);
+    if (const Node* node = root.Find("switch")) CheckSwitch(*node);
     CheckTimeline(root);
     if (const Node* node = root.Find("seed")) {
       if (auto seed = Whole(*node, "seed", 0, UINT64_MAX, "a whole number, 0 .. 2^64-1 (e.g. 1)")) {
@@ -459,13 +459,23 @@ class Checker {
   }
 
   void CheckTimeslice(const Node& node) {
-    auto ns = Duration(node, "timeslice", kMicrosecondNs, kSecondNs, "2ms");
+    auto ns = Duration(node, "timeslice", kMicrosecondNs, kSecondNs, "2100us");
     if (!ns) return;
     if (*ns % kMicrosecondNs != 0) {  // passed on as FAKECUDA_TIMESLICE_US
       Add(node.line, "timeslice", Shown(node) + " is not a whole number of microseconds; expected 1us .. 1s");
       return;
     }
     scenario_.timeslice_ns = *ns;
+  }
+
+  void CheckSwitch(const Node& node) {
+    auto ns = Duration(node, "switch", 0, 100 * kMillisecondNs, "160us");
+    if (!ns) return;
+    if (*ns % kMicrosecondNs != 0) {  // passed on as FAKECUDA_SWITCH_US
+      Add(node.line, "switch", Shown(node) + " is not a whole number of microseconds; expected 0us .. 100ms");
+      return;
+    }
+    scenario_.switch_ns = *ns;
   }
 
   // duration, settle, window, sample: each on its own, then how they fit together (the problem at the key the

@@ -23,6 +23,7 @@ namespace vgpu::scenario {
 namespace {
 
 constexpr std::uint64_t kMs = kMillisecondNs;
+constexpr std::uint64_t kUs = kMicrosecondNs;
 constexpr std::uint64_t kS = kSecondNs;
 constexpr std::uint64_t kMiB = 1ull << 20;
 constexpr std::uint64_t kGiB = 1ull << 30;
@@ -271,7 +272,8 @@ TEST(ScenarioFile, MinimalFileTakesTheDefaults) {
   EXPECT_EQ(s.gpu, "h100-80gb");
   EXPECT_EQ(s.device_count, 1u);
   EXPECT_EQ(s.context_bytes, 518 * kMiB);
-  EXPECT_EQ(s.timeslice_ns, 2 * kMs);
+  EXPECT_EQ(s.timeslice_ns, 2100 * kUs);  // an H100's, measured (docs/results-gpu.md)
+  EXPECT_EQ(s.switch_ns, 160 * kUs);
   EXPECT_TRUE(s.virtual_mode);
   EXPECT_TRUE(s.live_mode);
   EXPECT_EQ(s.duration_ns, 6 * kS);
@@ -339,7 +341,7 @@ TEST(ScenarioRules, UnknownKeysSuggestAndList) {
   const Problem problem = One(With("tenats: []", 0));
   EXPECT_EQ(problem.ToString(),
             "s.yaml:1: tenats: unknown key 'tenats'; did you mean 'tenants'? (accepted here: name, "
-            "description, gpu, timeslice, mode, duration, settle, window, sample, seed, tenants, "
+            "description, gpu, timeslice, switch, mode, duration, settle, window, sample, seed, tenants, "
             "expect, faults)");
   EXPECT_PROBLEM(With("          - kernels: 1ms\n            deph: 2", 6), 8, "tenants[0].processes[0].work[1].deph",
                  "did you mean 'depth'?");

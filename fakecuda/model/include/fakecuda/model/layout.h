@@ -13,7 +13,7 @@
 namespace fakecuda::model {
 
 inline constexpr std::uint64_t kMagic = 0x4144554345'4b4146ULL;  // "FAKECUDA" little-endian
-inline constexpr std::uint32_t kLayoutVersion = 2;
+inline constexpr std::uint32_t kLayoutVersion = 3;
 
 inline constexpr std::uint32_t kMaxDevices = 8;
 inline constexpr std::uint32_t kMaxProcesses = 256;
@@ -54,6 +54,7 @@ struct MachineConfig {
   std::uint32_t device_count;
   SchedulingMode mode;
   std::uint64_t timeslice_ns;
+  std::uint64_t switch_ns;               // time-slicing: a handover between processes, during which nobody runs
   std::uint64_t nvml_window_ns;          // NVML sample period
   std::uint64_t nvml_publish_lag_ns;     // a window's value is visible this long after it closes
   char devices_spec[256];                // FAKECUDA_DEVICES as given, to refuse a mismatching process
@@ -132,6 +133,7 @@ struct DeviceTimeline {
   std::uint32_t active_slot;             // time-slicing: the process that owns the device now
   std::uint32_t stream_high_water;       // streams [0, high_water) may belong to this device
   std::uint64_t slice_end_ns;
+  std::uint64_t switch_until_ns;         // a handover to active_slot is in progress until then
   std::uint64_t window_start_ns;
   std::uint64_t window_busy_ns;
   std::uint64_t busy_total_ns;

@@ -98,6 +98,7 @@ enum class OthersEstimate {
 struct Scenario {
   std::string device = "h100-80gb";          // a FAKECUDA_DEVICES spec; the simulator uses device 0
   std::uint64_t timeslice_ns = 2 * kMillisecondNs;
+  std::uint64_t switch_ns = 0;               // a handover between processes (an H100: ~160 us; scenarios pass it)
   std::uint64_t duration_ns = 6 * kSecondNs;
   std::uint64_t settle_ns = kSecondNs;       // windows starting before this are not judged
   std::uint64_t window_ns = kSecondNs;       // the share is measured per window; duration and settle are multiples

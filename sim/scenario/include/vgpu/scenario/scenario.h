@@ -10,6 +10,7 @@
 
 namespace vgpu::scenario {
 
+inline constexpr std::uint64_t kMicrosecondNs = 1000;
 inline constexpr std::uint64_t kMillisecondNs = 1'000'000;
 inline constexpr std::uint64_t kSecondNs = 1'000'000'000;
 
@@ -76,7 +77,10 @@ struct Scenario {
   std::uint32_t device_count = 1;           // from the spec (fake); for "real", the largest device index used + 1
   std::uint64_t context_bytes = 0;          // per-context overhead of the preset (fake; 0 for real; device 0's if
                                             // the spec mixes presets)
-  std::uint64_t timeslice_ns = 2 * kMillisecondNs;
+  // The fake GPU's time slice and the cost of a handover between processes, as measured on an H100 (driver 580,
+  // docs/results-gpu.md "Calibration"); FAKECUDA_TIMESLICE_US / FAKECUDA_SWITCH_US live.
+  std::uint64_t timeslice_ns = 2100 * kMicrosecondNs;
+  std::uint64_t switch_ns = 160 * kMicrosecondNs;
   bool virtual_mode = true;                 // `mode:` lists virtual (absent: both, but live only for gpu: real or
                                             // with faults, which are not modelled in virtual time)
   bool live_mode = true;                    // `mode:` lists live

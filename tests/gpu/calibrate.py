@@ -1,0 +1,160 @@
+"""Summarizes tests/gpu/calibrate.sh's output folder as markdown (stdout): time slicing and the shim's overhead.
+
+    python3 tests/gpu/calibrate.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def load(path: Path) -> tuple[list[dict], dict]:
+    kernels, summary = [], {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("summary"):
+            summary = row
+        else:
+            kernels.append(row)
+    return kernels, summary
+
+
+def quantiles(values: list[float]) -> str:
+    if not values:
+        return "—"
+    values = sorted(values)
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return f"{pick(0.1) / 1e3:.0f} / {statistics.median(values) / 1e3:.0f} / {pick(0.9) / 1e3:.0f}"
+
+
+def ran_in(kernels: list[dict], t0: int, t1: int) -> float:
+    """Time the kernels ran inside [t0, t1] (globaltimer): each kernel's span less its gaps, clipped."""
+    total = 0.0
+    for k in kernels:
+        if k["exit"] <= t0 or k["entry"] >= t1:
+            continue
+        span = min(k["exit"], t1) - max(k["entry"], t0)
+        gaps = sum(max(0, min(g[1], t1) - max(g[0], t0)) for g in k["gap"])
+        total += max(0, span - gaps)
+    return total
+
+
+def process_row(name: str, kernels: list[dict], window: tuple[int, int]) -> dict:
+    t0, t1 = window
+    inside = [k for k in kernels if k["entry"] >= t0 and k["exit"] <= t1]
+    ran = sum(k["ran"] for k in inside)
+    event = sum(k["event_ns"] for k in inside)
+    span = sum(k["exit"] - k["entry"] for k in inside)
+    before = [k["event_ns"] - (k["exit"] - k["entry"]) for k in inside]
+    return {
+        "name": name,
+        "kernels": len(inside),
+        "ran_share": ran_in(kernels, t0, t1) / (t1 - t0),
+        "event_over_ran": event / ran if ran else float("nan"),
+        "span_over_ran": span / ran if ran else float("nan"),
+        "preempted": sum(1 for k in inside if k["gaps"]) / max(1, len(inside)),
+        "gaps": [g[1] - g[0] for k in inside for g in k["gap"]],
+        "event_minus_span": before,
+        "event_share": event / (t1 - t0),
+    }
+
+
+def probe_section(out: Path) -> list[str]:
+    lines = ["## Time slicing (slice_probe)", "",
+             "Shares are of the window both processes ran in (globaltimer). `event/ran`: what CUDA event pairs "
+             "around the kernels add up to, over what the kernels ran. `gaps`: lengths of the periods a kernel was "
+             "switched out, p10 / median / p90 in µs. `event − span`: event pair minus the kernel's own first-to-last "
+             "timer span, median µs.", "",
+             "| run | process | kernels | ran (share of window) | event sum (share) | event/ran | kernels preempted | "
+             "gaps µs | event − span µs |", "|---|---|---|---|---|---|---|---|---|"]
+    idle = []
+    for path in sorted(out.glob("alone-*.jsonl")):
+        kernels, _ = load(path)
+        if not kernels:
+            continue
+        row = process_row("alone", kernels, (kernels[0]["entry"], kernels[-1]["exit"]))
+        lines.append(table_row(path.stem, row))
+    for path in sorted(out.glob("*-a.jsonl")):
+        name = path.stem[:-2]
+        other = out / f"{name}-b.jsonl"
+        if not other.exists():
+            continue
+        a, _ = load(path)
+        b, _ = load(other)
+        if not a or not b:
+            continue
+        window = (max(a[0]["entry"], b[0]["entry"]), min(a[-1]["exit"], b[-1]["exit"]))
+        if window[1] <= window[0]:
+            continue
+        rows = [process_row("a", a, window), process_row("b", b, window)]
+        for row in rows:
+            lines.append(table_row(name, row))
+        idle.append((name, 1 - rows[0]["ran_share"] - rows[1]["ran_share"]))
+    lines += ["", "Device time not run by either process of a pair (switching, and idle time where a process was "
+              "throttled): " + ", ".join(f"{name} {share * 100:.1f} %" for name, share in idle), ""]
+    return lines
+
+
+def table_row(run: str, row: dict) -> str:
+    minus = statistics.median(row["event_minus_span"]) / 1e3 if row["event_minus_span"] else float("nan")
+    return (f"| {run} | {row['name']} | {row['kernels']} | {row['ran_share'] * 100:.1f} % | "
+            f"{row['event_share'] * 100:.1f} % | {row['event_over_ran']:.3f} | {row['preempted'] * 100:.0f} % | "
+            f"{quantiles(row['gaps'])} | {minus:.1f} |")
+
+
+def overhead_section(out: Path) -> list[str]:
+    path = out / "overhead.jsonl"
+    if not path.exists():
+        return []
+    rounds: dict[int, dict[str, dict]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        rounds.setdefault(row["round"], {})[row["config"]] = row
+    lines = ["## Overhead (vgpu-tenant, one CPU, interleaved rounds)", "",
+             "Per round, each configuration's rate over the same round's no-shim rate; the median over rounds "
+             "(and the spread p10..p90). `depth 64`: empty-kernel launches with 64 in flight (launch rate); "
+             "`depth 1`: launch + wait for each (small-op latency).", "",
+             "| configuration | depth 64: kernels/s (median) | vs none | depth 1: kernels/s | vs none |",
+             "|---|---|---|---|---|"]
+    configs = ["none", "shim", "shim_mem", "shim_limits"]
+    for config in configs:
+        rates64, rates1, ratio64, ratio1 = [], [], [], []
+        for entries in rounds.values():
+            if config not in entries or "none" not in entries:
+                continue
+            r64 = entries[config]["depth64"].get("kernels_per_s")
+            r1 = entries[config]["depth1"].get("kernels_per_s")
+            n64 = entries["none"]["depth64"].get("kernels_per_s")
+            n1 = entries["none"]["depth1"].get("kernels_per_s")
+            if r64 and n64:
+                rates64.append(r64)
+                ratio64.append(r64 / n64)
+            if r1 and n1:
+                rates1.append(r1)
+                ratio1.append(r1 / n1)
+        lines.append(f"| {config} | {statistics.median(rates64):.0f} | {change(ratio64)} | "
+                     f"{statistics.median(rates1):.0f} | {change(ratio1)} |" if rates64 and rates1 else
+                     f"| {config} | — | — | — | — |")
+    return lines + [""]
+
+
+def change(ratios: list[float]) -> str:
+    ratios = sorted(ratios)
+    loss = lambda r: (1 - r) * 100  # noqa: E731  (a rate lower than none's: + is slower)
+    return (f"{loss(statistics.median(ratios)):+.1f} % ({loss(ratios[int(0.9 * (len(ratios) - 1))]):+.1f} .. "
+            f"{loss(ratios[int(0.1 * (len(ratios) - 1))]):+.1f})")
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    machine = (out / "machine.txt").read_text() if (out / "machine.txt").exists() else ""
+    print("# Calibration run\n\n```\n" + machine.strip() + "\n```\n")
+    print("\n".join(probe_section(out) + overhead_section(out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

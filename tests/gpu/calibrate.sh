@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Calibration runs for fakecuda's device model and the shim's overhead on a real GPU (issue 6).
+#
+#   OUT=calib bash tests/gpu/calibrate.sh [probe|overhead|all]
+#
+# probe: tests/gpu/slice_probe (built with nvcc, or taken from build/gpu-deps/slice_probe) alone and in pairs of
+#   processes: 1 ms, 100 us and 20 ms kernels, a full tenant beside a throttled one (duty 30 %), two throttled ones
+#   (70 % + 30 %). Each kernel reports the time it ran, the gaps in which its context was switched out, and what a
+#   CUDA event pair around it said (tests/gpu/slice_probe.cu). Analysed by tests/gpu/calibrate.py.
+# overhead: builds the shim and vgpu-tenant (Release), then interleaves short rounds of an empty-kernel launch loop
+#   (depth 64) and a launch+synchronize loop (depth 1), pinned to one CPU, under four configurations: no shim; the
+#   shim with no limits; the shim with a memory limit only; the shim with a memory limit and a 99 % compute cap.
+#   12 rounds each, ABCD order rotated per round, so a slow minute of the host hits every configuration.
+# Skips (exit 0) where no GPU answers.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+what=${1:-all}
+out=${OUT:-$repo/calib}
+mkdir -p "$out"
+if ! timeout 60 nvidia-smi -L >/dev/null 2>&1; then
+  echo "calibrate: skipped, no NVIDIA GPU answers here"
+  exit 0
+fi
+{
+  date -u +"date %Y-%m-%dT%H:%M:%SZ"
+  echo "commit ${VGPU_COMMIT:-$(git -C "$repo" rev-parse HEAD 2>/dev/null)}"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
+  nvidia-smi compute-policy -l 2>&1 | head -20
+  nproc
+} >"$out/machine.txt" 2>&1
+
+probe=$repo/build/gpu-deps/slice_probe
+if [[ ! -x $probe ]]; then
+  probe=$out/slice_probe
+  nvcc -O2 -arch=sm_90 -o "$probe" "$repo/tests/gpu/slice_probe.cu" || exit 1
+fi
+
+pair() {  # pair NAME "ARGS A" "ARGS B"
+  local name=$1
+  # shellcheck disable=SC2086
+  "$probe" $2 --out "$out/$name-a.jsonl" & local a=$!
+  # shellcheck disable=SC2086
+  "$probe" $3 --out "$out/$name-b.jsonl" & local b=$!
+  wait $a $b
+}
+
+if [[ $what == probe || $what == all ]]; then
+  echo "== slice probe"
+  "$probe" --kernel-us 1000 --blocks 132 --seconds 2 --out "$out/alone-1ms.jsonl"
+  "$probe" --kernel-us 100 --blocks 132 --seconds 2 --out "$out/alone-100us.jsonl"
+  "$probe" --kernel-us 5 --blocks 1 --seconds 2 --out "$out/alone-5us.jsonl"
+  pair pair-1ms "--kernel-us 1000 --blocks 132 --seconds 3" "--kernel-us 1000 --blocks 132 --seconds 3"
+  pair pair-100us "--kernel-us 100 --blocks 132 --seconds 3" "--kernel-us 100 --blocks 132 --seconds 3"
+  pair pair-20ms "--kernel-us 20000 --blocks 132 --seconds 4" "--kernel-us 20000 --blocks 132 --seconds 4"
+  pair pair-1ms-1block "--kernel-us 1000 --blocks 1 --seconds 3" "--kernel-us 1000 --blocks 1 --seconds 3"
+  pair full-vs-30 "--kernel-us 1000 --blocks 132 --seconds 3" "--kernel-us 1000 --blocks 132 --seconds 3 --duty 0.3"
+  pair 70-vs-30 "--kernel-us 1000 --blocks 132 --seconds 3 --duty 0.7" \
+    "--kernel-us 1000 --blocks 132 --seconds 3 --duty 0.3"
+fi
+
+if [[ $what == overhead || $what == all ]]; then
+  echo "== overhead"
+  build=/tmp/vgpu-calib-build
+  headers=()
+  [[ -f $repo/build/gpu-deps/nvml-include/nvml.h ]] && headers=(-DNVML_INCLUDE_DIR="$repo/build/gpu-deps/nvml-include")
+  { cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DVGPU_WERROR=OFF -DVGPU_BUILD_BENCH=OFF -DVGPU_PYTHON=OFF \
+      -DVGPU_BUILD_TESTS=OFF "${headers[@]}" && cmake --build "$build" -j"$(nproc)" --target vgpu vgpu-tenant; } \
+    >"$out/overhead-build.log" 2>&1 || { echo "build failed: $out/overhead-build.log"; exit 1; }
+  tenant=$build/bin/vgpu-tenant
+  shim=$build/lib/libvgpu.so
+  cpu=$(( $(nproc) > 3 ? 3 : 0 ))
+  configs=(none shim shim_mem shim_limits)
+  run_config() {  # run_config CONFIG ARGS...
+    local config=$1; shift
+    local -a env=(env -u LD_PRELOAD)
+    case $config in
+      shim) env+=(LD_PRELOAD="$shim") ;;
+      shim_mem) env+=(LD_PRELOAD="$shim" CUDA_DEVICE_MEMORY_LIMIT=70g CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/o-mem.cache") ;;
+      shim_limits) env+=(LD_PRELOAD="$shim" CUDA_DEVICE_MEMORY_LIMIT=70g CUDA_DEVICE_SM_LIMIT=99
+                         GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/o-lim.cache") ;;
+    esac
+    "${env[@]}" taskset -c "$cpu" "$tenant" "$@"
+  }
+  : >"$out/overhead.jsonl"
+  for round in $(seq 0 11); do
+    for k in 0 1 2 3; do
+      config=${configs[$(( (k + round) % 4 ))]}
+      rate=$(run_config "$config" --seconds 1 --kernel-us 1 --depth 64 | tail -n 1)
+      sync=$(run_config "$config" --seconds 1 --kernel-us 1 --depth 1 | tail -n 1)
+      echo "{\"round\":$round,\"config\":\"$config\",\"depth64\":$rate,\"depth1\":$sync}" >>"$out/overhead.jsonl"
+    done
+  done
+  echo "overhead rounds: $(wc -l <"$out/overhead.jsonl")"
+fi
+python3 "$repo/tests/gpu/calibrate.py" "$out" | tee "$out/summary.md"
