@@ -127,8 +127,8 @@ py::dict ScenarioDict(const sc::Scenario& s) {
   for (const sc::TenantSpec& t : s.tenants) tenants.append(TenantDict(t));
   return py::dict("file"_a = s.file, "name"_a = s.name, "description"_a = s.description, "gpu"_a = s.gpu,
                   "real_gpu"_a = s.real_gpu, "device_count"_a = s.device_count, "context_bytes"_a = s.context_bytes,
-                  "timeslice_ns"_a = s.timeslice_ns, "modes"_a = Modes(s), "duration_ns"_a = s.duration_ns,
-                  "settle_ns"_a = s.settle_ns, "window_ns"_a = s.window_ns, "sample_ns"_a = s.sample_ns,
+                  "timeslice_ns"_a = s.timeslice_ns, "switch_ns"_a = s.switch_ns, "modes"_a = Modes(s),
+                  "duration_ns"_a = s.duration_ns, "settle_ns"_a = s.settle_ns, "window_ns"_a = s.window_ns, "sample_ns"_a = s.sample_ns,
                   "seed"_a = s.seed, "tenants"_a = tenants, "expect_leaked_bytes"_a = s.expect_leaked_bytes,
                   "faults"_a = s.faults);
 }
@@ -185,7 +185,8 @@ py::dict ReadRegion(const py::object& path_object) {
   std::size_t index = 0;
   for (const auto& device : snapshot.devices) {
     py::dict entry("index"_a = index++, "uuid"_a = UuidText(std::data(device.uuid)), "used_bytes"_a = device.used_bytes,
-                   "limit_bytes"_a = device.limit_bytes, "context_bytes"_a = device.context_bytes);
+                   "cached_used_bytes"_a = device.cached_used_bytes, "limit_bytes"_a = device.limit_bytes,
+                   "context_bytes"_a = device.context_bytes);
     for (auto item : ComputeDict(device.compute, now_ns)) entry[item.first] = item.second;
     devices.append(entry);
   }
@@ -195,7 +196,8 @@ py::dict ReadRegion(const py::object& path_object) {
     for (std::size_t d = 0; d < index && d < std::size(process.used_bytes); ++d) used.append(process.used_bytes[d]);
     live.append(py::dict("pid"_a = process.pid, "generation"_a = process.generation, "used_bytes"_a = used));
   }
-  return py::dict("path"_a = path, "version"_a = snapshot.version, "monotonic_ns"_a = now_ns, "devices"_a = devices,
+  return py::dict("path"_a = path, "version"_a = snapshot.version, "lock_repairs"_a = snapshot.lock_repairs,
+                  "lock_holder_tid"_a = snapshot.lock_holder_tid, "monotonic_ns"_a = now_ns, "devices"_a = devices,
                   "live"_a = live);
 }
 
@@ -315,6 +317,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("device_count", &sc::Scenario::device_count)
       .def_readonly("context_bytes", &sc::Scenario::context_bytes)
       .def_readonly("timeslice_ns", &sc::Scenario::timeslice_ns)
+      .def_readonly("switch_ns", &sc::Scenario::switch_ns)
       .def_property_readonly("modes", &Modes)
       .def_readonly("duration_ns", &sc::Scenario::duration_ns)
       .def_readonly("settle_ns", &sc::Scenario::settle_ns)

@@ -110,6 +110,8 @@ class Scenario:
     @property
     def timeslice_ns(self) -> int: ...
     @property
+    def switch_ns(self) -> int: ...
+    @property
     def modes(self) -> list[Literal["virtual", "live"]]: ...
     @property
     def duration_ns(self) -> int: ...
@@ -156,8 +158,11 @@ def run(scenario: Scenario, mode: Literal["virtual", "live"] = "virtual",
 
 def read_region(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A container region's state, read without attaching:
-    {"path", "version", "monotonic_ns",
-     "devices": [{"index", "uuid" ("GPU-..."), "used_bytes", "limit_bytes", "context_bytes",
+    {"path", "version", "lock_repairs" (processes that died holding the region lock, repaired by the next locker),
+     "lock_holder_tid" (the thread holding the region lock as it was read, 0 if free), "monotonic_ns",
+     "devices": [{"index", "uuid" ("GPU-..."), "used_bytes" (the live processes' slots),
+                  "cached_used_bytes" (the total limits are enforced against: dead slots count until reaped),
+                  "limit_bytes", "context_bytes",
                   "share_percent" (measured over the last second: Limiter::PublishedShare at CLOCK_MONOTONIC now),
                   "cap_percent" (configured, None if unset), "rate_percent", "budget_ns"}],
      "live": [{"pid", "generation", "used_bytes": [per device]}]}

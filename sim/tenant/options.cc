@@ -29,6 +29,10 @@ constexpr std::uint64_t kMaxKernelNs = kMaxKernelUs * 1000;
 constexpr std::uint64_t kMaxPhaseNs = 1'000'000'000'000'000;  // kMaxSeconds
 constexpr std::uint64_t kMaxReportMs = 3'600'000;              // an hour
 constexpr double kMaxJitterPercent = 99.9;
+constexpr std::uint64_t kMaxChurnThreads = 64;
+constexpr std::uint64_t kMaxChurnHold = 4096;
+constexpr std::uint64_t kChurnStep = 4096;
+constexpr std::uint64_t kMaxChurnBytes = 1ull << 40;
 
 // Quotes a value for a message, so that an empty or odd value stays visible.
 std::string Quoted(std::string_view text)
@@ -234,6 +238,26 @@ constexpr std::array kFlags = {
                  std::string problem = ReadWholeNumber(value, 1, kMaxReportMs, &report_ms);
                  if (problem.empty()) {
                      options.report_ms = report_ms;
+                 }
+                 return problem;
+             }},
+    FlagSpec{"--churn", "SPEC", "threads=2,max=4Mi,hold=8",
+             "besides the kernels, threads allocate and free device memory as fast as they can\n"
+             "        (cuMemAlloc_v2 / cuMemFree_v2): key=value pairs joined by commas, all optional,\n"
+             "        threads=N (default 1), min=SIZE and max=SIZE (each block a multiple of 4 KiB drawn\n"
+             "        uniformly between them; default 4Ki, 4Mi), hold=K (blocks a thread holds at most,\n"
+             "        default 8: each step allocates or frees a random held block, even odds below K).\n"
+             "        CUDA_ERROR_OUT_OF_MEMORY is counted, not fatal. stdin then takes one word a line:\n"
+             "        pause (every churn thread stops between two calls, then a line\n"
+             "        {\"ev\":\"churn\",\"state\":\"paused\",\"held_bytes\":..,\"blocks\":..,\"allocs\":..,\n"
+             "        \"frees\":..,\"oom\":..,\"max_call_us\":..}: held_bytes is what the blocks take now),\n"
+             "        resume (the same line, \"running\"), stop (ends the run as --seconds would; the\n"
+             "        blocks are freed and a last line says \"stopped\"). End of input changes nothing",
+             [](std::string_view value, Options& options) {
+                 Churn churn;
+                 std::string problem = ParseChurn(value, &churn);
+                 if (problem.empty()) {
+                     options.churn = churn;
                  }
                  return problem;
              }},
@@ -533,6 +557,54 @@ std::string ParsePhase(std::string_view text, Phase* phase)
     return {};
 }
 
+std::string ParseChurn(std::string_view text, Churn* churn)
+{
+    constexpr std::string_view kKeys = "threads, min, max or hold";
+    std::vector<std::string_view> seen_keys;
+    std::size_t position = 0;
+    while (!text.empty() && position <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', position), text.size());
+        const std::string_view item = text.substr(position, comma - position);
+        position = comma + 1;
+        const std::size_t equals = item.find('=');
+        if (equals == std::string_view::npos) {
+            return "has " + Quoted(item) + " without =; expected key=value pairs joined by commas, keys " +
+                   std::string(kKeys);
+        }
+        const std::string_view key = item.substr(0, equals);
+        const std::string_view value = item.substr(equals + 1);
+        for (const std::string_view earlier : seen_keys) {
+            if (earlier == key) {
+                return "gives " + std::string(key) + "= twice; expected each key once";
+            }
+        }
+        seen_keys.push_back(key);
+        std::string problem;
+        if (key == "threads" || key == "hold") {
+            problem = key == "threads" ? ReadInto(value, 1, kMaxChurnThreads, &churn->threads)
+                                       : ReadInto(value, 1, kMaxChurnHold, &churn->hold);
+        } else if (key == "min" || key == "max") {
+            const std::optional<std::uint64_t> bytes = ParseSizeBytes(value, &problem);
+            if (!bytes) {
+                problem += "; expected bytes or a whole number with a suffix k, m, g, t, Ki, Mi, Gi, Ti";
+            } else if (*bytes < kChurnStep || *bytes > kMaxChurnBytes) {
+                problem = "is out of range; expected a size from 4Ki to 1Ti";
+            } else {
+                (key == "min" ? churn->min_bytes : churn->max_bytes) = *bytes;
+            }
+        } else {
+            return "has an unknown key " + Quoted(key) + "; expected " + std::string(kKeys);
+        }
+        if (!problem.empty()) {
+            return "has " + std::string(key) + "=" + Quoted(value) + ", which " + problem;
+        }
+    }
+    if (churn->min_bytes > churn->max_bytes) {
+        return "has min above max; expected min <= max";
+    }
+    return {};
+}
+
 CommandLine ParseCommandLine(std::span<const char* const> args)
 {
     CommandLine command_line;
@@ -617,7 +689,7 @@ std::string UsageText()
     std::string usage =
         "usage: vgpu-tenant [--device N] [--alloc BYTES] [--kernel-us D] [--blocks B] [--threads T]\n"
         "                   [--kernels K | --seconds S] [--rate HZ] [--depth Q] [--streams N] [--ptx FILE]\n"
-        "                   [--phase SPEC]... [--repeat] [--seed N] [--report-ms N]\n"
+        "                   [--phase SPEC]... [--repeat] [--seed N] [--report-ms N] [--churn SPEC]\n"
         "\n"
         "A GPU workload on the CUDA Driver API: launches the spin kernel vgpu_spin, each launch\n"
         "taking D microseconds of GPU time (the blocks spin for D divided by the number of waves\n"

@@ -24,6 +24,14 @@ struct Phase {
     std::uint32_t jitter_permille = 0;     // each kernel's duration varies uniformly by +/- this much
 };
 
+// --churn: threads that allocate and free device memory as fast as they can, beside the kernels.
+struct Churn {
+    std::uint32_t threads = 1;
+    std::uint64_t min_bytes = 4096;          // each block a multiple of 4 KiB in [min_bytes, max_bytes]
+    std::uint64_t max_bytes = 4ull << 20;
+    std::uint32_t hold = 8;                  // blocks one thread holds at most
+};
+
 struct Options {
     int device = 0;
     std::uint64_t alloc_bytes = 0;
@@ -45,6 +53,7 @@ struct Options {
     bool repeat = false;
     std::uint64_t seed = 1;                  // the size and jitter draws
     std::optional<std::uint64_t> report_ms;  // a progress line every this many milliseconds
+    std::optional<Churn> churn;              // --churn; stdin then takes pause/resume/stop
 };
 
 struct CommandLine {
@@ -72,5 +81,7 @@ std::optional<double> ParseDecimal(std::string_view text, std::string* problem);
 std::optional<std::uint64_t> ParseDurationNs(std::string_view text, std::string* problem);
 // The value of --phase (see UsageText); "" or what is wrong with it.
 std::string ParsePhase(std::string_view text, Phase* phase);
+// The value of --churn (see UsageText); "" or what is wrong with it.
+std::string ParseChurn(std::string_view text, Churn* churn);
 
 }  // namespace vgpu::tenant

@@ -1,9 +1,12 @@
 // Launches vgpu_spin through the CUDA Driver API, closed loop or at a fixed rate, and measures the run.
 #include "workload.h"
 
+#include <poll.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -330,6 +333,275 @@ private:
     std::uint64_t state_;
 };
 
+// --churn: threads that allocate and free device memory in a tight loop beside the kernels (every call goes through
+// a shim's accounting, and so through its region lock), paused, resumed and stopped from stdin by Control below.
+class Churner {
+public:
+    Churner(CUcontext context, const Churn& churn, std::uint64_t seed) : context_(context), churn_(churn)
+    {
+        workers_.reserve(churn.threads);
+        for (std::uint32_t index = 0; index < churn.threads; ++index) {
+            workers_.emplace_back(seed ^ (0x9e3779b97f4a7c15ull * (index + 1)));
+        }
+        for (Worker& worker : workers_) {
+            worker.thread = std::thread([this, &worker] { Run(worker); });
+        }
+    }
+    Churner(const Churner&) = delete;
+    Churner& operator=(const Churner&) = delete;
+    ~Churner() { Stop(); }
+
+    // Every thread frees what it holds and ends; then the "stopped" line. Idempotent.
+    void Stop()
+    {
+        {
+            std::lock_guard<std::mutex> guard(mutex_);
+            if (stopped_) {
+                return;
+            }
+            stopped_ = true;
+            stop_flag_.store(true, std::memory_order_relaxed);
+        }
+        changed_.notify_all();
+        for (Worker& worker : workers_) {
+            if (worker.thread.joinable()) {
+                worker.thread.join();
+            }
+        }
+        std::lock_guard<std::mutex> guard(mutex_);
+        PrintLocked("stopped");
+    }
+
+    // Returns once every thread waits between two calls (or has ended), having printed the "paused" line.
+    void Pause()
+    {
+        std::unique_lock<std::mutex> guard(mutex_);
+        if (stopped_) {
+            return;
+        }
+        pause_flag_.store(true, std::memory_order_relaxed);
+        changed_.wait(guard, [this] { return parked_ + ended_ == workers_.size(); });
+        PrintLocked("paused");
+    }
+
+    void Resume()
+    {
+        {
+            std::lock_guard<std::mutex> guard(mutex_);
+            if (stopped_) {
+                return;
+            }
+            pause_flag_.store(false, std::memory_order_relaxed);
+            PrintLocked("running");
+        }
+        changed_.notify_all();
+    }
+
+    // The first failure of a churn thread other than an out-of-memory refusal: the run reports it.
+    std::optional<CudaFailure> Failure()
+    {
+        if (!failed_.load(std::memory_order_acquire)) {
+            return std::nullopt;
+        }
+        std::lock_guard<std::mutex> guard(mutex_);
+        return failure_;
+    }
+
+private:
+    struct Worker {
+        explicit Worker(std::uint64_t seed) : random(seed) {}
+        SplitMix64 random;
+        std::vector<std::pair<CUdeviceptr, std::uint64_t>> blocks;
+        // Written by the worker only; read by others under mutex_ once it is parked or ended.
+        std::uint64_t held_bytes = 0;
+        std::uint64_t allocs = 0;
+        std::uint64_t frees = 0;
+        std::uint64_t oom = 0;
+        std::int64_t max_call_ns = 0;
+        std::thread thread;
+    };
+
+    void Run(Worker& worker)
+    {
+        const CUresult current = cuCtxSetCurrent(context_);
+        const bool ok = current == CUDA_SUCCESS || Fail({current, "cuCtxSetCurrent"});
+        while (ok) {
+            if (pause_flag_.load(std::memory_order_relaxed) || stop_flag_.load(std::memory_order_relaxed)) {
+                std::unique_lock<std::mutex> guard(mutex_);
+                if (pause_flag_.load(std::memory_order_relaxed) && !stopped_) {
+                    ++parked_;
+                    changed_.notify_all();
+                    changed_.wait(guard, [this] { return !pause_flag_.load(std::memory_order_relaxed) || stopped_; });
+                    --parked_;
+                }
+                if (stopped_) {
+                    break;
+                }
+            }
+            if (!Step(worker)) {
+                break;
+            }
+        }
+        while (!worker.blocks.empty() && Free(worker, worker.blocks.size() - 1)) {
+        }
+        std::lock_guard<std::mutex> guard(mutex_);
+        ++ended_;
+        changed_.notify_all();
+    }
+
+    // One allocation or one free; false after a failure.
+    bool Step(Worker& worker)
+    {
+        if (!worker.blocks.empty() && (worker.blocks.size() >= churn_.hold || worker.random.Below(2) == 0)) {
+            return Free(worker, worker.random.Below(worker.blocks.size()));
+        }
+        constexpr std::uint64_t kStep = 4096;
+        const std::uint64_t lowest = (churn_.min_bytes + kStep - 1) / kStep;
+        const std::uint64_t highest = std::max(lowest, churn_.max_bytes / kStep);
+        const std::uint64_t bytes = (lowest + worker.random.Below(highest - lowest + 1)) * kStep;
+        CUdeviceptr address = 0;
+        const std::int64_t started = MonotonicNs();
+        const CUresult result = cuMemAlloc_v2(&address, bytes);
+        worker.max_call_ns = std::max(worker.max_call_ns, MonotonicNs() - started);
+        if (result == CUDA_ERROR_OUT_OF_MEMORY) {
+            ++worker.oom;
+            return true;
+        }
+        if (result != CUDA_SUCCESS) {
+            return Fail({result, "cuMemAlloc_v2"});
+        }
+        worker.blocks.emplace_back(address, bytes);
+        worker.held_bytes += bytes;
+        ++worker.allocs;
+        return true;
+    }
+
+    bool Free(Worker& worker, std::size_t index)
+    {
+        const auto [address, bytes] = worker.blocks[index];
+        const std::int64_t started = MonotonicNs();
+        const CUresult result = cuMemFree_v2(address);
+        worker.max_call_ns = std::max(worker.max_call_ns, MonotonicNs() - started);
+        if (result != CUDA_SUCCESS) {
+            return Fail({result, "cuMemFree_v2"});
+        }
+        worker.blocks[index] = worker.blocks.back();
+        worker.blocks.pop_back();
+        worker.held_bytes -= bytes;
+        ++worker.frees;
+        return true;
+    }
+
+    bool Fail(CudaFailure failure)
+    {
+        std::lock_guard<std::mutex> guard(mutex_);
+        if (!failed_.load(std::memory_order_relaxed)) {
+            failure_ = failure;
+            failed_.store(true, std::memory_order_release);
+        }
+        return false;
+    }
+
+    // Caller holds mutex_, and every worker is parked or ended (or stopped and joined).
+    void PrintLocked(const char* state)
+    {
+        std::uint64_t held = 0, blocks = 0, allocs = 0, frees = 0, oom = 0;
+        std::int64_t max_call_ns = 0;
+        for (const Worker& worker : workers_) {
+            held += worker.held_bytes;
+            blocks += worker.blocks.size();
+            allocs += worker.allocs;
+            frees += worker.frees;
+            oom += worker.oom;
+            max_call_ns = std::max(max_call_ns, worker.max_call_ns);
+        }
+        std::printf("{\"ev\":\"churn\",\"state\":\"%s\",\"held_bytes\":%" PRIu64 ",\"blocks\":%" PRIu64
+                    ",\"allocs\":%" PRIu64 ",\"frees\":%" PRIu64 ",\"oom\":%" PRIu64 ",\"max_call_us\":%" PRId64 "}\n",
+                    state, held, blocks, allocs, frees, oom, max_call_ns / 1000);
+        std::fflush(stdout);
+    }
+
+    CUcontext context_;
+    Churn churn_;
+    std::vector<Worker> workers_;
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::atomic<bool> pause_flag_{false};
+    std::atomic<bool> stop_flag_{false};
+    std::atomic<bool> failed_{false};
+    bool stopped_ = false;
+    std::size_t parked_ = 0;
+    std::size_t ended_ = 0;
+    CudaFailure failure_{CUDA_SUCCESS, ""};
+};
+
+// With --churn: reads stdin, one word a line (pause, resume, stop), until end of input or the end of the run.
+class Control {
+public:
+    Control(Churner* churner, std::atomic<bool>* stop_requested) : churner_(churner), stop_requested_(stop_requested)
+    {
+        thread_ = std::thread([this] { Run(); });
+    }
+    Control(const Control&) = delete;
+    Control& operator=(const Control&) = delete;
+    ~Control()
+    {
+        finished_.store(true, std::memory_order_relaxed);
+        thread_.join();
+    }
+
+private:
+    void Run()
+    {
+        std::string pending;
+        while (!finished_.load(std::memory_order_relaxed)) {
+            pollfd input{STDIN_FILENO, POLLIN, 0};
+            const int ready = poll(&input, 1, 50);  // a short timeout: the run's end is noticed promptly
+            if (ready < 0 && errno == EINTR) {
+                continue;
+            }
+            if (ready < 0 || (input.revents & POLLNVAL) != 0) {
+                return;
+            }
+            if (ready == 0) {
+                continue;
+            }
+            char buffer[256];
+            const ssize_t count = read(STDIN_FILENO, buffer, sizeof buffer);
+            if (count < 0 && errno == EINTR) {
+                continue;
+            }
+            if (count <= 0) {
+                return;  // end of input: the run goes on as it was
+            }
+            pending.append(buffer, static_cast<std::size_t>(count));
+            for (std::size_t end = pending.find('\n'); end != std::string::npos; end = pending.find('\n')) {
+                std::string word = pending.substr(0, end);
+                pending.erase(0, end + 1);
+                while (!word.empty() && (word.back() == '\r' || word.back() == ' ')) {
+                    word.pop_back();
+                }
+                if (word == "pause") {
+                    churner_->Pause();
+                } else if (word == "resume") {
+                    churner_->Resume();
+                } else if (word == "stop") {
+                    stop_requested_->store(true, std::memory_order_relaxed);
+                } else if (!word.empty()) {
+                    std::fprintf(stderr,
+                                 "vgpu-tenant: unknown command \"%s\" on stdin; expected pause, resume or stop\n",
+                                 word.c_str());
+                }
+            }
+        }
+    }
+
+    Churner* churner_;
+    std::atomic<bool>* stop_requested_;
+    std::atomic<bool> finished_{false};
+    std::thread thread_;
+};
+
 // A kernel's duration: one of the phase's sizes, drawn uniformly, varied by +/- jitter (as the simulator draws).
 std::uint64_t DrawDurationNs(const Phase& phase, SplitMix64& random)
 {
@@ -476,6 +748,22 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
     if (options.report_ms) {
         reporter.emplace(context, &streams, &completions, start_ns, *options.report_ms);
     }
+    // --churn: its threads, and stdin's pause/resume/stop (stop ends the launch loop as --seconds would).
+    std::atomic<bool> stop_requested{false};
+    std::optional<Churner> churner;
+    std::optional<Control> control;
+    if (options.churn) {
+        churner.emplace(context, *options.churn, options.seed);
+        control.emplace(&*churner, &stop_requested);
+    }
+    const auto stopping = [&] {
+        if (churner) {
+            if (const std::optional<CudaFailure> failure = churner->Failure()) {
+                throw *failure;
+            }
+        }
+        return stop_requested.load(std::memory_order_relaxed);
+    };
 
     // The elapsed time so far is kept in the result, so a failure part way
     // still reports how long the tenant ran.
@@ -491,7 +779,7 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
         // last launch was, so a schedule of phases never drifts.
         std::int64_t phase_start_ns = start_ns;
         std::size_t next_phase = 0;
-        while (launched < kernel_limit && phase_start_ns < stop_ns) {
+        while (launched < kernel_limit && phase_start_ns < stop_ns && !stopping()) {
             if (next_phase == phases.size()) {
                 if (!options.repeat) {
                     break;
@@ -527,9 +815,12 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
                     }
                     SleepUntilNs(deadline_ns);
                     stream.WaitForRoom(*phase.depth);
+                    if (stopping()) {
+                        break;
+                    }
                 } else {
                     stream.WaitForRoom(*phase.depth);
-                    if (MonotonicNs() >= phase_end_ns) {
+                    if (MonotonicNs() >= phase_end_ns || stopping()) {
                         break;
                     }
                 }
@@ -541,11 +832,17 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
             phase_start_ns = phase_end_ns;
         }
         // Phases that end before --seconds does leave the tenant idle until then (still holding its memory).
-        if (!options.phases.empty() && options.seconds && launched < kernel_limit && phase_start_ns < stop_ns) {
+        if (!options.phases.empty() && options.seconds && launched < kernel_limit && phase_start_ns < stop_ns &&
+            !stopping()) {
             SleepUntilNs(stop_ns);
         }
         for (StreamQueue& stream : streams) {
             stream.Drain();
+        }
+        if (churner) {
+            control.reset();
+            churner->Stop();  // frees every block it holds
+            stopping();       // throws a churn thread's failure
         }
     } catch (const CudaFailure&) {
         if (reporter) {

@@ -273,6 +273,14 @@ TEST_P(RegionOwnerDeath, TheNextLockerRepairsAtOnceAndUsageIsExact) {
   });
   ASSERT_TRUE(stopped.ReadBytes(1, 10s)) << "the victim never reached the point";
   ASSERT_GT(victim, 0);
+  {
+    // A monitor sees who holds the lock (the victim has one thread: its tid is its pid).
+    Snapshot snapshot;
+    std::string error;
+    ASSERT_TRUE(ReadSnapshot(path, snapshot, error)) << error;
+    EXPECT_EQ(snapshot.lock_holder_tid, victim);
+    EXPECT_EQ(snapshot.lock_repairs, 0u);
+  }
   test::KillChild(victim);
   ASSERT_EQ(test::WaitExit(victim, 10s), kKilled);
 
@@ -291,6 +299,14 @@ TEST_P(RegionOwnerDeath, TheNextLockerRepairsAtOnceAndUsageIsExact) {
     return 0;
   });
   EXPECT_EQ(test::WaitExit(checker, 5s), 0) << "after the owner's death the lock was not recovered (deadlock?)";
+  {
+    // The repair is counted in the header, once: monitors (and the crash campaign) tell deaths inside the lock apart.
+    Snapshot snapshot;
+    std::string error;
+    ASSERT_TRUE(ReadSnapshot(path, snapshot, error)) << error;
+    EXPECT_EQ(snapshot.lock_repairs, 1u);
+    EXPECT_EQ(snapshot.lock_holder_tid, 0) << "the lock is free again";
+  }
   const double recovery_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   std::printf("[ figures  ] attach + repair + checks after the owner's death: %.1f ms\n", recovery_ms);
@@ -482,6 +498,14 @@ TEST(RegionKill, HundredsOfRandomKillsLeaveExactUsageAndNoDeadlock) {
   EXPECT_GE(kills, kKills);
   EXPECT_GT(kills_inside_lock, 0) << "no kill landed inside the lock: the test lost its point";
   EXPECT_GT(shared->survivor_grants.load(), 0u);
+  // Every kill seen inside the lock was repaired, and counted, by the next locker (more kills may have landed there
+  // outside the stalls).
+  Snapshot snapshot;
+  std::string error;
+  ASSERT_TRUE(ReadSnapshot(path, snapshot, error)) << error;
+  EXPECT_GE(snapshot.lock_repairs, static_cast<std::uint32_t>(kills_inside_lock));
+  EXPECT_LE(snapshot.lock_repairs, static_cast<std::uint32_t>(kills));
+  std::printf("[ figures  ] lock repairs counted in the region: %u\n", snapshot.lock_repairs);
 }
 
 // ---- fork ------------------------------------------------------------------------------------------------

@@ -87,6 +87,10 @@ TEST(RegionSnapshot, CountsTwoLiveSlotsAndNotADeadOneBeforeAnyReap) {
   EXPECT_EQ(std::memcmp(snapshot.devices[0].uuid, kUuid, 16), 0);
   EXPECT_EQ(std::memcmp(snapshot.devices[1].uuid, kOtherUuid, 16), 0);
   EXPECT_EQ(snapshot.devices[0].used_bytes, 120u) << "the dead process's 5000 bytes must not count";
+  EXPECT_EQ(snapshot.devices[0].cached_used_bytes, 5120u) << "the cache counts the dead slot until it is reaped";
+  EXPECT_EQ(snapshot.devices[1].cached_used_bytes, 7u);
+  EXPECT_EQ(snapshot.lock_repairs, 0u) << "nobody died holding the lock";
+  EXPECT_EQ(snapshot.lock_holder_tid, 0) << "nobody holds the lock";
   EXPECT_EQ(snapshot.devices[1].used_bytes, 7u);
   EXPECT_EQ(snapshot.devices[0].limit_bytes, 4096u);
   EXPECT_EQ(snapshot.devices[0].context_bytes, 512u);

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -38,6 +39,9 @@ void (*Attachment::test_hook_)(TestPoint) = nullptr;
 namespace {
 
 static_assert(sizeof(pthread_mutex_t) <= sizeof(Region::lock_storage));
+#if defined(__GLIBC__)
+static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0, "ReadSnapshot reads the futex word first");
+#endif
 static_assert(alignof(pthread_mutex_t) <= alignof(Region));
 
 constexpr std::uint64_t kReapIntervalNs = 100'000'000;
@@ -336,6 +340,12 @@ bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
   };
   Snapshot snapshot;
   snapshot.version = region.version;
+  snapshot.lock_repairs = load32(region.lock_repairs);
+  // A robust mutex's word is the kernel's robust-futex ABI (the kernel reads it when a holder dies): the holder's tid
+  // in the low 30 bits, FUTEX_WAITERS and FUTEX_OWNER_DIED above. glibc keeps it first in pthread_mutex_t.
+  std::uint32_t lock_word = 0;
+  std::memcpy(&lock_word, region.lock_storage, sizeof lock_word);
+  snapshot.lock_holder_tid = static_cast<std::int32_t>(lock_word & FUTEX_TID_MASK);
   const std::uint32_t device_count = std::min(load32(region.device_count), kMaxDevices);
   std::uint32_t used_devices[kMaxDevices] = {};  // region index of each snapshot device
   for (std::uint32_t d = 0; d < device_count; ++d) {
@@ -344,6 +354,7 @@ bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
     DeviceSnapshot view{};
     std::memcpy(view.uuid, device.uuid, sizeof view.uuid);  // written before device_count counted it
     view.used_bytes = 0;
+    view.cached_used_bytes = load64(device.used_bytes);
     view.limit_bytes = load64(device.limit_bytes);
     view.context_bytes = load64(device.context_bytes);
     view.compute.resize(sizeof device.compute);
@@ -393,6 +404,9 @@ class Attachment::Lock {
     error_ = pthread_mutex_trylock(mutex);  // uncontended: one compare-and-swap, no clock, no system call
     if (error_ == EBUSY) error_ = WaitInSlices(mutex);
     if (error_ == EOWNERDEAD) {
+      // Counted first: if we die during the repair, the next owner counts our death too.
+      std::atomic_ref<std::uint32_t> repairs(attachment_.region_->lock_repairs);
+      repairs.store(repairs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       // If we die here too, the next owner gets EOWNERDEAD again and repeats: the repair is idempotent.
       RepairAfterOwnerDeath(*attachment_.region_);
       // EOWNERDEAD means we hold the lock: whatever consistent() says (it can only fail on a lock that is not

@@ -47,7 +47,10 @@ struct Region {
   std::uint64_t next_generation;
   std::uint64_t last_reap_ns;            // CLOCK_MONOTONIC (one clock per host: every process agrees)
   std::uint32_t device_count;            // entries of `devices` in use
-  std::uint32_t reserved0;
+  // How many times a locker inherited the lock from a dead owner (EOWNERDEAD) and repaired: each is a process that
+  // died inside the lock. Monitoring only, counted under the lock (read with a 4-byte atomic load). Was `reserved0`
+  // (always 0, never read): no version bump, since a build that does not count it only leaves it at 0.
+  std::uint32_t lock_repairs;
   alignas(64) unsigned char lock_storage[64];   // robust, process-shared pthread mutex
   Device devices[kMaxDevices];
   Slot slots[kMaxSlots];

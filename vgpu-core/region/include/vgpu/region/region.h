@@ -92,6 +92,8 @@ class Attachment {
 struct DeviceSnapshot {
   std::uint8_t uuid[16];
   std::uint64_t used_bytes;                 // sum of the live processes' slots (not the cached Device::used_bytes)
+  std::uint64_t cached_used_bytes;          // Device::used_bytes, what limits are enforced against: it also counts
+                                            // dead processes' slots not yet reaped (equal to used_bytes once reaped)
   std::uint64_t limit_bytes;                // as the last process that attached configured it
   std::uint64_t context_bytes;              // measured context overhead, 0 = not yet known
   std::vector<std::uint8_t> compute;        // a raw copy of Device::compute (the policy code reads it)
@@ -105,6 +107,8 @@ struct SlotSnapshot {
 
 struct Snapshot {
   std::uint32_t version = 0;
+  std::uint32_t lock_repairs = 0;           // Region::lock_repairs: processes that died holding the lock
+  std::int32_t lock_holder_tid = 0;         // the thread (host tid) holding the lock as it was read, 0 if free
   std::vector<DeviceSnapshot> devices;      // the devices in use, in the region's order
   std::vector<SlotSnapshot> live;           // slots whose process still lives
 };
