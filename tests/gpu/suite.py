@@ -538,7 +538,10 @@ class Suite:
                 log(f"5 us kernels: {result['tenant_5us']}")
                 self.save()
             if self.left() > 40:
-                result["pair_tenant"] = self.pair_tenant(sampler)
+                result["pair_tenant"] = self.pair_tenant(sampler, (30, 70))
+                self.save()
+            if self.left() > 40:
+                result["pair_tenant_30_60"] = self.pair_tenant(sampler, (30, 60))
                 self.save()
             if self.left() > 60:
                 result["pair_torch"] = self.pair_torch(sampler)
@@ -563,11 +566,11 @@ class Suite:
             if base and entry.get("kernels_per_s"):
                 entry["fraction_of_uncapped"] = rnd(entry["kernels_per_s"] / base, 4)
 
-    def pair_tenant(self, sampler) -> dict:
+    def pair_tenant(self, sampler, caps: tuple[int, int]) -> dict:
         seconds = 5
         t0 = time.time()
         procs = {cap: start([self.tenant, "--seconds", str(seconds), "--kernel-us", "1000"],
-                            env=self.shim_env(f"p{cap}", sm=cap)) for cap in (30, 70)}
+                            env=self.shim_env(f"p{cap}", sm=cap)) for cap in caps}
         pair = {}
         for cap, proc in procs.items():
             done = finish(proc, timeout=seconds + 40)
@@ -575,7 +578,8 @@ class Suite:
             pair[str(cap)] = {"busy_fraction": line.get("busy_fraction"), "kernels_per_s": line.get("kernels_per_s"),
                               "status": line.get("status")}
         pair["clocks"] = sampler.between(t0, time.time())
-        log(f"pair 30/70 vgpu-tenant 1 ms: {pair['30']['busy_fraction']} / {pair['70']['busy_fraction']}")
+        log(f"pair {caps[0]}/{caps[1]} vgpu-tenant 1 ms: {pair[str(caps[0])]['busy_fraction']} / "
+            f"{pair[str(caps[1])]['busy_fraction']}")
         return pair
 
     def pair_torch(self, sampler) -> dict:
@@ -656,7 +660,7 @@ class Suite:
                   "scenarios": {}}
         folder = os.path.join(self.tmp, "scenarios")
         os.makedirs(folder, exist_ok=True)
-        for name in ("single-tenant-30", "thirty-seventy"):
+        for name in ("single-tenant-30", "thirty-sixty", "thirty-seventy"):
             original = os.path.join(REPO, "scenarios", f"{name}.yaml")
             text = open(original).read()
             # A copy that runs on the machine's GPU, live only: gpu: real and mode: [live] in place of its own.
@@ -678,7 +682,7 @@ class Suite:
                     continue
                 keep = label == "gpu_live"
                 trace = os.path.join(self.out if keep else self.tmp, f"{name}-{label}.jsonl")
-                entry[label] = self.scenario(path, mode, trace, bool(native), keep and name == "thirty-seventy")
+                entry[label] = self.scenario(path, mode, trace, bool(native), keep and name != "single-tenant-30")
                 log(f"scenario {name} {label}: {entry[label].get('shares')} {entry[label].get('passed')}")
             shares = {label: e.get("shares") or {} for label, e in entry.items()}
             agreement = {}
@@ -980,11 +984,13 @@ def render(report: dict) -> str:
                       f"kernels/s = {pct(t5.get('30', {}).get('fraction_of_uncapped'))} of uncapped throughput", ""]
         if comp.get("pair_tenant") or comp.get("pair_torch"):
             lines += ["**Two containers side by side, capped 30 % and 70 %**", ""]
-            p = comp.get("pair_tenant")
-            if p:
-                lines.append(f"- vgpu-tenant 1 ms, 5 s: busy {pct(p['30'].get('busy_fraction'))} / "
-                             f"{pct(p['70'].get('busy_fraction'))} (sum {pct((p['30'].get('busy_fraction') or 0) + (p['70'].get('busy_fraction') or 0))}), "
-                             f"SM clock {fmt(p.get('clocks', {}).get('sm_mhz_median'), 0)} MHz")
+            for key, (a, b) in (("pair_tenant", ("30", "70")), ("pair_tenant_30_60", ("30", "60"))):
+                p = comp.get(key)
+                if p and a in p and b in p:
+                    lines.append(f"- vgpu-tenant 1 ms, 5 s, capped {a} / {b}: busy {pct(p[a].get('busy_fraction'))} / "
+                                 f"{pct(p[b].get('busy_fraction'))} (sum "
+                                 f"{pct((p[a].get('busy_fraction') or 0) + (p[b].get('busy_fraction') or 0))}), "
+                                 f"SM clock {fmt(p.get('clocks', {}).get('sm_mhz_median'), 0)} MHz")
             p = comp.get("pair_torch")
             if p:
                 base = (comp.get("torch", {}).get("mm8192", {}).get("0") or {}).get("ops_per_s")

@@ -54,6 +54,9 @@ KNOWN_GAP = ("kernels longer than a time slice are stretched by the other contai
     pytest.param(["--kernel-us", "20000", "--blocks", "132"], marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAP)),
 ], ids=["1ms", "persistent-20ms"])
 def test_two_containers_capped_30_and_70_get_30_and_70(fake_gpu, tenant_available, shim_path, kernel_args):
+    """On an ideal device (2 ms slices, free handovers) the limiter gives out the whole GPU. The calibrated device
+    cannot (handovers cost ~5 % of it): see the 30/60 test below and scenarios/thirty-seventy.yaml."""
+    ideal_device(fake_gpu)
     trace_path = fake_gpu.enable_trace()
     contain(fake_gpu, shim_path, "thirty", 30)
     low = fake_gpu.start_tenant("--seconds", "5", *kernel_args)
@@ -68,6 +71,29 @@ def test_two_containers_capped_30_and_70_get_30_and_70(fake_gpu, tenant_availabl
     assert abs(high_line["busy_fraction"] - 0.70) <= 0.03, high_line
     assert abs(shares.share(low.pid) - 0.30) <= 0.03, shares.share(low.pid)
     assert abs(shares.share(high.pid) - 0.70) <= 0.03, shares.share(high.pid)
+
+
+def test_two_containers_capped_30_and_60_on_the_calibrated_device_get_30_and_60(fake_gpu, tenant_available,
+                                                                                shim_path):
+    """The device as measured on an H100 (2.1 ms slices, 160 us handovers, fakecuda's defaults): caps that leave the
+    handovers room hold."""
+    trace_path = fake_gpu.enable_trace()
+    contain(fake_gpu, shim_path, "thirty", 30)
+    low = fake_gpu.start_tenant("--seconds", "5", "--kernel-us", "1000")
+    contain(fake_gpu, shim_path, "sixty", 60)
+    high = fake_gpu.start_tenant("--seconds", "5", "--kernel-us", "1000")
+    low_line, high_line = low.finish(timeout=60).json, high.finish(timeout=60).json
+    shares = kernel_shares(read_trace(trace_path), [low.pid, high.pid])
+    print(f"\n30/60 on the calibrated device: own {100 * low_line['busy_fraction']:.1f} / "
+          f"{100 * high_line['busy_fraction']:.1f} %, device trace {100 * shares.share(low.pid):.1f} / "
+          f"{100 * shares.share(high.pid):.1f} %")
+    assert abs(shares.share(low.pid) - 0.30) <= 0.03, shares.share(low.pid)
+    assert abs(shares.share(high.pid) - 0.60) <= 0.03, shares.share(high.pid)
+
+
+def ideal_device(fake_gpu) -> None:
+    """fakecuda with 2 ms slices and free handovers between processes, in place of the calibrated H100 figures."""
+    fake_gpu.env.update({"FAKECUDA_TIMESLICE_US": "2000", "FAKECUDA_SWITCH_US": "0"})
 
 
 def test_no_limit_leaves_a_tenant_the_whole_device(fake_gpu, tenant_available, shim_path):
@@ -143,13 +169,14 @@ def test_default_policy_lets_a_lone_container_run_free(fake_gpu, tenant_availabl
 
 
 def test_default_policy_gives_the_gpu_back_when_another_container_arrives(fake_gpu, tenant_available, shim_path):
-    """`default`: the free-running container falls to its share within a second of another container's arrival."""
+    """`default`: the free-running container falls to its share within a second of another container's arrival (a 60 %
+    one: with the lender's 30 % that leaves the calibrated device room for its handovers)."""
     trace_path = fake_gpu.enable_trace()
     contain(fake_gpu, shim_path, "lender", 30)
     fake_gpu.env["GPU_CORE_UTILIZATION_POLICY"] = "default"
     lender = fake_gpu.start_tenant("--seconds", "6", "--kernel-us", "1000")
     time.sleep(2)
-    contain(fake_gpu, shim_path, "arrival", 70)
+    contain(fake_gpu, shim_path, "arrival", 60)
     arrival = fake_gpu.start_tenant("--seconds", "3", "--kernel-us", "1000")
     arrival_result, lender_result = arrival.finish(timeout=60), lender.finish(timeout=60)
     assert arrival_result.returncode == 0 and lender_result.returncode == 0
@@ -157,10 +184,10 @@ def test_default_policy_gives_the_gpu_back_when_another_container_arrives(fake_g
     start, end = kernel_span(events, arrival_result.pid)
     lender_share = busy_between(events, lender_result.pid, start + 1_000_000_000, end)
     arrival_share = busy_between(events, arrival_result.pid, start + 1_000_000_000, end)
-    print(f"\ndefault 30 % lender, force 70 % arrival: {100 * lender_share:.1f} / {100 * arrival_share:.1f} % "
+    print(f"\ndefault 30 % lender, force 60 % arrival: {100 * lender_share:.1f} / {100 * arrival_share:.1f} % "
           f"from 1 s after the arrival")
     assert abs(lender_share - 0.30) <= 0.03, lender_share
-    assert abs(arrival_share - 0.70) <= 0.03, arrival_share
+    assert abs(arrival_share - 0.60) <= 0.03, arrival_share
 
 
 def test_one_kernel_of_many_sizes_is_held_to_its_cap(fake_gpu, tenant_available, shim_path):

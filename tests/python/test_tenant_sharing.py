@@ -53,34 +53,36 @@ def test_two_tenants_share_the_device_evenly(fake_gpu, tenant_available):
     ended_t = time.monotonic()
     utilization = poller.finish(timeout=60).json
 
-    # Their own view: device time they got over their run.
+    # Their own view: device time they got over their run. Every 2.1 ms slice is followed by a 160 us handover in
+    # which nobody runs (fakecuda's defaults, measured on an H100): 2.1 / 2.26 of the time is shared out.
     for line in lines:
-        assert 0.45 <= line["busy_fraction"] <= 0.55, f"tenant's own busy_fraction: {line}"
+        assert 0.42 <= line["busy_fraction"] <= 0.52, f"tenant's own busy_fraction: {line}"
 
     # The device's view: kernel intervals in the trace, over the time both were running.
     pids = [tenant.pid for tenant in tenants]
     shares = kernel_shares(read_trace(trace_path), pids)
     assert shares.window_ns >= 2_000_000_000, f"the tenants overlapped for only {shares.window_ns / 1e9:.2f} s"
     for pid in pids:
-        assert 0.45 <= shares.share(pid) <= 0.55, (
+        assert 0.42 <= shares.share(pid) <= 0.52, (
             f"pid {pid} had {shares.share(pid):.3f} of the device in the trace; all: "
             f"{ {p: round(shares.share(p), 3) for p in pids} }")
-    assert shares.device_busy_fraction >= 0.95, f"device idle {1 - shares.device_busy_fraction:.1%} of the time"
+    # The H100's pairs of busy processes ran 0.913 .. 0.927 of the time (tests/gpu/slice_probe.cu).
+    assert 0.90 <= shares.device_busy_fraction <= 0.95, f"device idle {1 - shares.device_busy_fraction:.1%} of the time"
     total_share = sum(shares.share(pid) for pid in pids)
     assert total_share <= 1.02, (f"kernels of different processes overlap in the trace ({total_share:.3f} of the "
                                  f"window in total) although time-slicing runs one process at a time")
 
-    # NVML's view: the device reads ~100 % while the two alternate.
+    # NVML's view: the device reads ~93 % while the two alternate (the handovers run no kernel).
     steady = [gpu for t, gpu, _ in utilization["samples"] if started_t + 1.0 <= t <= ended_t - 0.3]
     assert len(steady) >= 20, f"too few NVML samples while both ran: {steady}"
-    assert statistics.median(steady) >= 95 and min(steady) >= 85, f"NVML utilization while both ran: {steady}"
+    assert statistics.median(steady) >= 88 and min(steady) >= 80, f"NVML utilization while both ran: {steady}"
 
     # Per-process samples: each 200 ms sample names one process at ~100 % (not 50/50), and two equal tenants
     # alternate rather than one of them never being named.
     named = [sample for sample in utilization["process_samples"]
              if started_t + 0.5 <= sample["t"] <= ended_t - 0.3 and sample["pid"] in pids]
     assert {sample["pid"] for sample in named} == set(pids), f"per-process samples named only: {named}"
-    assert all(sample["sm_util"] >= 90 for sample in named), f"per-process samples: {named}"
+    assert all(sample["sm_util"] >= 85 for sample in named), f"per-process samples: {named}"
 
 
 def test_allocation_past_device_memory_fails_with_out_of_memory(fake_gpu, tenant_available):
