@@ -61,13 +61,15 @@ bool SlotHasKernelAtHead(const Machine& m, std::uint32_t device, std::uint32_t s
 // An event marker is written by its context's channel, which the GPU serves only while the context holds the
 // device: under time-slicing, a marker of a process that is not running waits for that process's turn (the real
 // GPU timestamps it then). A device that nobody is running kernels on is anyone's at once.
-// During a handover between processes no channel is served: markers wait for its end.
+// During a handover between processes no channel is served: markers wait for its end. Where handovers cost time, a
+// marker of another process than the one holding the device waits for the handover to its process, even while the
+// holder has no kernel at its head (the H100's event pairs never include a handover: docs/results-gpu.md).
 bool MarkerMayComplete(const Machine& m, std::uint32_t device, std::uint32_t slot, bool active_busy,
                        std::uint64_t t) {
   const DeviceTimeline& d = m.devices[device];
   if (m.config.mode == SchedulingMode::mps) return true;
   if (t < d.switch_until_ns) return false;
-  return d.active_slot == kNoSlot || d.active_slot == slot || !active_busy;
+  return d.active_slot == kNoSlot || d.active_slot == slot || (!active_busy && m.config.switch_ns == 0);
 }
 
 // Completes zero-time operations at stream heads (markers that may complete, open gates, satisfied waits) and
@@ -286,8 +288,9 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
   while (t < now_ns) {
     heads_are_kernels = ResolveAndGather(m, device, t, runnable);
 
-    if (runnable.kernels == 0 && runnable.count > 0) {
-      // Only markers wait, and nobody runs kernels: the device is free, they complete now.
+    if (runnable.kernels == 0 && runnable.count > 0 && (m.config.switch_ns == 0 || d.active_slot == kNoSlot)) {
+      // Only markers wait, and nobody runs kernels: the device is free, they complete now. (Where handovers cost
+      // time and the device was last another process's, the markers' process takes it over first, below.)
       d.active_slot = kNoSlot;
       d.switch_until_ns = 0;
       ResolveInstantOps(m, device, t);

@@ -503,6 +503,24 @@ TEST_F(CalibratedTimeline, AMarkerWaitsForTheHandoverToItsProcess) {
   EXPECT_EQ(OpEndNs(m(), b, marker), kStart + 2260 * kUs);
 }
 
+// Regression: the holder's work ran out while another process's event marker and kernel waited. The marker used to
+// complete at once ("nobody runs kernels"), before the handover, so that process's event pair counted the handover
+// (1.16 ms for a 1 ms kernel: live 30/60 over fakecuda gave 27/55). On the H100 a pair never includes a handover.
+TEST_F(CalibratedTimeline, AnEventPairAfterAHandoverMeasuresOnlyTheKernel) {
+  const std::uint32_t a = NewStream(NewProcess(100));
+  const std::uint32_t b = NewStream(NewProcess(200));
+  Kernels(a, kMs);
+  Advance(kStart + kMs / 2);
+  std::uint64_t before = 0, after = 0;
+  ASSERT_EQ(EnqueueMarker(m(), b, kStart + kMs / 2, &before), EnqueueResult::ok);
+  Kernels(b, kMs, 1, 1, kStart + kMs / 2);
+  ASSERT_EQ(EnqueueMarker(m(), b, kStart + kMs / 2, &after), EnqueueResult::ok);
+  Advance(kStart + 5 * kMs);
+  // A runs to 1 ms, the handover to B takes to 1.16 ms, B's kernel runs 1.16-2.16 ms.
+  EXPECT_EQ(OpEndNs(m(), b, before), kStart + 1160 * kUs);
+  EXPECT_EQ(OpEndNs(m(), b, after), kStart + 2160 * kUs);
+}
+
 TEST_F(CalibratedTimeline, TakingAnIdleDeviceCostsNothing) {
   const std::uint32_t a = NewStream(NewProcess(100));
   const std::uint32_t b = NewStream(NewProcess(200));
