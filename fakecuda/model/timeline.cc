@@ -412,6 +412,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
         op.started = 1;
       }
       op.remaining_ns -= static_cast<double>(dt) * rates[k];
+      op.ran_ns += dt;
       any_running = true;
       const std::uint32_t slot = runnable.slots[k];
       if (slot != last_slot_charged) {

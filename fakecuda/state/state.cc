@@ -393,9 +393,10 @@ class TraceListener final : public model::TimelineListener {
     char line[512];
     std::snprintf(line, sizeof line,
                   "{\"ev\":\"kernel\",\"pid\":%d,\"device\":%u,\"stream\":%u,\"name\":\"%s\",\"grid\":[%u,%u,%u],"
-                  "\"block\":[%u,%u,%u],\"queued_ns\":%" PRIu64 ",\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64 "}",
+                  "\"block\":[%u,%u,%u],\"queued_ns\":%" PRIu64 ",\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64
+                  ",\"ran_ns\":%" PRIu64 "}",
                   m.slots[m.streams[stream].slot].pid, device, stream, name, op.grid[0], op.grid[1], op.grid[2],
-                  op.block[0], op.block[1], op.block[2], op.queued_ns, op.start_ns, op.end_ns);
+                  op.block[0], op.block[1], op.block[2], op.queued_ns, op.start_ns, op.end_ns, op.ran_ns);
     TraceLine(line);
   }
 };

@@ -292,9 +292,12 @@ class KernelShares:
 def kernel_shares(events: list[dict], pids: list[int], device: int = 0) -> KernelShares:
     """Per-pid busy time from trace kernel events, clipped to the interval all pids overlap."""
     kernels_by_pid: dict[int, list[tuple[int, int]]] = {pid: [] for pid in pids}
+    ran_by_pid: dict[int, list[tuple[int, int, int]]] = {pid: [] for pid in pids}
     for event in events:
         if event.get("ev") == "kernel" and event.get("pid") in kernels_by_pid and event.get("device", 0) == device:
             kernels_by_pid[event["pid"]].append((int(event["start_ns"]), int(event["end_ns"])))
+            ran_by_pid[event["pid"]].append((int(event["start_ns"]), int(event["end_ns"]),
+                                             int(event.get("ran_ns", event["end_ns"] - event["start_ns"]))))
     for pid, kernels in kernels_by_pid.items():
         if not kernels:
             raise AssertionError(f"the trace has no kernel events of pid {pid} on device {device}")
@@ -308,6 +311,13 @@ def kernel_shares(events: list[dict], pids: list[int], device: int = 0) -> Kerne
               if end > window_start and start < window_end]
         for pid, kernels in kernels_by_pid.items()
     }
-    busy = {pid: _union_length(clipped) for pid, clipped in clipped_by_pid.items()}
-    device_busy = _union_length([interval for clipped in clipped_by_pid.values() for interval in clipped])
+    # A kernel preempted by another process's slices spans them: its span is not its device time. The time it ran
+    # (ran_ns, pro-rated to the part of its span inside the window) bounds it; the union of spans bounds a process
+    # whose streams run kernels at once.
+    ran = {pid: sum(r * (min(e, window_end) - max(s, window_start)) / (e - s) if e > s else 0
+                    for s, e, r in kernels if e > window_start and s < window_end)
+           for pid, kernels in ran_by_pid.items()}
+    busy = {pid: min(_union_length(clipped), int(ran[pid])) for pid, clipped in clipped_by_pid.items()}
+    device_busy = min(_union_length([interval for clipped in clipped_by_pid.values() for interval in clipped]),
+                      sum(busy.values()))
     return KernelShares(window_start, window_end, busy, device_busy)

@@ -75,6 +75,7 @@ struct Op {
   std::uint64_t queued_ns;
   std::uint64_t start_ns;                // valid once `started`
   std::uint64_t end_ns;                  // set when completed (markers too: event timestamps)
+  std::uint64_t ran_ns;                  // kernel: time it ran (its span less the time other processes held the device)
   std::uint32_t grid[3];
   std::uint32_t block[3];
   char name[kKernelNameBytes];
