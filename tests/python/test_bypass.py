@@ -33,3 +33,47 @@ def test_resetting_the_environment_after_start_does_not_raise_the_limit(fake_gpu
     result = fake_gpu.run_py(RAISE_THEN_ALLOCATE).json
     assert result["total"] == 1024 ** 3, result
     assert result["alloc"] == 2, f"CUDA_ERROR_OUT_OF_MEMORY expected, got {result['alloc']}"
+
+
+ALLOCATE_REWRITE_ALLOCATE = """
+import json, mmap, os, struct
+from cuda.bindings import driver as cu
+GIB = 1024 ** 3
+assert cu.cuInit(0)[0] == cu.CUresult.CUDA_SUCCESS
+err, dev = cu.cuDeviceGet(0)
+err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+cu.cuCtxSetCurrent(ctx)
+first, _ = cu.cuMemAlloc(GIB)
+_, free, total = cu.cuMemGetInfo()
+used = int(total) - int(free)
+# A hostile process of the container zeroes every figure of its usage in the region file (its own slot and the
+# container's total: the only 8-byte words that hold exactly `used`).
+zeroed = 0
+with open(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "r+b") as f:
+    m = mmap.mmap(f.fileno(), 0)
+    for offset in range(0, len(m) - 7, 8):
+        if struct.unpack_from("<Q", m, offset)[0] == used:
+            struct.pack_into("<Q", m, offset, 0)
+            zeroed += 1
+    m.close()
+second, _ = cu.cuMemAlloc(GIB)
+_, free_after, _ = cu.cuMemGetInfo()
+print(json.dumps({"first": int(first), "used": used, "zeroed": zeroed, "second": int(second),
+                  "used_after": int(total) - int(free_after)}))
+"""
+
+
+def test_writing_the_region_file_does_not_raise_the_limit(fake_gpu):
+    """A process that zeroes its usage in the region file (which every process of the container can write) and
+    allocates again stays under its limit: the shim keeps its own count and puts the file's figures back.
+    (Two processes colluding still can, for a moment: tests/region RegionTamper, docs/threat-model.md.)"""
+    shim = fake_gpu.library_dir / "libvgpu.so"
+    if not shim.exists():
+        pytest.skip(f"{shim} is not built")
+    fake_gpu.env.update({"LD_PRELOAD": str(shim), "CUDA_DEVICE_MEMORY_LIMIT": "2Gi",
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "box.region")})
+    result = fake_gpu.run_py(ALLOCATE_REWRITE_ALLOCATE).json
+    assert result["first"] == 0, result
+    assert result["zeroed"] >= 2, f"the route was not tried: the file held its usage {result['zeroed']} times"
+    assert result["second"] == 2, f"CUDA_ERROR_OUT_OF_MEMORY expected after the rewrite: {result}"
+    assert result["used_after"] == result["used"], f"the shim's view did not come back: {result}"

@@ -230,5 +230,20 @@ TEST(RegionSnapshot, RefusesAFileThatIsNotARegion) {
   EXPECT_NE(error.find("not a vgpu region"), std::string::npos) << error;
 }
 
+// A FIFO at the path (anyone who can write the folder can plant one) is refused at once: opened for reading without
+// O_NONBLOCK it would wait for a writer forever, and the monitor with it (found by tests/fuzz/fuzz_region).
+TEST(RegionSnapshot, RefusesAFifoWithoutWaitingForAWriter) {
+  test::TempFolder folder;
+  const std::string path = folder.File("region");
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  const pid_t reader = test::Spawn([&] {
+    Snapshot snapshot;
+    std::string error;
+    if (ReadSnapshot(path, snapshot, error)) return 1;
+    return error.find("not a regular file") != std::string::npos ? 0 : 2;
+  });
+  EXPECT_EQ(test::WaitExit(reader, 10s), 0) << "-1: ReadSnapshot waited on the FIFO";
+}
+
 }  // namespace
 }  // namespace vgpu::region

@@ -306,7 +306,9 @@ int ProbeLiveness(int fd, int slot) {
 }  // namespace
 
 bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO planted at the path must not hang the monitor in open() (found by tests/fuzz/fuzz_region);
+  // Validate then refuses it. It changes nothing for a regular file's pread.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     error = "cannot open " + Quoted(path) + " for reading: " + std::strerror(errno);
     return false;
@@ -555,6 +557,21 @@ bool Attachment::SlotIsOursLocked() const {
   return slot.state == SlotState::live && slot.generation == generation_;
 }
 
+// Our slot holds what this process reserved; if it says otherwise, someone rewrote it: put our figure back, and
+// move the container's total by the same difference (saturating: a total rewritten too can only be raised).
+// Requires the lock and our slot.
+void Attachment::RestoreOwnLocked(int device) {
+  Slot& slot = region_->slots[slot_.load(std::memory_order_relaxed)];
+  const std::uint64_t written = Load(slot.used_bytes[device]);
+  if (written == own_[device]) return;
+  ++tampered_;
+  Store(slot.used_bytes[device], own_[device]);
+  Device& totals = region_->devices[device];
+  const std::uint64_t total = Load(totals.used_bytes);
+  Store(totals.used_bytes, own_[device] >= written ? SaturatingAdd(total, own_[device] - written)
+                                                   : total - std::min(total, written - own_[device]));
+}
+
 bool Attachment::EnsureSlotLocked(std::uint64_t now_ns, std::string* error) {
   if (SlotIsOursLocked()) return true;
   ReapLocked(now_ns, false);
@@ -702,9 +719,13 @@ bool Attachment::Reserve(int device, std::uint64_t bytes, std::uint64_t limit_by
     const std::uint64_t used = Load(totals.used_bytes);
     return bytes <= limit_bytes && used <= limit_bytes - bytes;  // never `used + bytes`: it could wrap
   };
+  RestoreOwnLocked(device);
+  // This process alone, by its own count: no rewrite of the file can let it pass the limit.
+  if (bytes > limit_bytes || own_[device] > limit_bytes - bytes) return false;
   if (!fits() && (ReapLocked(now, true) == 0 || !fits())) return false;
   Slot& slot = region_->slots[slot_.load(std::memory_order_relaxed)];
-  const std::uint64_t own = SaturatingAdd(Load(slot.used_bytes[device]), bytes);
+  const std::uint64_t own = SaturatingAdd(own_[device], bytes);
+  own_[device] = own;
   // Slot first: it is the truth the repair recomputes the total from, so a death between the two writes
   // leaves a reservation that counts fully (and is reaped with its dead owner).
   Store(slot.used_bytes[device], own);
@@ -719,10 +740,12 @@ void Attachment::Release(int device, std::uint64_t bytes) {
   Lock lock(*this);
   // Without a slot of our own we hold nothing (a fork child before its first Reserve): nothing to give back.
   if (!lock.held() || !SlotIsOursLocked()) return;
+  RestoreOwnLocked(device);
   Slot& slot = region_->slots[slot_.load(std::memory_order_relaxed)];
-  const std::uint64_t own = Load(slot.used_bytes[device]);
+  const std::uint64_t own = own_[device];
   const std::uint64_t returned = std::min(bytes, own);
   if (returned == 0) return;
+  own_[device] = own - returned;
   Store(slot.used_bytes[device], own - returned);
   if (test_hook_ != nullptr) test_hook_(TestPoint::release_between_writes);
   Device& totals = region_->devices[device];
@@ -762,6 +785,7 @@ void Attachment::ForgetAfterFork() {
   // mapped the file through a description of its own, so only the liveness descriptor ties us to the parent.
   slot_.store(-1, std::memory_order_relaxed);
   generation_ = 0;
+  for (std::uint64_t& own : own_) own = 0;  // the parent's usage stays the parent's
   const int inherited = fd_;
   fd_ = -1;
   if (inherited < 0) return;

@@ -31,6 +31,9 @@ class Attachment {
 
   // Reserves `bytes` on `device` for this process if the container's usage stays within `limit_bytes`
   // (one atomic step under the robust lock). On refusal, reaps dead processes and tries once more.
+  // This process's own usage is also kept in its own memory: a slot found rewritten (by a container process
+  // writing the region file, docs/threat-model.md) is put back first, the container's total with it, and this
+  // process alone never passes `limit_bytes` whatever the file says.
   // `limit_bytes` is a hard cap: pass UINT64_MAX for "no limit" (0 admits nothing but zero-byte requests).
   // False also when `device` is out of range, no slot can be had, or the lock stays held by another process for
   // 10 s (fail closed).
@@ -38,6 +41,8 @@ class Attachment {
   // Gives back what Reserve took (clamped at what this process holds: never wraps).
   void Release(int device, std::uint64_t bytes);
 
+  // Times this process found its slot rewritten by someone else and put it back (docs/threat-model.md).
+  std::uint64_t TamperedCount() const { return tampered_; }
   // The container's usage on `device` (lock-free read) and this process's own.
   std::uint64_t Used(int device) const;
   std::uint64_t OwnUsed(int device) const;
@@ -75,12 +80,15 @@ class Attachment {
   bool EnsureSlotLocked(std::uint64_t now_ns, std::string* error);
   bool ClaimLocked(std::string* error);
   bool SlotIsOursLocked() const;
+  void RestoreOwnLocked(int device);
   std::uint32_t ReapLocked(std::uint64_t now_ns, bool force);
   bool ReopenLocked(std::string* error);
 
   Region* region_ = nullptr;
   int fd_ = -1;                     // our own open file description, never the mapped one: it holds our liveness lock
   std::atomic<int> slot_{-1};       // read without the lock by OwnUsed and slot()
+  std::uint64_t own_[kMaxDevices] = {};  // this process's usage per device, as it reserved and released it
+  std::uint64_t tampered_ = 0;      // times our slot was found rewritten and put back
   std::uint64_t generation_ = 0;    // the slot's generation when we claimed it
   std::uint64_t file_device_ = 0;   // st_dev and st_ino of the mapped file, to reopen the same file after fork
   std::uint64_t file_inode_ = 0;
