@@ -188,6 +188,15 @@ CUresult EnterCall(const char* symbol) {
   return static_cast<CUresult>(injected);
 }
 
+}  // namespace fakecuda::driver
+
+// The generated stubs (unimplemented_stubs.cc) ask here first, so that rules apply to every exported symbol.
+extern "C" __attribute__((visibility("hidden"))) int fakecuda_stub_fault(const char* symbol) {
+  return static_cast<int>(fakecuda::driver::EnterCall(symbol));
+}
+
+namespace fakecuda::driver {
+
 CUresult EnterInitialized(const char* symbol) {
   if (const CUresult fault = EnterCall(symbol); fault != CUDA_SUCCESS) return fault;
   Driver& d = TheDriver();
@@ -272,6 +281,7 @@ FAKECUDA_EXPORT CUresult cuDriverGetVersion(int* version) {
 }
 
 FAKECUDA_EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
+  if (const CUresult fault = EnterCall("cuGetErrorName"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (const auto& e : kErrors) {
     if (e.code == error) {
@@ -284,6 +294,7 @@ FAKECUDA_EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
 }
 
 FAKECUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
+  if (const CUresult fault = EnterCall("cuGetErrorString"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
   if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (const auto& e : kErrors) {
     if (e.code == error) {
@@ -298,6 +309,7 @@ FAKECUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
 // The export tables are private interfaces between the driver and the CUDA runtime; fakecuda does not
 // model them, so libcudart-based programs (PyTorch) do not run on it. Driver API clients do.
 FAKECUDA_EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
+  if (const CUresult fault = EnterCall("cuGetExportTable"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
   if (table != nullptr) *table = nullptr;
   (void)id;
   return CUDA_ERROR_NOT_SUPPORTED;
@@ -362,17 +374,26 @@ FAKECUDA_EXPORT CUresult cuDeviceComputeCapability(int* major, int* minor, CUdev
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice device) {
-  FAKECUDA_ENTER("cuDeviceGetUuid_v2");
+namespace {
+// cuDeviceGetUuid_v2 and cuDeviceGetUuid: one body, each entry point checked under its own name.
+CUresult DeviceGetUuidEntry(const char* symbol, CUuuid* uuid, CUdevice device) {
+  FAKECUDA_ENTER(symbol);
   std::uint32_t physical = 0;
   if (!PhysicalDevice(TheDriver(), device, physical)) return CUDA_ERROR_INVALID_DEVICE;
   if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::memcpy(uuid->bytes, Spec(TheDriver(), physical).uuid, sizeof uuid->bytes);
   return CUDA_SUCCESS;
 }
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice device) {
+  return DeviceGetUuidEntry("cuDeviceGetUuid_v2", uuid, device);
+}
 
 #undef cuDeviceGetUuid  // cuda.h maps the name to its newest version; this defines the older symbol
-FAKECUDA_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) { return cuDeviceGetUuid_v2(uuid, device); }
+FAKECUDA_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+  return DeviceGetUuidEntry("cuDeviceGetUuid", uuid, device);
+}
 
 FAKECUDA_EXPORT CUresult cuDeviceGetPCIBusId(char* bus_id, int length, CUdevice device) {
   FAKECUDA_ENTER("cuDeviceGetPCIBusId");
@@ -545,8 +566,10 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice d
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-  FAKECUDA_ENTER("cuDevicePrimaryCtxRelease_v2");
+namespace {
+// cuDevicePrimaryCtxRelease_v2 and cuDevicePrimaryCtxRelease: one body, each entry point checked under its own name.
+CUresult DevicePrimaryCtxReleaseEntry(const char* symbol, CUdevice device) {
+  FAKECUDA_ENTER(symbol);
   Driver& d = TheDriver();
   std::uint32_t physical = 0;
   if (!PhysicalDevice(d, device, physical)) return CUDA_ERROR_INVALID_DEVICE;
@@ -564,9 +587,16 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   }
   return CUDA_SUCCESS;
 }
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  return DevicePrimaryCtxReleaseEntry("cuDevicePrimaryCtxRelease_v2", device);
+}
 
 #undef cuDevicePrimaryCtxRelease  // cuda.h maps the name to its newest version; this defines the older symbol
-FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) { return cuDevicePrimaryCtxRelease_v2(device); }
+FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+  return DevicePrimaryCtxReleaseEntry("cuDevicePrimaryCtxRelease", device);
+}
 
 FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
   FAKECUDA_ENTER("cuDevicePrimaryCtxGetState");
@@ -580,8 +610,10 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned in
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flags) {
-  FAKECUDA_ENTER("cuDevicePrimaryCtxSetFlags_v2");
+namespace {
+// cuDevicePrimaryCtxSetFlags_v2 and cuDevicePrimaryCtxSetFlags: one body, each entry point checked under its own name.
+CUresult DevicePrimaryCtxSetFlagsEntry(const char* symbol, CUdevice device, unsigned int flags) {
+  FAKECUDA_ENTER(symbol);
   Driver& d = TheDriver();
   std::uint32_t physical = 0;
   if (!PhysicalDevice(d, device, physical)) return CUDA_ERROR_INVALID_DEVICE;
@@ -593,14 +625,21 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned
   if (d.primary[physical].context != nullptr) d.primary[physical].context->flags = flags;
   return CUDA_SUCCESS;
 }
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flags) {
+  return DevicePrimaryCtxSetFlagsEntry("cuDevicePrimaryCtxSetFlags_v2", device, flags);
+}
 
 #undef cuDevicePrimaryCtxSetFlags  // cuda.h maps the name to its newest version; this defines the older symbol
 FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
-  return cuDevicePrimaryCtxSetFlags_v2(device, flags);
+  return DevicePrimaryCtxSetFlagsEntry("cuDevicePrimaryCtxSetFlags", device, flags);
 }
 
-FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
-  FAKECUDA_ENTER("cuDevicePrimaryCtxReset_v2");
+namespace {
+// cuDevicePrimaryCtxReset_v2 and cuDevicePrimaryCtxReset: one body, each entry point checked under its own name.
+CUresult DevicePrimaryCtxResetEntry(const char* symbol, CUdevice device) {
+  FAKECUDA_ENTER(symbol);
   Driver& d = TheDriver();
   std::uint32_t physical = 0;
   if (!PhysicalDevice(d, device, physical)) return CUDA_ERROR_INVALID_DEVICE;
@@ -617,9 +656,16 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
   p.flags = 0;
   return CUDA_SUCCESS;
 }
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+  return DevicePrimaryCtxResetEntry("cuDevicePrimaryCtxReset_v2", device);
+}
 
 #undef cuDevicePrimaryCtxReset  // cuda.h maps the name to its newest version; this defines the older symbol
-FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) { return cuDevicePrimaryCtxReset_v2(device); }
+FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+  return DevicePrimaryCtxResetEntry("cuDevicePrimaryCtxReset", device);
+}
 
 // ---- explicit contexts and the context stack ------------------------------------------------------------
 

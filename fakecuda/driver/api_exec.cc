@@ -827,8 +827,10 @@ FAKECUDA_EXPORT CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned i
   return CreateStreamCommon(stream, flags, priority);
 }
 
-FAKECUDA_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
-  FAKECUDA_ENTER("cuStreamDestroy_v2");
+namespace {
+// cuStreamDestroy_v2 and cuStreamDestroy: one body, each entry point checked under its own name.
+CUresult StreamDestroyEntry(const char* symbol, CUstream handle) {
+  FAKECUDA_ENTER(symbol);
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Stream* s = Lookup<Stream>(d, handle, Kind::stream);
@@ -843,9 +845,16 @@ FAKECUDA_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
   delete s;
   return CUDA_SUCCESS;
 }
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
+  return StreamDestroyEntry("cuStreamDestroy_v2", handle);
+}
 
 #undef cuStreamDestroy  // cuda.h maps the name to its newest version; this defines the older symbol
-FAKECUDA_EXPORT CUresult cuStreamDestroy(CUstream handle) { return cuStreamDestroy_v2(handle); }
+FAKECUDA_EXPORT CUresult cuStreamDestroy(CUstream handle) {
+  return StreamDestroyEntry("cuStreamDestroy", handle);
+}
 
 FAKECUDA_EXPORT CUresult cuStreamQuery(CUstream stream) {
   FAKECUDA_ENTER("cuStreamQuery");
@@ -938,13 +947,22 @@ FAKECUDA_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
-  FAKECUDA_ENTER("cuEventDestroy_v2");
+namespace {
+// cuEventDestroy_v2 and cuEventDestroy: one body, each entry point checked under its own name.
+CUresult EventDestroyEntry(const char* symbol, CUevent handle) {
+  FAKECUDA_ENTER(symbol);
   return DestroyObject<Event>(handle, Kind::event, CUDA_ERROR_INVALID_HANDLE);
+}
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
+  return EventDestroyEntry("cuEventDestroy_v2", handle);
 }
 
 #undef cuEventDestroy  // cuda.h maps the name to its newest version; this defines the older symbol
-FAKECUDA_EXPORT CUresult cuEventDestroy(CUevent handle) { return cuEventDestroy_v2(handle); }
+FAKECUDA_EXPORT CUresult cuEventDestroy(CUevent handle) {
+  return EventDestroyEntry("cuEventDestroy", handle);
+}
 
 FAKECUDA_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
   FAKECUDA_ENTER("cuEventRecord");
@@ -1001,8 +1019,10 @@ FAKECUDA_EXPORT CUresult cuEventSynchronize(CUevent handle) {
   return r;
 }
 
-FAKECUDA_EXPORT CUresult cuEventElapsedTime_v2(float* milliseconds, CUevent start_handle, CUevent end_handle) {
-  FAKECUDA_ENTER("cuEventElapsedTime_v2");
+namespace {
+// cuEventElapsedTime_v2 and cuEventElapsedTime: one body, each entry point checked under its own name.
+CUresult EventElapsedTimeEntry(const char* symbol, float* milliseconds, CUevent start_handle, CUevent end_handle) {
+  FAKECUDA_ENTER(symbol);
   if (milliseconds == nullptr) return CUDA_ERROR_INVALID_HANDLE;  // observed on an H100, driver 580.159.04
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
@@ -1019,10 +1039,15 @@ FAKECUDA_EXPORT CUresult cuEventElapsedTime_v2(float* milliseconds, CUevent star
   *milliseconds = static_cast<float>((static_cast<double>(t1) - static_cast<double>(t0)) / 1e6);
   return CUDA_SUCCESS;
 }
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuEventElapsedTime_v2(float* milliseconds, CUevent start_handle, CUevent end_handle) {
+  return EventElapsedTimeEntry("cuEventElapsedTime_v2", milliseconds, start_handle, end_handle);
+}
 
 #undef cuEventElapsedTime  // cuda.h maps the name to its newest version; this defines the older symbol
 FAKECUDA_EXPORT CUresult cuEventElapsedTime(float* milliseconds, CUevent start, CUevent end) {
-  return cuEventElapsedTime_v2(milliseconds, start, end);
+  return EventElapsedTimeEntry("cuEventElapsedTime", milliseconds, start, end);
 }
 
 // ---- graphs ------------------------------------------------------------------------------------------------

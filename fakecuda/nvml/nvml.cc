@@ -10,6 +10,8 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -118,6 +120,15 @@ int ErrorCodeOf(std::string_view name) {
   return -1;
 }
 
+// glibc's own dlsym: a preloaded library may export a dlsym of its own (the vgpu shim does, and answers its hooks for
+// NVML names), which would make this library's own exports look like someone else's.
+using DlsymFunction = void* (*)(void*, const char*);
+DlsymFunction GlibcDlsym() {
+  auto found = reinterpret_cast<DlsymFunction>(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"));
+  if (found == nullptr) found = reinterpret_cast<DlsymFunction>(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5"));
+  return found != nullptr ? found : &dlsym;
+}
+
 // Whether this library exports `symbol`: asks the dynamic linker, so that nvml.map stays the one list.
 bool ExportsSymbol(std::string_view symbol) {
   Dl_info self{};
@@ -125,19 +136,183 @@ bool ExportsSymbol(std::string_view symbol) {
   void* library = dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (library == nullptr) return true;  // cannot tell: let the rule stand rather than refuse a valid one
   const std::string name(symbol);
-  void* address = dlsym(library, name.c_str());
+  void* address = GlibcDlsym()(library, name.c_str());
   Dl_info found{};
   const bool ours = address != nullptr && dladdr(address, &found) != 0 && found.dli_fbase == self.dli_fbase;
   dlclose(library);
   return ours;
 }
 
+// The getters a FAKECUDA_FAULTS `garbage` rule may spoil: each runs as usual, then its outputs are replaced with
+// absurd values drawn from the rule's generator and it returns NVML_SUCCESS (the Spoil* functions below).
+constexpr std::string_view kGarbageGetters[] = {
+    "nvmlDeviceGetCount", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetUUID", "nvmlDeviceGetIndex", "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetSamples",
+    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3"};
+
+bool GarbageCapable(std::string_view symbol) {
+  return std::find(std::begin(kGarbageGetters), std::end(kGarbageGetters), symbol) != std::end(kGarbageGetters);
+}
+
 constexpr fakecuda::faults::Library kLibrary = {"libnvidia-ml.so.1", "nvml", "NVML_ERROR_", ErrorCodeOf,
-                                                ExportsSymbol};
+                                                ExportsSymbol, GarbageCapable};
+
+// A garbage hit on this thread's current call, taken by the getter once it has run. g_garbage_armed keeps the
+// thread-local out of every call of a process that never had a garbage hit.
+std::atomic<bool> g_garbage_armed{false};
+thread_local const char* t_garbage_function = nullptr;
+thread_local fakecuda::faults::Outcome t_garbage_outcome{};
 
 // FAKECUDA_FAULTS: the first thing every exported function does, so that an injected error has no effect.
 nvmlReturn_t InjectedFault(const char* function) {
-  return static_cast<nvmlReturn_t>(fakecuda::faults::Check(function, kLibrary));
+  const fakecuda::faults::Outcome outcome = fakecuda::faults::Evaluate(function, kLibrary);
+  if (outcome.garbage) g_garbage_armed.store(true, std::memory_order_relaxed);
+  if (outcome.garbage || g_garbage_armed.load(std::memory_order_relaxed)) {
+    t_garbage_function = outcome.garbage ? function : nullptr;
+    t_garbage_outcome = outcome;
+  }
+  return static_cast<nvmlReturn_t>(outcome.error);
+}
+
+// The garbage of the current call of `function`, if a garbage rule hit it; Next() draws its values.
+class Garbage {
+ public:
+  explicit Garbage(const char* function) {
+    if (!g_garbage_armed.load(std::memory_order_relaxed) || t_garbage_function == nullptr ||
+        std::strcmp(t_garbage_function, function) != 0) {
+      return;
+    }
+    on_ = true;
+    outcome_ = t_garbage_outcome;
+    t_garbage_function = nullptr;
+  }
+  explicit operator bool() const { return on_; }
+  std::uint64_t Next() { return fakecuda::faults::GarbageValue(outcome_, ++drawn_); }
+  // Any magnitude: every bit length about equally likely (0, a few, billions, 2^63...).
+  std::uint64_t AnySize() {
+    const std::uint64_t value = Next();
+    return value >> (Next() % 64);
+  }
+  std::uint32_t Word() { return static_cast<std::uint32_t>(Next() >> 32); }
+
+ private:
+  bool on_ = false;
+  fakecuda::faults::Outcome outcome_{};
+  std::uint64_t drawn_ = 0;
+};
+
+// The "now" of NVML timestamps (wall clock, microseconds), for garbage that runs ahead of or behind it.
+unsigned long long WallClockUs() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<unsigned long long>(ts.tv_sec) * 1'000'000ull + static_cast<unsigned long long>(ts.tv_nsec) / 1000;
+}
+
+// ---- garbage: what each getter's outputs become on a hit (docs/fakecuda.md, "Fault injection") ----------
+
+nvmlReturn_t SpoilWord(const char* function, nvmlReturn_t result, unsigned int* out) {
+  Garbage garbage(function);
+  if (!garbage || out == nullptr) return result;
+  *out = garbage.Word();
+  return NVML_SUCCESS;
+}
+
+// A handle of any of the 8 slots: possibly another device, possibly one this machine does not have.
+nvmlReturn_t SpoilHandle(const char* function, nvmlReturn_t result, nvmlDevice_t* out);
+
+// Printable noise over the whole buffer, NUL-terminated at a random place, or (one hit in four) not at all.
+nvmlReturn_t SpoilString(const char* function, nvmlReturn_t result, char* out, unsigned int length) {
+  Garbage garbage(function);
+  if (!garbage || out == nullptr || length == 0) return result;
+  for (unsigned int i = 0; i < length; ++i) out[i] = static_cast<char>(0x21 + garbage.Next() % 94);
+  if (garbage.Next() % 4 != 0) out[garbage.Next() % length] = '\0';
+  return NVML_SUCCESS;
+}
+
+// used > total always; free and total of any size.
+template <typename Memory>
+nvmlReturn_t SpoilMemory(const char* function, nvmlReturn_t result, Memory* memory) {
+  Garbage garbage(function);
+  if (!garbage || memory == nullptr) return result;
+  const std::uint64_t total = garbage.AnySize() >> 1;
+  std::uint64_t used = total + 1 + (garbage.AnySize() >> 1);
+  memory->total = total;
+  memory->used = used;
+  memory->free = garbage.AnySize();
+  if constexpr (requires { memory->reserved; }) memory->reserved = garbage.AnySize();
+  return NVML_SUCCESS;
+}
+
+// Percentages far above 100 (up to 4.29e9).
+nvmlReturn_t SpoilUtilization(const char* function, nvmlReturn_t result, nvmlUtilization_t* utilization) {
+  Garbage garbage(function);
+  if (!garbage || utilization == nullptr) return result;
+  utilization->gpu = 101 + garbage.Word() % (0xFFFFFFFFu - 101);
+  utilization->memory = garbage.Word();
+  return NVML_SUCCESS;
+}
+
+// One of four kinds, drawn per hit: more samples than the buffer holds; timestamps from the future, newest first;
+// timestamps going back to before the caller's last one (or zero); a wrong value type. Values above 100 %. Never
+// writes past the `capacity` entries the caller gave.
+nvmlReturn_t SpoilSamples(const char* function, nvmlReturn_t result, unsigned long long last_seen,
+                          nvmlValueType_t* value_type, unsigned int* sample_count, nvmlSample_t* samples,
+                          unsigned int capacity) {
+  Garbage garbage(function);
+  if (!garbage || value_type == nullptr || sample_count == nullptr) return result;
+  *value_type = NVML_VALUE_TYPE_UNSIGNED_INT;
+  if (samples == nullptr) {
+    *sample_count = garbage.Word();
+    return NVML_SUCCESS;
+  }
+  const std::uint64_t kind = garbage.Next() % 4;
+  const unsigned int written = capacity == 0 ? 0 : 1 + static_cast<unsigned int>(garbage.Next() % capacity);
+  const unsigned long long now = WallClockUs();
+  for (unsigned int i = 0; i < written; ++i) {
+    unsigned long long timestamp = garbage.Next();
+    if (kind == 1) timestamp = now + 1 + (garbage.Next() >> 8) - i;                       // the future, backwards
+    if (kind == 2) timestamp = last_seen > i ? last_seen - 1 - i - garbage.Next() % (last_seen - i) : 0;  // the past
+    samples[i].timeStamp = timestamp;
+    samples[i].sampleValue.ullVal = 0;
+    samples[i].sampleValue.uiVal = 101 + garbage.Word() % (0xFFFFFFFFu - 101);
+  }
+  *sample_count = kind == 0 ? capacity + 1 + static_cast<unsigned int>(garbage.Next() % 100000) : written;
+  if (kind == 3) *value_type = static_cast<nvmlValueType_t>(1 + garbage.Next() % (NVML_VALUE_TYPE_COUNT - 1));
+  return NVML_SUCCESS;
+}
+
+// One of three kinds, drawn per hit: a count above the buffer's size; a few entries of the caller's own pid with
+// memory of any size; every byte noise. A size query (no array) gets any count. Never writes past `capacity`.
+template <typename Info>
+nvmlReturn_t SpoilProcesses(const char* function, nvmlReturn_t result, unsigned int* count, Info* infos,
+                            unsigned int capacity) {
+  Garbage garbage(function);
+  if (!garbage || count == nullptr) return result;
+  if (infos == nullptr || capacity == 0) {
+    *count = garbage.Word();
+    return NVML_SUCCESS;
+  }
+  const std::uint64_t kind = garbage.Next() % 3;
+  const unsigned int written = kind == 2 ? capacity : 1 + static_cast<unsigned int>(garbage.Next() % std::min(capacity, 4u));
+  for (unsigned int i = 0; i < written; ++i) {
+    Info info{};
+    if (kind == 2) {
+      auto* bytes = reinterpret_cast<unsigned char*>(&info);
+      for (std::size_t b = 0; b < sizeof info; ++b) bytes[b] = static_cast<unsigned char>(garbage.Next());
+    } else {
+      info.pid = garbage.Next() % 2 == 0 ? static_cast<unsigned int>(getpid()) : garbage.Word();
+      info.usedGpuMemory = garbage.AnySize();
+      if constexpr (!std::is_same_v<Info, nvmlProcessInfo_v1_t>) {
+        info.gpuInstanceId = garbage.Word();
+        info.computeInstanceId = garbage.Word();
+      }
+    }
+    infos[i] = info;
+  }
+  *count = kind == 0 ? capacity + 1 + static_cast<unsigned int>(garbage.Next() % 100000) : written;
+  return NVML_SUCCESS;
 }
 
 // The nvmlPciInfo_t of nvmlDeviceGetPciInfo (v1) and _v2: four reserved words where v3 has the 32-byte
@@ -156,6 +331,13 @@ static_assert(offsetof(nvmlPciInfo_t, busId) == sizeof(LegacyPciInfo) - sizeof(L
 
 nvmlDevice_st g_devices[model::kMaxDevices] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
 static_assert(model::kMaxDevices == 8, "g_devices lists one handle per device");
+
+nvmlReturn_t SpoilHandle(const char* function, nvmlReturn_t result, nvmlDevice_t* out) {
+  Garbage garbage(function);
+  if (!garbage || out == nullptr) return result;
+  *out = &g_devices[garbage.Next() % model::kMaxDevices];
+  return NVML_SUCCESS;
+}
 
 // nvmlInit/nvmlShutdown reference count. The attachment outlives a shutdown (the state layer keeps
 // one per process), so a call racing a shutdown still reads valid memory; it may just answer
@@ -308,7 +490,7 @@ void ForEachComputeProcess(const model::Machine& machine, std::uint32_t index, V
 // The size-query protocol of nvmlDeviceGet*RunningProcesses: with no array, or too small a one,
 // report the count needed and NVML_ERROR_INSUFFICIENT_SIZE; no processes is success with count 0.
 template <typename Info>
-nvmlReturn_t ComputeProcesses(const char* function, nvmlDevice_t device, unsigned int* count, Info* infos) {
+nvmlReturn_t ComputeProcessesAsIs(const char* function, nvmlDevice_t device, unsigned int* count, Info* infos) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
   if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;
@@ -337,6 +519,13 @@ nvmlReturn_t ComputeProcesses(const char* function, nvmlDevice_t device, unsigne
   });
   *count = written;
   return NVML_SUCCESS;
+}
+
+template <typename Info>
+nvmlReturn_t ComputeProcesses(const char* function, nvmlDevice_t device, unsigned int* count, Info* infos) {
+  const unsigned int capacity = count != nullptr ? *count : 0;
+  const nvmlReturn_t result = ComputeProcessesAsIs(function, device, count, infos);
+  return SpoilProcesses(function, result, count, infos, capacity);
 }
 
 // fakecuda models compute only: the graphics list is always empty.
@@ -380,7 +569,7 @@ nvmlReturn_t PciInfoLegacy(const char* function, nvmlDevice_t device, LegacyPciI
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t HandleByIndex(const char* function, unsigned int index, nvmlDevice_t* device) {
+nvmlReturn_t HandleByIndexAsIs(const char* function, unsigned int index, nvmlDevice_t* device) {
   state::Attachment* attachment = nullptr;
   if (const nvmlReturn_t r = Enter(function, attachment); r != NVML_SUCCESS) return r;
   if (device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -393,6 +582,10 @@ nvmlReturn_t HandleByIndex(const char* function, unsigned int index, nvmlDevice_
   }
   *device = &g_devices[index];
   return NVML_SUCCESS;
+}
+
+nvmlReturn_t HandleByIndex(const char* function, unsigned int index, nvmlDevice_t* device) {
+  return SpoilHandle(function, HandleByIndexAsIs(function, index, device), device);
 }
 
 nvmlReturn_t HandleByPciBusId(const char* function, const char* bus_id, nvmlDevice_t* device) {
@@ -514,20 +707,22 @@ NVML_EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char* name, 
 
 // ---- device enumeration ------------------------------------------------------------------------------
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* device_count) {
+namespace {
+nvmlReturn_t DeviceGetCount(const char* function, unsigned int* device_count) {
   state::Attachment* attachment = nullptr;
-  if (const nvmlReturn_t r = Enter(__func__, attachment); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = Enter(function, attachment); r != NVML_SUCCESS) return r;
   if (device_count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   *device_count = DeviceCount(*attachment);
   return NVML_SUCCESS;
 }
+}  // namespace
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* device_count) {
+  return SpoilWord(__func__, DeviceGetCount(__func__, device_count), device_count);
+}
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int* device_count) {
-  state::Attachment* attachment = nullptr;
-  if (const nvmlReturn_t r = Enter(__func__, attachment); r != NVML_SUCCESS) return r;
-  if (device_count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  *device_count = DeviceCount(*attachment);
-  return NVML_SUCCESS;
+  return SpoilWord(__func__, DeviceGetCount(__func__, device_count), device_count);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
@@ -538,9 +733,10 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevi
   return HandleByIndex(__func__, index, device);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
+namespace {
+nvmlReturn_t HandleByUuid(const char* function, const char* uuid, nvmlDevice_t* device) {
   state::Attachment* attachment = nullptr;
-  if (const nvmlReturn_t r = Enter(__func__, attachment); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = Enter(function, attachment); r != NVML_SUCCESS) return r;
   if (uuid == nullptr || device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   for (std::uint32_t index = 0; index < DeviceCount(*attachment); ++index) {
     if (strcasecmp(uuid, figures::UuidString(SpecOf(*attachment, index)).c_str()) == 0) {
@@ -549,6 +745,11 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_
     }
   }
   return NVML_ERROR_NOT_FOUND;
+}
+}  // namespace
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
+  return SpoilHandle(__func__, HandleByUuid(__func__, uuid, device), device);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* pci_bus_id, nvmlDevice_t* device) {
@@ -569,11 +770,17 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsi
   return CopyString(std::string_view(spec.name, strnlen(spec.name, sizeof spec.name)), name, length);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
+namespace {
+nvmlReturn_t DeviceUuid(const char* function, nvmlDevice_t device, char* uuid, unsigned int length) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
-  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;
   return CopyString(figures::UuidString(SpecOf(*attachment, index)), uuid, length);
+}
+}  // namespace
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
+  return SpoilString(__func__, DeviceUuid(__func__, device, uuid, length), uuid, length);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char* serial, unsigned int length) {
@@ -583,13 +790,19 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char* serial, 
   return CopyString(figures::SerialString(SpecOf(*attachment, index)), serial, length);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index_out) {
+namespace {
+nvmlReturn_t DeviceIndex(const char* function, nvmlDevice_t device, unsigned int* index_out) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
-  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;
   if (index_out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   *index_out = index;
   return NVML_SUCCESS;
+}
+}  // namespace
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index_out) {
+  return SpoilWord(__func__, DeviceIndex(__func__, device, index_out), index_out);
 }
 
 // /dev/nvidiaN: the minor number is the device's index on a machine without hidden GPUs.
@@ -704,11 +917,11 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetGridLicensableFeatures_v4(nvmlDevice_t dev
 
 // ---- memory ------------------------------------------------------------------------------------------
 
-// v1: used = reserved + every process's allocations and contexts; free = total - used.
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+namespace {
+nvmlReturn_t MemoryInfoV1(const char* function, nvmlDevice_t device, nvmlMemory_t* memory) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
-  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   const model::DeviceSpec& spec = SpecOf(*attachment, index);
   LiveDevice live(*attachment, index);
@@ -720,15 +933,14 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
   return NVML_SUCCESS;
 }
 
-// v2: reserved on its own, used = allocations and contexts only; free is the same as v1's.
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+nvmlReturn_t MemoryInfoV2(const char* function, nvmlDevice_t device, nvmlMemory_v2_t* memory) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
-  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   if (memory->version != nvmlMemory_v2) {
     if (state::LogLevel() >= 2) {
-      state::LogError("%s: memory->version is %#x; accepted: nvmlMemory_v2 (%#x)", __func__, memory->version,
+      state::LogError("%s: memory->version is %#x; accepted: nvmlMemory_v2 (%#x)", function, memory->version,
                       static_cast<unsigned int>(nvmlMemory_v2));
     }
     // Observed on an H100, driver 580.159.04: not ARGUMENT_VERSION_MISMATCH as documented.
@@ -745,29 +957,47 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
   memory->free = total - reserved - used;
   return NVML_SUCCESS;
 }
+}  // namespace
+
+// v1: used = reserved + every process's allocations and contexts; free = total - used.
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+  return SpoilMemory(__func__, MemoryInfoV1(__func__, device, memory), memory);
+}
+
+// v2: reserved on its own, used = allocations and contexts only; free is the same as v1's.
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+  return SpoilMemory(__func__, MemoryInfoV2(__func__, device, memory), memory);
+}
 
 // ---- utilization -------------------------------------------------------------------------------------
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization) {
+namespace {
+nvmlReturn_t UtilizationRates(const char* function, nvmlDevice_t device, nvmlUtilization_t* utilization) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
-  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;
   if (utilization == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   LiveDevice live(*attachment, index);
   utilization->gpu = live.utilization_percent();
   utilization->memory = 0;  // the model has no memory traffic
   return NVML_SUCCESS;
 }
+}  // namespace
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization) {
+  return SpoilUtilization(__func__, UtilizationRates(__func__, device, utilization), utilization);
+}
 
 // The device's utilization samples (NVML_GPU_UTILIZATION_SAMPLES only): one per closed window, percent busy over
 // the window that ends at its timestamp (CPU time, microseconds), visible once published, oldest first. The other
 // sampling types are not modelled.
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
-                                              unsigned long long last_seen_timestamp, nvmlValueType_t* value_type,
-                                              unsigned int* sample_count, nvmlSample_t* samples) {
+namespace {
+nvmlReturn_t Samples(const char* function, nvmlDevice_t device, nvmlSamplingType_t type,
+                     unsigned long long last_seen_timestamp, nvmlValueType_t* value_type, unsigned int* sample_count,
+                     nvmlSample_t* samples) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
-  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;
   if (value_type == nullptr || sample_count == nullptr || type >= NVML_SAMPLINGTYPE_COUNT) {
     return NVML_ERROR_INVALID_ARGUMENT;
   }
@@ -794,6 +1024,15 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingT
   }
   *sample_count = written;
   return written == 0 ? NVML_ERROR_NOT_FOUND : NVML_SUCCESS;
+}
+}  // namespace
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
+                                              unsigned long long last_seen_timestamp, nvmlValueType_t* value_type,
+                                              unsigned int* sample_count, nvmlSample_t* samples) {
+  const unsigned int capacity = sample_count != nullptr ? *sample_count : 0;
+  const nvmlReturn_t result = Samples(__func__, device, type, last_seen_timestamp, value_type, sample_count, samples);
+  return SpoilSamples(__func__, result, last_seen_timestamp, value_type, sample_count, samples, capacity);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,

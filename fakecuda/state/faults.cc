@@ -1,6 +1,10 @@
 // Fault injection: parsing FAKECUDA_FAULTS/FAKECUDA_SEED, the seeded generator, and the per-call check.
 #include "fakecuda/state/faults.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -14,6 +18,7 @@ namespace fakecuda::faults {
 namespace {
 
 constexpr std::uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ull;  // SplitMix64's increment
+constexpr std::uint64_t kGarbageSalt = 0x6761726261676521ull;  // "garbage!": garbage values draw apart from hits
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\n' || s.front() == '\r')) {
@@ -71,8 +76,9 @@ std::string RuleName(std::size_t number, std::string_view text) {
 }
 
 constexpr const char* kFormat =
-    "accepted: CALL:error=NAME[:prob=P][:after=N][:count=N][:delay_us=U] or CALL:delay_us=U, "
-    "rules separated by ';'";
+    "accepted: CALL:error=NAME[:prob=P][:after=N][:count=N][:delay_us=U], CALL:delay_us=U or "
+    "CALL:garbage[:prob=P][:after=N][:count=N][:delay_us=U], rules separated by ';'";
+constexpr const char* kKeys = "accepted keys: error, prob, after, count, delay_us, and the flag garbage";
 
 // Parses one non-empty rule; `number` is 1-based among the non-empty rules.
 bool ParseRule(std::string_view text, std::size_t number, Rule& rule, std::string& error) {
@@ -92,14 +98,25 @@ bool ParseRule(std::string_view text, std::size_t number, Rule& rule, std::strin
   }
   rule.symbol = std::string(call);
   bool seen_error = false, seen_prob = false, seen_after = false, seen_count = false, seen_delay = false;
+  bool seen_garbage = false;
   std::string_view rest = first_colon == std::string_view::npos ? std::string_view{} : text.substr(first_colon + 1);
   while (first_colon != std::string_view::npos) {
     const auto colon = rest.find(':');
     const std::string_view field = Trim(rest.substr(0, colon));
     const auto equals = field.find('=');
+    if (equals == std::string_view::npos && field == "garbage") {
+      if (seen_garbage) {
+        error = name + ": key 'garbage' is given twice (each key at most once per rule)";
+        return false;
+      }
+      seen_garbage = true;
+      rule.garbage = true;
+      if (colon == std::string_view::npos) break;
+      rest = rest.substr(colon + 1);
+      continue;
+    }
     if (equals == std::string_view::npos) {
-      error = name + ": field '" + std::string(field) + "' is not key=value (accepted keys: error, prob, after, " +
-              "count, delay_us)";
+      error = name + ": field '" + std::string(field) + "' is not key=value (" + kKeys + ")";
       return false;
     }
     const std::string_view key = Trim(field.substr(0, equals));
@@ -144,7 +161,7 @@ bool ParseRule(std::string_view text, std::size_t number, Rule& rule, std::strin
         return false;
       }
     } else {
-      error = name + ": unknown key '" + std::string(key) + "' (accepted: error, prob, after, count, delay_us)";
+      error = name + ": unknown key '" + std::string(key) + "' (" + kKeys + ")";
       return false;
     }
     if (*seen) {
@@ -155,8 +172,13 @@ bool ParseRule(std::string_view text, std::size_t number, Rule& rule, std::strin
     if (colon == std::string_view::npos) break;
     rest = rest.substr(colon + 1);
   }
-  if (rule.error.empty() && rule.delay_us == 0) {
-    error = name + ": the rule does nothing; give error=NAME and/or delay_us=U above 0 (" + kFormat + ")";
+  if (rule.garbage && !rule.error.empty()) {
+    error = name + ": garbage and error=" + rule.error + " contradict each other (garbage makes the call succeed " +
+            "with absurd outputs; error makes it fail): give one of them";
+    return false;
+  }
+  if (rule.error.empty() && rule.delay_us == 0 && !rule.garbage) {
+    error = name + ": the rule does nothing; give error=NAME, garbage, and/or delay_us=U above 0 (" + kFormat + ")";
     return false;
   }
   return true;
@@ -229,6 +251,7 @@ bool Injector::Configure(const std::vector<Rule>& rules, std::uint64_t seed, con
     const bool wildcard = rule.symbol == "*";
     const bool ours_by_symbol = !wildcard && StartsWith(rule.symbol, library.symbol_prefix);
     const bool ours_by_error = StartsWith(rule.error, library.error_prefix);
+    if (wildcard && rule.garbage && library.garbage_capable == nullptr) continue;  // no getter here to spoil
     if (wildcard ? !(rule.error.empty() || ours_by_error) : !ours_by_symbol) continue;  // the other library's
     int code = 0;
     if (!rule.error.empty()) {
@@ -249,6 +272,14 @@ bool Injector::Configure(const std::vector<Rule>& rules, std::uint64_t seed, con
               " exports (accepted: an exported symbol name, e.g. " + library.symbol_prefix + "Init, or '*')";
       return false;
     }
+    if (rule.garbage && !wildcard && (library.garbage_capable == nullptr || !library.garbage_capable(rule.symbol))) {
+      error = name + ": CALL='" + rule.symbol + "' cannot return garbage: " +
+              (library.garbage_capable == nullptr ? std::string(library.name) + " has no getter that does"
+                                                  : "it is not one of " + std::string(library.name) +
+                                                        "'s getters that do") +
+              " (accepted: the NVML getters listed in docs/fakecuda.md, 'Fault injection', or '*')";
+      return false;
+    }
     // The n-th rule with the same CALL hashes "CALL#n", so that duplicate rules draw independently.
     std::size_t same_call = 1;
     for (std::size_t j = 0; j < i; ++j) same_call += rules[j].symbol == rule.symbol ? 1 : 0;
@@ -257,7 +288,11 @@ bool Injector::Configure(const std::vector<Rule>& rules, std::uint64_t seed, con
     Active& active = rules_[kept++];
     std::memset(active.symbol, 0, sizeof active.symbol);
     std::memcpy(active.symbol, rule.symbol.data(), std::min(rule.symbol.size(), kMaxSymbolBytes - 1));
+    std::memset(active.error_name, 0, sizeof active.error_name);
+    std::memcpy(active.error_name, rule.error.data(), std::min(rule.error.size(), kMaxErrorNameBytes - 1));
+    active.number = i + 1;
     active.wildcard = wildcard;
+    active.garbage = rule.garbage;
     active.error_code = code;
     active.probability = rule.probability;
     active.after = rule.after;
@@ -268,15 +303,19 @@ bool Injector::Configure(const std::vector<Rule>& rules, std::uint64_t seed, con
     active.hits.store(0, std::memory_order_relaxed);
   }
   rule_count_ = kept;
+  garbage_capable_ = library.garbage_capable;
   injected_.store(0, std::memory_order_relaxed);
   return true;
 }
 
-int Injector::Check(const char* symbol) {
-  if (symbol == nullptr) return 0;
+Outcome Injector::Evaluate(const char* symbol) {
+  Outcome outcome;
+  if (symbol == nullptr) return outcome;
   for (std::size_t i = 0; i < rule_count_; ++i) {
     Active& rule = rules_[i];
     if (!rule.wildcard && std::strcmp(rule.symbol, symbol) != 0) continue;
+    // A '*' garbage rule matches only the calls that can return garbage (the others do not count).
+    if (rule.wildcard && rule.garbage && (garbage_capable_ == nullptr || !garbage_capable_(symbol))) continue;
     const std::uint64_t call = rule.calls.fetch_add(1, std::memory_order_relaxed) + 1;
     if (call <= rule.after) continue;
     if (UnitInterval(SplitMix64At(rule.generator_start, call)) >= rule.probability) continue;
@@ -287,10 +326,19 @@ int Injector::Check(const char* symbol) {
     } while (!rule.hits.compare_exchange_weak(hits, hits + 1, std::memory_order_relaxed));
     if (hits >= rule.count) continue;
     injected_.fetch_add(1, std::memory_order_relaxed);
+    if (on_hit_ != nullptr) on_hit_(Hit{symbol, rule.number, call, rule.error_name, rule.delay_us, rule.garbage});
     if (rule.delay_us > 0) state::SleepNs(rule.delay_us * 1000);
-    if (rule.error_code != 0) return rule.error_code;
+    if (rule.error_code != 0) {
+      outcome.error = rule.error_code;
+      outcome.garbage = false;
+      return outcome;
+    }
+    if (rule.garbage) {
+      outcome.garbage = true;
+      outcome.garbage_seed = Mix(rule.generator_start ^ kGarbageSalt) ^ call;
+    }
   }
-  return 0;
+  return outcome;
 }
 
 // ---- the process-wide injector -------------------------------------------------------------------------
@@ -303,6 +351,27 @@ constinit Injector g_injector;
 constinit std::atomic<std::uint32_t> g_status{kUnread};
 constinit std::once_flag g_once;
 constinit char g_error[1024] = {};
+constinit char g_log_path[4096] = {};
+constinit const char* g_library_name = "";
+
+// Appends one JSON line per hit to FAKECUDA_FAULT_LOG (O_APPEND: lines of concurrent processes do not mix).
+void RecordHit(const Hit& hit) {
+  char line[512];
+  const int length = std::snprintf(
+      line, sizeof line,
+      "{\"pid\":%d,\"library\":\"%s\",\"call\":\"%s\",\"rule\":%zu,\"n\":%llu,\"error\":\"%s\",\"delay_us\":%llu,"
+      "\"garbage\":%s}\n",
+      static_cast<int>(getpid()), g_library_name, hit.symbol, hit.rule, static_cast<unsigned long long>(hit.call),
+      hit.error, static_cast<unsigned long long>(hit.delay_us), hit.garbage ? "true" : "false");
+  if (length <= 0 || static_cast<std::size_t>(length) >= sizeof line) return;
+  const int fd = open(g_log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  ssize_t written = 0;
+  do {
+    written = write(fd, line, static_cast<std::size_t>(length));
+  } while (written < 0 && errno == EINTR);
+  close(fd);
+}
 
 void ReadEnvironment(const Library& library) {
   std::string error;
@@ -313,6 +382,17 @@ void ReadEnvironment(const Library& library) {
   bool ok = faults == nullptr || ParseRules(faults, rules, error);
   if (ok && seed_text != nullptr && *seed_text != '\0') ok = ParseSeed(seed_text, seed, error);
   if (ok) ok = g_injector.Configure(rules, seed, library, error);
+  const char* log_path = std::getenv("FAKECUDA_FAULT_LOG");
+  if (ok && log_path != nullptr && *log_path != '\0') {
+    if (std::strlen(log_path) >= sizeof g_log_path) {
+      error = "FAKECUDA_FAULT_LOG is longer than " + std::to_string(sizeof g_log_path - 1) + " characters";
+      ok = false;
+    } else {
+      std::snprintf(g_log_path, sizeof g_log_path, "%s", log_path);
+      g_library_name = library.name;
+      g_injector.set_on_hit(&RecordHit);
+    }
+  }
   if (!ok) {
     std::snprintf(g_error, sizeof g_error, "%s", error.c_str());
     state::LogError("%s: %s; %s will not initialize", library.name, g_error, library.name);
@@ -348,6 +428,12 @@ int Check(const char* symbol, const Library& library) {
   if (g_status.load(std::memory_order_relaxed) == kNoRules) return 0;  // the common case: one load
   if (EnsureRead(library) != kRules) return 0;
   return g_injector.Check(symbol);
+}
+
+Outcome Evaluate(const char* symbol, const Library& library) {
+  if (g_status.load(std::memory_order_relaxed) == kNoRules) return Outcome{};
+  if (EnsureRead(library) != kRules) return Outcome{};
+  return g_injector.Evaluate(symbol);
 }
 
 std::uint64_t InjectedCount() { return g_injector.injected(); }

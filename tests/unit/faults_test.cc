@@ -1,5 +1,6 @@
 // Unit tests of fault injection (fakecuda/state/faults.h): rule parsing, the seeded generator, the per-call
-// check (probability, after/count, delay, '*'), and the process-wide injector read from the environment.
+// check (probability, after/count, delay, garbage, '*'), the record of hits, and the process-wide injector read from
+// the environment.
 //
 // CMake for tests/unit/CMakeLists.txt:
 //   add_executable(faults_test faults_test.cc)
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <cstdio>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,8 +43,12 @@ bool CudaExports(std::string_view symbol) {
   return symbol == "cuInit" || symbol == "cuMemAlloc_v2" || symbol == "cuLaunchKernel";
 }
 
-constexpr Library kCuda{"libcuda.so.1", "cu", "CUDA_ERROR_", CudaErrorCode, CudaExports};
-constexpr Library kNvml{"libnvidia-ml.so.1", "nvml", "NVML_ERROR_", NvmlErrorCode, nullptr};
+bool NvmlGarbageCapable(std::string_view symbol) {
+  return symbol == "nvmlDeviceGetIndex" || symbol == "nvmlDeviceGetMemoryInfo";
+}
+
+constexpr Library kCuda{"libcuda.so.1", "cu", "CUDA_ERROR_", CudaErrorCode, CudaExports, nullptr};
+constexpr Library kNvml{"libnvidia-ml.so.1", "nvml", "NVML_ERROR_", NvmlErrorCode, nullptr, NvmlGarbageCapable};
 
 std::vector<Rule> Parse(std::string_view text) {
   std::vector<Rule> rules;
@@ -115,6 +121,20 @@ TEST(ParseRules, EmptyTextAndEmptyRulesAreNoRules) {
   EXPECT_EQ(Parse(";cuInit:error=CUDA_ERROR_UNKNOWN;;").size(), 1u);
 }
 
+TEST(ParseRules, GarbageIsAFlagThatCombinesWithEveryKeyButError) {
+  const auto rules = Parse("nvmlDeviceGetSamples:garbage:prob=0.5:after=2:count=3:delay_us=7; nvmlDeviceGetIndex : garbage ");
+  ASSERT_EQ(rules.size(), 2u);
+  EXPECT_TRUE(rules[0].garbage);
+  EXPECT_EQ(rules[0].error, "");
+  EXPECT_DOUBLE_EQ(rules[0].probability, 0.5);
+  EXPECT_EQ(rules[0].after, 2u);
+  EXPECT_EQ(rules[0].count, 3u);
+  EXPECT_EQ(rules[0].delay_us, 7u);
+  EXPECT_TRUE(rules[1].garbage);
+  EXPECT_EQ(rules[1].symbol, "nvmlDeviceGetIndex");
+  EXPECT_FALSE(Parse("cuInit:error=CUDA_ERROR_UNKNOWN")[0].garbage);
+}
+
 TEST(ParseRules, LimitsAreAccepted) {
   const auto rules = Parse("cuInit:error=CUDA_ERROR_UNKNOWN:after=1000000000000000:count=1000000000000000:"
                            "delay_us=10000000");
@@ -148,7 +168,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadRule{"cuInit:error=CUDA_ERROR_UNKNOWN;cuInit:prob", {"rule 2 'cuInit:prob'", "field 'prob'", "key=value"}},
         BadRule{"cuInit:", {"rule 1 'cuInit:'", "field ''", "key=value"}},
         BadRule{"cuInit:errno=CUDA_ERROR_UNKNOWN",
-                {"rule 1", "unknown key 'errno'", "accepted: error, prob, after, count, delay_us"}},
+                {"rule 1", "unknown key 'errno'", "accepted keys: error, prob, after, count, delay_us, and the flag garbage"}},
+        BadRule{"nvmlDeviceGetIndex:garbage=1", {"rule 1", "unknown key 'garbage'", "the flag garbage"}},
+        BadRule{"nvmlDeviceGetIndex:garbage:garbage", {"key 'garbage' is given twice"}},
+        BadRule{"nvmlDeviceGetIndex:garbage:error=NVML_ERROR_UNKNOWN",
+                {"rule 1", "garbage and error=NVML_ERROR_UNKNOWN contradict each other"}},
+        BadRule{"nvmlDeviceGetIndex:prob=0.5:count=2", {"does nothing", "garbage"}},
         BadRule{"cuInit:error=cuda_error_unknown",
                 {"rule 1", "error='cuda_error_unknown'", "CUDA_ERROR_* or NVML_ERROR_*"}},
         BadRule{"cuInit:error=ENOMEM", {"error='ENOMEM'", "CUDA_ERROR_* or NVML_ERROR_*"}},
@@ -240,6 +265,32 @@ TEST(Configure, KeepsOnlyTheRulesOfItsLibrary) {
   EXPECT_EQ(nvml.rule_count(), 3u);  // nvmlInit_v2, * with an NVML error, * delay
   EXPECT_EQ(nvml.Check("nvmlDeviceGetCount_v2"), 10);
   EXPECT_EQ(cuda.Check("cuDeviceGet"), 999);
+}
+
+TEST(Configure, GarbageOnlyOnTheGettersThatCanReturnIt) {
+  Injector injector;
+  std::string error;
+  EXPECT_FALSE(injector.Configure(Parse("nvmlDeviceGetName:garbage"), 1, kNvml, error));
+  EXPECT_NE(error.find("CALL='nvmlDeviceGetName' cannot return garbage"), std::string::npos) << error;
+  EXPECT_NE(error.find("not one of libnvidia-ml.so.1's getters"), std::string::npos) << error;
+  error.clear();
+  EXPECT_FALSE(injector.Configure(Parse("cuMemAlloc_v2:garbage"), 1, kCuda, error));
+  EXPECT_NE(error.find("CALL='cuMemAlloc_v2' cannot return garbage: libcuda.so.1 has no getter that does"),
+            std::string::npos)
+      << error;
+  error.clear();
+  EXPECT_TRUE(injector.Configure(Parse("nvmlDeviceGetIndex:garbage"), 1, kNvml, error)) << error;
+  EXPECT_EQ(injector.rule_count(), 1u);
+}
+
+TEST(Configure, AWildcardGarbageRuleBelongsToTheLibraryWithGetters) {
+  const auto rules = Parse("*:garbage");
+  Injector cuda, nvml;
+  std::string error;
+  ASSERT_TRUE(cuda.Configure(rules, 1, kCuda, error)) << error;
+  ASSERT_TRUE(nvml.Configure(rules, 1, kNvml, error)) << error;
+  EXPECT_EQ(cuda.rule_count(), 0u);
+  EXPECT_EQ(nvml.rule_count(), 1u);
 }
 
 // ---- the generator -------------------------------------------------------------------------------------------
@@ -380,6 +431,77 @@ TEST(Check, TheFirstErroringRuleEndsTheCheck) {
   EXPECT_EQ(injector.Check("cuInit"), 0);
 }
 
+TEST(Evaluate, AGarbageHitSucceedsWithAnOutcomeOfItsOwn) {
+  Injector injector;
+  Configure(injector, "nvmlDeviceGetIndex:garbage:after=1:count=2", 5, kNvml);
+  std::vector<Outcome> outcomes;
+  for (int i = 0; i < 4; ++i) outcomes.push_back(injector.Evaluate("nvmlDeviceGetIndex"));
+  EXPECT_FALSE(outcomes[0].garbage);
+  EXPECT_TRUE(outcomes[1].garbage);
+  EXPECT_TRUE(outcomes[2].garbage);
+  EXPECT_FALSE(outcomes[3].garbage);
+  for (const Outcome& outcome : outcomes) EXPECT_EQ(outcome.error, 0);
+  EXPECT_NE(outcomes[1].garbage_seed, outcomes[2].garbage_seed);  // each hit its own values
+  EXPECT_NE(GarbageValue(outcomes[1], 1), GarbageValue(outcomes[1], 2));
+  EXPECT_EQ(injector.Check("nvmlDeviceGetMemoryInfo"), 0);  // another getter: not this rule's
+  EXPECT_EQ(injector.injected(), 2u);
+}
+
+TEST(Evaluate, GarbageRepeatsFromTheSeed) {
+  auto seeds = [](std::uint64_t seed) {
+    Injector injector;
+    Configure(injector, "nvmlDeviceGetMemoryInfo:garbage:prob=0.5", seed, kNvml);
+    std::vector<std::uint64_t> values;
+    for (int i = 0; i < 200; ++i) {
+      const Outcome outcome = injector.Evaluate("nvmlDeviceGetMemoryInfo");
+      values.push_back(outcome.garbage ? GarbageValue(outcome, 1) : 0);
+    }
+    return values;
+  };
+  EXPECT_EQ(seeds(9), seeds(9));
+  EXPECT_NE(seeds(9), seeds(10));
+}
+
+TEST(Evaluate, AnErrorOfALaterRuleWinsOverGarbage) {
+  Injector injector;
+  Configure(injector, "nvmlDeviceGetIndex:garbage;nvmlDeviceGetIndex:error=NVML_ERROR_TIMEOUT:count=1", 1, kNvml);
+  const Outcome first = injector.Evaluate("nvmlDeviceGetIndex");
+  EXPECT_EQ(first.error, 10);
+  EXPECT_FALSE(first.garbage);
+  const Outcome second = injector.Evaluate("nvmlDeviceGetIndex");
+  EXPECT_EQ(second.error, 0);
+  EXPECT_TRUE(second.garbage);
+}
+
+TEST(Evaluate, AWildcardGarbageRuleCountsOnlyTheGetters) {
+  Injector injector;
+  Configure(injector, "*:garbage:after=1", 1, kNvml);
+  EXPECT_FALSE(injector.Evaluate("nvmlInit_v2").garbage);           // not a getter: not counted
+  EXPECT_FALSE(injector.Evaluate("nvmlDeviceGetIndex").garbage);    // the first getter call: left alone
+  EXPECT_FALSE(injector.Evaluate("nvmlShutdown").garbage);
+  EXPECT_TRUE(injector.Evaluate("nvmlDeviceGetMemoryInfo").garbage);
+}
+
+std::vector<std::string> g_recorded;
+void RecordForTest(const Hit& hit) {
+  g_recorded.push_back(std::string(hit.symbol) + " rule " + std::to_string(hit.rule) + " call " +
+                       std::to_string(hit.call) + " error '" + hit.error + "' delay " + std::to_string(hit.delay_us) +
+                       (hit.garbage ? " garbage" : ""));
+}
+
+TEST(Evaluate, EveryHitIsReportedWithItsRuleAndCallNumber) {
+  g_recorded.clear();
+  Injector injector;
+  Configure(injector, "cuInit:delay_us=1:after=1:count=1;cuMemAlloc_v2:error=CUDA_ERROR_OUT_OF_MEMORY:after=2", 1);
+  injector.set_on_hit(&RecordForTest);
+  for (int i = 0; i < 3; ++i) {
+    injector.Check("cuInit");
+    injector.Check("cuMemAlloc_v2");
+  }
+  EXPECT_EQ(g_recorded, (std::vector<std::string>{"cuInit rule 1 call 2 error '' delay 1",
+                                                  "cuMemAlloc_v2 rule 2 call 3 error 'CUDA_ERROR_OUT_OF_MEMORY' delay 0"}));
+}
+
 TEST(Check, ProbabilityZeroNeverHits) {
   const auto hits = HitSequence("cuInit:error=CUDA_ERROR_UNKNOWN:prob=0", 1, "cuInit", 10000);
   EXPECT_EQ(std::count(hits.begin(), hits.end(), true), 0);
@@ -436,6 +558,33 @@ TEST(ProcessWide, ABadSeedFailsConfigured) {
         exit(!Configured(kCuda, error) && error.find("FAKECUDA_SEED='seven'") != std::string::npos ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "FAKECUDA_SEED='seven'");
+}
+
+TEST(ProcessWide, TheFaultLogHasOneLinePerHit) {
+  const std::string path = ::testing::TempDir() + "faults_test_log_" + std::to_string(getpid()) + ".jsonl";
+  std::remove(path.c_str());
+  EXPECT_EXIT(
+      {
+        setenv("FAKECUDA_FAULTS", "cuMemAlloc_v2:error=CUDA_ERROR_OUT_OF_MEMORY:after=1:count=2", 1);
+        setenv("FAKECUDA_FAULT_LOG", path.c_str(), 1);
+        for (int i = 0; i < 5; ++i) Check("cuMemAlloc_v2", kCuda);
+        exit(InjectedCount() == 2 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  ASSERT_NE(file, nullptr) << path;
+  std::vector<std::string> lines;
+  char buffer[1024];
+  while (std::fgets(buffer, sizeof buffer, file) != nullptr) lines.emplace_back(buffer);
+  std::fclose(file);
+  std::remove(path.c_str());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("\"library\":\"libcuda.so.1\",\"call\":\"cuMemAlloc_v2\",\"rule\":1,\"n\":2,"
+                          "\"error\":\"CUDA_ERROR_OUT_OF_MEMORY\",\"delay_us\":0,\"garbage\":false}"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[1].find("\"n\":3,"), std::string::npos) << lines[1];
+  EXPECT_EQ(lines[0].rfind("{\"pid\":", 0), 0u) << lines[0];
 }
 
 TEST(ProcessWide, CountersContinueInAForkChild) {

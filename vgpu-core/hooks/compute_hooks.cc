@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "shim.h"
@@ -23,7 +24,15 @@ constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then about one launch per
 constexpr std::uint64_t kMeasureSpacingNs = 250'000;
 constexpr std::uint64_t kObserveOthersEveryNs = 100'000'000;
 constexpr std::uint64_t kCompletionPollNs = 200'000;
+// A launch asks the driver about measured launches at most this often (each cuEventQuery is a driver call, ~0.3 us
+// on an H100: a few percent of a small launch), or when this many wait to be settled, or while it waits for them.
+constexpr std::uint64_t kSettleEveryNs = 50'000;
+constexpr std::size_t kSettleBacklog = 16;
 constexpr std::uint64_t kMaxCompletionWaitNs = 200'000'000;
+// `default`: without a reading of the others' use for this long, the GPU is no longer known to be free.
+constexpr std::uint64_t kStaleReadingNs = 1'000'000'000;
+// NVML sample timestamps further ahead of the wall clock than this are not readings but garbage.
+constexpr unsigned long long kFutureSampleUs = 1'000'000;
 
 std::uint64_t NowNs() {
   struct timespec ts {};
@@ -45,6 +54,13 @@ struct Pending {
   CUevent start;
   CUevent end;
   CUcontext context;
+  std::uint64_t launched_ns;  // just before the launch call: the kernel cannot have started earlier
+};
+
+struct KernelKeyHash {
+  std::size_t operator()(const policy::KernelKey& key) const {
+    return std::hash<const void*>()(key.function) ^ (key.shape * 0x9e3779b97f4a7c15ull);
+  }
 };
 
 // One per device ordinal this process launches on.
@@ -58,21 +74,31 @@ struct DeviceLimiter {
     std::uint32_t launches = 0;
   };
   std::unordered_map<const void*, Sampling> sampling;  // per function: which launches are measured
+  // Kernels whose events have measured them at least once. Until then a kernel's cost is unknown: each launch is
+  // measured, and one that cannot be is not made (docs/compute-limit.md).
+  std::unordered_set<policy::KernelKey, KernelKeyHash> measured;
   std::atomic<std::uint64_t> last_observed_ns{0};
+  std::atomic<std::uint64_t> last_reading_ns{0};  // `default`: the last time OthersBusy gave a reading
+  std::atomic<std::uint64_t> held_blind_ns{0};    // `default`: when the container was last held for want of readings
   bool lend = false;
+  std::uint64_t next_settle_ns = 0;  // under `mutex`: see kSettleEveryNs
 };
 
 DeviceLimiter g_devices[policy::kMaxDevices];
 std::once_flag g_device_once[policy::kMaxDevices];
 
-DeviceLimiter* LimiterFor(int ordinal) {
+// The limiter of a device; null where the device has no compute limit (`error` CUDA_SUCCESS) or where it has one
+// but cannot be named in the region (`error` the driver's error: the launch must then not run unadmitted).
+DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
+  error = CUDA_SUCCESS;
   if (ordinal < 0 || ordinal >= policy::kMaxDevices) return nullptr;
   Shim& shim = TheShim();
   const std::uint32_t percent = shim.config.sm_limit_percent[static_cast<std::size_t>(ordinal)];
   const bool disabled = shim.config.policy == policy::ComputePolicy::disable;
   if (percent == 0 && !disabled) return nullptr;  // no compute limit on this device
-  const int device = RegionDevice(ordinal);
+  const int device = RegionDevice(ordinal, &error);
   if (device < 0) return nullptr;
+  error = CUDA_SUCCESS;
   DeviceLimiter& d = g_devices[ordinal];
   std::call_once(g_device_once[ordinal], [&] {
     auto* cell = static_cast<policy::BudgetCell*>(shim.region->ComputeArea(device));
@@ -94,16 +120,18 @@ DeviceLimiter* LimiterFor(int ordinal) {
   return d.limiter ? &d : nullptr;
 }
 
-CUevent TakeEvent(DeviceLimiter& d, CUcontext context) {
+CUresult TakeEvent(DeviceLimiter& d, CUcontext context, CUevent& event) {
+  event = nullptr;
   auto& pool = d.free_events[context];
   if (!pool.empty()) {
-    CUevent event = pool.back();
+    event = pool.back();
     pool.pop_back();
-    return event;
+    return CUDA_SUCCESS;
   }
-  CUevent event = nullptr;
-  if (Real::cuEventCreate == nullptr || Real::cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
-  return event;
+  if (Real::cuEventCreate == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const CUresult result = Real::cuEventCreate(&event, CU_EVENT_DEFAULT);
+  if (result != CUDA_SUCCESS) event = nullptr;
+  return result;
 }
 
 void ReturnEvent(DeviceLimiter& d, CUcontext context, CUevent event) {
@@ -120,12 +148,21 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
   }
   while (!d.pending.empty()) {
     Pending& p = d.pending.front();
+    const bool known = d.measured.contains(p.key);
     const CUresult state = Real::cuEventQuery(p.end);
-    if (state == CUDA_ERROR_NOT_READY) return;
+    // Not ready; or the query failed and the kernel's cost is unknown: asked again later (a launch that waits too
+    // long settles the oldest at its estimate). A known kernel whose query fails is settled at its estimate.
+    if (state == CUDA_ERROR_NOT_READY || (state != CUDA_SUCCESS && !known)) return;
     std::optional<std::uint64_t> measured;
     float ms = 0;
     if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
       measured = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
+      d.measured.insert(p.key);
+    } else if (!known) {
+      // Complete, never measured, and its events will not say how long it ran: from its launch to now is at least
+      // that (an estimate of 100 us for a kernel of any length would let it run uncapped).
+      const std::uint64_t seen = NowNs();
+      measured = seen > p.launched_ns ? seen - p.launched_ns : 1;
     }
     d.limiter->Settle(p.key, p.charged_ns, measured, now);
     ReturnEvent(d, p.context, p.start);
@@ -152,7 +189,8 @@ std::uint64_t RealtimeNs() {
 // minus the container's own measured busy time over the same period (BusyFraction; docs/compute-limit.md,
 // "default"). Comparing periods that do not match makes a lone container flip between free and held (sim finding
 // 3). -2: no new sample since the last call (keep the rate); -1: samples are not available.
-double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy::BudgetCell& cell, std::uint64_t now) {
+double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy::BudgetCell& cell, std::uint64_t now,
+                                  std::uint64_t& period_start) {
   SampleCursor& cursor = g_sample_cursors[ordinal];
   std::lock_guard<std::mutex> guard(cursor.mutex);
   if (cursor.unsupported || Real::nvmlDeviceGetSamples == nullptr) return -1;
@@ -166,18 +204,24 @@ double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy:
     cursor.unsupported = r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND;
     return -1;
   }
-  // The newest sample covers the time since the one before it (returned with it, or seen last time).
+  // The newest sample covers the time since the one before it (returned with it, or seen last time). Samples from
+  // the future (garbage: they would hold the cursor past every real sample to come) or not newer than the cursor
+  // (time going backwards) are not readings.
+  const unsigned long long now_us = RealtimeNs() / 1000;
   unsigned long long newest = 0, before = cursor.newest_us;
   unsigned int value = 0;
   for (unsigned int i = 0; i < count; ++i) {
-    if (samples[i].timeStamp > newest) {
+    const unsigned long long stamp = samples[i].timeStamp;
+    if (stamp <= cursor.newest_us || stamp > now_us + kFutureSampleUs) continue;
+    if (stamp > newest) {
       before = std::max(before, newest);
-      newest = samples[i].timeStamp;
+      newest = stamp;
       value = samples[i].sampleValue.uiVal;
     } else {
-      before = std::max(before, samples[i].timeStamp);
+      before = std::max(before, stamp);
     }
   }
+  if (newest == 0) return -2;  // nothing new that can be read
   cursor.newest_us = newest;
   if (before == 0 || before >= newest || value > 100) return -2;  // no period yet, or a value we cannot read
   // CPU timestamps are wall-clock time; the buckets are on the monotonic clock.
@@ -186,6 +230,7 @@ double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy:
   const std::int64_t to = static_cast<std::int64_t>(newest * 1000) - offset_ns;
   if (from <= 0 || to <= from) return -2;
   const double own = policy::Limiter::BusyFraction(cell, static_cast<std::uint64_t>(from), static_cast<std::uint64_t>(to));
+  period_start = static_cast<std::uint64_t>(from);
   return std::max(0.0, value / 100.0 - own);
 }
 
@@ -193,7 +238,8 @@ double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy:
 // new reading. From NVML's samples where the driver gives them; otherwise NVML's current utilization minus the
 // container's published share (which lags: a lone container then runs free only part of the time). Called
 // without d.mutex: NVML may take its time, and launching threads must not wait on it.
-double OthersBusy(int ordinal, std::uint64_t now) {
+// `period_start`: where the period the reading describes begins (monotonic ns).
+double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
   static std::once_flag nvml_once;
   static bool nvml_ready = false;
   std::call_once(nvml_once, [] {
@@ -212,8 +258,9 @@ double OthersBusy(int ordinal, std::uint64_t now) {
   if (Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS) return -1;
   const int region_device = RegionDevice(ordinal);
   const auto& cell = *static_cast<const policy::BudgetCell*>(TheShim().region->ComputeArea(region_device));
-  const double from_samples = OthersBusyOverNvmlSamples(ordinal, handle, cell, now);
+  const double from_samples = OthersBusyOverNvmlSamples(ordinal, handle, cell, now, period_start);
   if (from_samples != -1) return from_samples;
+  period_start = now > 1'000'000'000 ? now - 1'000'000'000 : 0;  // the published share covers the last second
   nvmlUtilization_t utilization{};
   if (Real::nvmlDeviceGetUtilizationRates(handle, &utilization) != NVML_SUCCESS || utilization.gpu > 100) {
     return -1;  // no reading (or garbage): keep the current rate rather than guess
@@ -257,30 +304,53 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
     return launch();
   }
-  const int ordinal = CurrentOrdinal();
-  DeviceLimiter* d = LimiterFor(ordinal);
-  if (d == nullptr) return launch();
+  // A launch whose device cannot be told, or cannot be named in the region, is refused with the driver's error:
+  // run unadmitted, it would escape the cap. (No current context at all: the driver refuses the launch itself.)
+  CUresult unknown = CUDA_SUCCESS;
+  const int ordinal = CurrentOrdinal(unknown);
+  if (ordinal < 0) return unknown != CUDA_SUCCESS ? unknown : launch();
+  DeviceLimiter* d = LimiterFor(ordinal, unknown);
+  if (d == nullptr) return unknown != CUDA_SUCCESS ? unknown : launch();
   const policy::KernelKey key{function, shape};
   if (per_thread && stream == nullptr) stream = CU_STREAM_PER_THREAD;
   std::uint64_t now = NowNs();
   if (d->lend && now >= d->last_observed_ns + kObserveOthersEveryNs) {
     d->last_observed_ns = now;  // a benign race: at worst two threads read NVML in the same period
-    const double others = OthersBusy(ordinal, now);
-    if (others >= 0) {
+    std::uint64_t period_start = 0;
+    const double others = OthersBusy(ordinal, now, period_start);
+    // A reading of a period that began before the container was held blind describes the free-running time before
+    // it (the container's own busy time then, stretched by whoever arrived, hides them): not a reading of now.
+    if (others >= 0 && period_start >= d->held_blind_ns) {
+      d->last_reading_ns = now;
       std::lock_guard<std::mutex> guard(d->mutex);
       d->limiter->ObserveOthers(others, now);
+    } else if (now >= d->last_reading_ns + kStaleReadingNs) {
+      // No reading for a while (NVML failing, or answering what cannot be read): nobody can say the GPU is free, so
+      // the container is held to its share until readings come back.
+      if (d->held_blind_ns <= d->last_reading_ns) d->held_blind_ns = now;  // once per blind spell
+      std::lock_guard<std::mutex> guard(d->mutex);
+      d->limiter->ObserveOthers(1.0, now);
     }
   }
   policy::Admission admission;
   std::uint64_t waited_ns = 0;
   for (;;) {
     std::unique_lock<std::mutex> guard(d->mutex);
-    SettleCompleted(*d, now);
+    if (now >= d->next_settle_ns || d->pending.size() >= kSettleBacklog || waited_ns > 0) {
+      SettleCompleted(*d, now);
+      d->next_settle_ns = now + kSettleEveryNs;
+    }
     // Past the longest wait for completions (nothing measured is pending to settle), admit without the in-flight
     // bound rather than wait forever.
     const bool bound = !(d->pending.empty() && waited_ns >= kMaxCompletionWaitNs);
-    admission = d->limiter->Admit(key, now, bound);
-    if (!admission.wait_for_completion) break;
+    // A kernel its events have never measured runs one launch at a time: its runs are then timed from the host
+    // closely (launch to completion, polled), never across a queue of others.
+    const bool serial = !d->measured.contains(key) &&
+                        std::any_of(d->pending.begin(), d->pending.end(), [&](const Pending& p) { return p.key == key; });
+    if (!serial) {
+      admission = d->limiter->Admit(key, now, bound);
+      if (!admission.wait_for_completion) break;
+    }
     // Too much queued unmeasured: wait, outside the lock, for completions, polling (never blocking on one
     // event: it may wait for work this very thread has yet to launch). After kMaxCompletionWaitNs the oldest is
     // settled at its estimate, so a launch never waits forever.
@@ -299,26 +369,47 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   }
   if (admission.ready_at_ns > now) SleepUntilNs(admission.ready_at_ns);
 
+  // The events live in the current context (pooled per context, destroyed with it): without it, nothing is measured.
   CUcontext context = nullptr;
-  Real::cuCtxGetCurrent(&context);
+  CUresult setup = Real::cuCtxGetCurrent(&context);
   CUevent start = nullptr, end = nullptr;
   bool measure = false;
+  bool unknown_cost = false;
   {
     std::lock_guard<std::mutex> guard(d->mutex);
-    if (SampleThisLaunch(d->sampling[function], admission.charged_ns)) {  // the charge is the estimate
-      start = TakeEvent(*d, context);
-      end = TakeEvent(*d, context);
+    unknown_cost = !d->measured.contains(key);
+    // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
+    if (setup == CUDA_SUCCESS && (SampleThisLaunch(d->sampling[function], admission.charged_ns) || unknown_cost)) {
+      setup = TakeEvent(*d, context, start);
+      if (setup == CUDA_SUCCESS) setup = TakeEvent(*d, context, end);
       measure = start != nullptr && end != nullptr;
     }
   }
-  if (measure && Real::cuEventRecord(start, stream) != CUDA_SUCCESS) measure = false;
+  if (measure) {
+    setup = Real::cuEventRecord(start, stream);
+    measure = setup == CUDA_SUCCESS;
+  }
+  if (unknown_cost && !measure) {
+    // Its cost is unknown and this run could not be measured: settled at a guess, a kernel of any length would run
+    // uncapped. Refused with the error that kept it from being measured; nothing ran, nothing is owed.
+    std::lock_guard<std::mutex> guard(d->mutex);
+    d->limiter->Cancel(key, admission.charged_ns);
+    ReturnEvent(*d, context, start);
+    ReturnEvent(*d, context, end);
+    return setup != CUDA_SUCCESS ? setup : CUDA_ERROR_UNKNOWN;
+  }
+  const std::uint64_t launched_ns = NowNs();
   const CUresult result = launch();
-  if (measure && result == CUDA_SUCCESS && Real::cuEventRecord(end, stream) != CUDA_SUCCESS) measure = false;
+  // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
+  if (measure && result == CUDA_SUCCESS && Real::cuEventRecord(end, stream) != CUDA_SUCCESS &&
+      (!unknown_cost || Real::cuEventRecord(end, stream) != CUDA_SUCCESS)) {
+    measure = false;
+  }
   std::lock_guard<std::mutex> guard(d->mutex);
   if (result != CUDA_SUCCESS) {
     d->limiter->Cancel(key, admission.charged_ns);  // nothing ran: nothing is owed
   } else if (measure) {
-    d->pending.push_back({key, admission.charged_ns, start, end, context});
+    d->pending.push_back({key, admission.charged_ns, start, end, context, launched_ns});
     return result;
   } else {
     d->limiter->SettleUnmeasured(key, admission.charged_ns, NowNs());

@@ -75,8 +75,10 @@ void ForgetContext(CUcontext context) {
 }
 
 CUresult AllocateTracked(CUdeviceptr* pointer, std::uint64_t charge, const std::function<CUresult()>& call) {
-  const int ordinal = CurrentOrdinal();
-  if (ordinal < 0) return call();  // no context: the driver says what is wrong
+  CUresult unknown = CUDA_SUCCESS;
+  const int ordinal = CurrentOrdinal(unknown);
+  // No context: the driver says what is wrong. A device that cannot be told: refused, never allocated uncounted.
+  if (ordinal < 0) return unknown != CUDA_SUCCESS ? unknown : call();
   const CUresult result = ChargedCall(ordinal, charge, call);
   if (result == CUDA_SUCCESS && pointer != nullptr) {
     Shim& shim = TheShim();
@@ -97,6 +99,16 @@ void MeasureContext(int ordinal, std::uint64_t charged_estimate, std::uint64_t& 
       Real::nvmlDeviceGetComputeRunningProcesses_v3 == nullptr || Real::nvmlInit_v2 == nullptr) {
     return;
   }
+  {
+    // NVML reports the process's whole use of the device: the new context is what is left after its allocations only
+    // while no other context of this process is on the device (another one, charged at an estimate, would make the
+    // "measurement" that estimate's error: an under-count when the estimate is above the real size).
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    if (shim.primary_bytes[ordinal] != 0) return;
+    for (const auto& entry : shim.contexts) {
+      if (entry.second.ordinal == ordinal) return;
+    }
+  }
   CUdevice cu_device = 0;
   CUuuid uuid{};
   if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
@@ -108,24 +120,37 @@ void MeasureContext(int ordinal, std::uint64_t charged_estimate, std::uint64_t& 
                 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   nvmlDevice_t handle = nullptr;
   if (Real::nvmlInit_v2() != NVML_SUCCESS || Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS) return;
-  nvmlProcessInfo_t processes[64];
-  unsigned int count = 64;
-  if (Real::nvmlDeviceGetComputeRunningProcesses_v3(handle, &count, processes) != NVML_SUCCESS) return;
-  const std::uint64_t own_allocations = shim.region->OwnUsed(device) - charged_estimate;
-  for (unsigned int i = 0; i < count; ++i) {
-    if (static_cast<pid_t>(processes[i].pid) != getpid() || processes[i].usedGpuMemory <= own_allocations) continue;
-    const std::uint64_t measured = processes[i].usedGpuMemory - own_allocations;
-    shim.region->SetContextBytes(device, measured);
-    // Adjust the charge from the estimate to the measurement (it is this process's own context: it exists).
-    if (measured > charged_estimate) {
-      if (!shim.region->Reserve(device, measured - charged_estimate, UINT64_MAX)) return;
-    } else {
-      shim.region->Release(device, charged_estimate - measured);
+  // This process's use of the device as NVML reports it, read twice: a value is taken only when both reads agree (a
+  // driver answering garbage -- counts past the buffer, absurd sizes -- would otherwise set every future context's
+  // charge, too low or absurdly high).
+  const auto own_use = [&](std::uint64_t& used) {
+    nvmlProcessInfo_t processes[64];
+    unsigned int count = 64;
+    if (Real::nvmlDeviceGetComputeRunningProcesses_v3(handle, &count, processes) != NVML_SUCCESS || count > 64) {
+      return false;  // success with more entries than the buffer holds is not an answer
     }
-    charged = measured;
-    Log(3, "device %d: a context costs %llu bytes (measured)", ordinal, static_cast<unsigned long long>(measured));
-    return;
+    int found = 0;
+    for (unsigned int i = 0; i < count; ++i) {
+      if (static_cast<pid_t>(processes[i].pid) != getpid()) continue;
+      used = processes[i].usedGpuMemory;
+      ++found;
+    }
+    return found == 1;
+  };
+  std::uint64_t first = 0, second = 0;
+  if (!own_use(first) || !own_use(second) || first != second) return;
+  const std::uint64_t own_allocations = shim.region->OwnUsed(device) - charged_estimate;
+  if (first <= own_allocations) return;
+  const std::uint64_t measured = first - own_allocations;
+  shim.region->SetContextBytes(device, measured);
+  // Adjust the charge from the estimate to the measurement (it is this process's own context: it exists).
+  if (measured > charged_estimate) {
+    if (!shim.region->Reserve(device, measured - charged_estimate, UINT64_MAX)) return;
+  } else {
+    shim.region->Release(device, charged_estimate - measured);
   }
+  charged = measured;
+  Log(3, "device %d: a context costs %llu bytes (measured)", ordinal, static_cast<unsigned long long>(measured));
 }
 
 CUresult CreateContextCharged(CUcontext* context, CUdevice device, const std::function<CUresult()>& call) {
@@ -205,28 +230,38 @@ CUresult ReleasePrimary(CUdevice device, CUresult (*real)(CUdevice)) {
   return result;
 }
 
-int OrdinalOfStream(CUstream stream) {
-  CUcontext context = nullptr;
-  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD && Real::cuStreamGetCtx != nullptr &&
-      Real::cuStreamGetCtx(stream, &context) == CUDA_SUCCESS && context != nullptr && Real::cuCtxPushCurrent_v2 != nullptr) {
-    if (Real::cuCtxPushCurrent_v2(context) == CUDA_SUCCESS) {
-      const int ordinal = CurrentOrdinal();
-      CUcontext popped = nullptr;
-      Real::cuCtxPopCurrent_v2(&popped);
-      return ordinal;
-    }
+// The ordinal of a stream's device (of the current context for the built-in streams); -1 as CurrentOrdinal(error).
+int OrdinalOfStream(CUstream stream, CUresult& error) {
+  error = CUDA_SUCCESS;
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD || Real::cuStreamGetCtx == nullptr ||
+      Real::cuCtxPushCurrent_v2 == nullptr || Real::cuCtxPopCurrent_v2 == nullptr) {
+    return CurrentOrdinal(error);
   }
-  return CurrentOrdinal();
+  // A stream of another device's context is charged to that device: its context is asked, not the current one's.
+  CUcontext context = nullptr;
+  error = Real::cuStreamGetCtx(stream, &context);
+  if (error != CUDA_SUCCESS) return -1;
+  if (context == nullptr) return CurrentOrdinal(error);
+  error = Real::cuCtxPushCurrent_v2(context);
+  if (error != CUDA_SUCCESS) return -1;
+  const int ordinal = CurrentOrdinal(error);
+  CUcontext popped = nullptr;
+  // The application's context stack must come back as it was: a failed pop is tried once more.
+  if (Real::cuCtxPopCurrent_v2(&popped) != CUDA_SUCCESS) Real::cuCtxPopCurrent_v2(&popped);
+  return ordinal;
 }
 
 // Stream-ordered allocation: the pool's reserved memory is what the device really holds for it, so the ledger
 // follows the pool's RESERVED_MEM_CURRENT, not the sizes asked for (freed blocks stay in the pool).
 CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool pool, CUstream stream,
                           const std::function<CUresult()>& call) {
-  const int ordinal = OrdinalOfStream(stream);
-  if (ordinal < 0 || Real::cuMemPoolGetAttribute == nullptr) return call();
-  if (pool == nullptr && (Real::cuDeviceGetMemPool == nullptr || Real::cuDeviceGetMemPool(&pool, ordinal) != CUDA_SUCCESS)) {
-    return call();
+  CUresult unknown = CUDA_SUCCESS;
+  const int ordinal = OrdinalOfStream(stream, unknown);
+  if (ordinal < 0) return unknown != CUDA_SUCCESS ? unknown : call();  // no context: the driver says what is wrong
+  if (Real::cuMemPoolGetAttribute == nullptr || Real::cuDeviceGetMemPool == nullptr) return call();
+  if (pool == nullptr) {
+    // The device's current pool: without it the allocation cannot be followed, so it is not made.
+    if (const CUresult got = Real::cuDeviceGetMemPool(&pool, ordinal); got != CUDA_SUCCESS) return got;
   }
   Shim& shim = TheShim();
   // Reserve the request up front (a pool may have to grow by it), then settle to the pool's real size. At the
@@ -287,6 +322,23 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
   return result;
 }
 
+// After a block of `pool` was freed: a destroyed pool whose last block it was gives its memory back.
+void BlockFreed(CUmemoryPool pool) {
+  Shim& shim = TheShim();
+  Shim::PoolCharge gone{-1, nullptr, 0};
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    const auto it = shim.pools.find(pool);
+    if (it == shim.pools.end() || !it->second.destroyed) return;
+    for (const auto& entry : shim.pool_blocks) {
+      if (entry.second == pool) return;  // more blocks to go
+    }
+    gone = it->second;
+    shim.pools.erase(it);
+  }
+  if (gone.ordinal >= 0) Uncharge(gone.ordinal, gone.charged);
+}
+
 CUresult FreeToPool(CUdeviceptr pointer, CUstream stream, CUresult (*real)(CUdeviceptr, CUstream)) {
   if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
   if (CurrentMode() != Mode::limited) return real(pointer, stream);
@@ -317,6 +369,7 @@ CUresult FreeToPool(CUdeviceptr pointer, CUstream stream, CUresult (*real)(CUdev
   }
   if (ordinary) Uncharge(allocation.ordinal, allocation.bytes);
   // A pool block went back to its pool, which keeps it until trimmed: reconciled when memory is needed.
+  if (pooled) BlockFreed(pool);
   return result;
 }
 
@@ -340,8 +393,9 @@ std::uint64_t ArrayBytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned int levels) 
 
 template <typename Handle>
 CUresult CreateArrayCharged(Handle* out, std::uint64_t bytes, const std::function<CUresult()>& call) {
-  const int ordinal = CurrentOrdinal();
-  if (ordinal < 0) return call();
+  CUresult unknown = CUDA_SUCCESS;
+  const int ordinal = CurrentOrdinal(unknown);
+  if (ordinal < 0) return unknown != CUDA_SUCCESS ? unknown : call();
   const CUresult result = ChargedCall(ordinal, bytes, call);
   if (result == CUDA_SUCCESS && out != nullptr) {
     Shim& shim = TheShim();
@@ -412,10 +466,13 @@ extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUd
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDevicePrimaryCtxRetain, context, device);
   // Whether this retain creates the context, and its charge, must be one step against other retains/releases.
   std::lock_guard<std::mutex> serial(TheShim().primary_mutex);
+  // An existing context was charged when it was created. When the driver cannot say whether it exists, the retain
+  // is charged as one that creates it: counted twice at worst (until it goes), never not at all.
   unsigned int flags = 0;
-  int active = 1;
-  if (Real::cuDevicePrimaryCtxGetState != nullptr) Real::cuDevicePrimaryCtxGetState(device, &flags, &active);
-  if (active != 0 || context == nullptr) return Real::cuDevicePrimaryCtxRetain(context, device);  // exists: charged
+  int active = 0;
+  const bool known = Real::cuDevicePrimaryCtxGetState != nullptr &&
+                     Real::cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS;
+  if ((known && active != 0) || context == nullptr) return Real::cuDevicePrimaryCtxRetain(context, device);
   const std::uint64_t estimate = ContextBytes(device);
   const CUresult result = ChargedCall(device, estimate, [&] { return Real::cuDevicePrimaryCtxRetain(context, device); });
   if (result == CUDA_SUCCESS) {
@@ -488,8 +545,11 @@ extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t*
   }
   // The pitch is the driver's choice: reserve the widest it picks (512-byte rows), then settle to its answer.
   const std::uint64_t estimate = Rounded((width + 511) / 512 * 512 * height);
-  const int ordinal = CurrentOrdinal();
-  if (ordinal < 0) return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes);
+  CUresult unknown = CUDA_SUCCESS;
+  const int ordinal = CurrentOrdinal(unknown);
+  if (ordinal < 0) {
+    return unknown != CUDA_SUCCESS ? unknown : Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes);
+  }
   const CUresult result =
       ChargedCall(ordinal, estimate, [&] { return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes); });
   if (result != CUDA_SUCCESS) return result;
@@ -540,6 +600,7 @@ extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
     return result;
   }
   if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
+  if (pool != nullptr) BlockFreed(pool);
   return result;
 }
 
@@ -594,6 +655,21 @@ extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
       if (auto it = shim.pools.find(pool); it != shim.pools.end()) {
         charge = it->second;
         shim.pools.erase(it);
+        // Blocks still allocated from it keep the pool's memory in the driver until they are freed ("released
+        // automatically once there are no more outstanding allocations"): the charge stays until then, under a
+        // key no real handle can take (a non-canonical address), so that a new pool given the same handle is its own.
+        const auto retired = reinterpret_cast<CUmemoryPool>((std::uintptr_t{1} << 63) | (++shim.retired_pools << 1) | 1);
+        bool outstanding = false;
+        for (auto& [block, owner] : shim.pool_blocks) {
+          if (owner != pool) continue;
+          owner = retired;
+          outstanding = true;
+        }
+        if (outstanding) {
+          charge.destroyed = true;
+          shim.pools[retired] = charge;
+          charge.ordinal = -1;  // nothing given back now
+        }
       }
     }
     if (charge.ordinal >= 0) Uncharge(charge.ordinal, charge.charged);
@@ -717,7 +793,9 @@ extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* tota
   std::size_t physical_total = 0, physical_free = 0;
   const CUresult result = Real::cuMemGetInfo_v2(&physical_free, &physical_total);
   if (result != CUDA_SUCCESS) return result;
-  const int ordinal = CurrentOrdinal();
+  CUresult unknown = CUDA_SUCCESS;
+  const int ordinal = CurrentOrdinal(unknown);
+  if (ordinal < 0 && unknown != CUDA_SUCCESS) return unknown;  // which slice to show is unknown: not the whole GPU
   const std::uint64_t limit = MemoryLimit(ordinal);
   if (limit == 0) {
     if (total_bytes != nullptr) *total_bytes = physical_total;

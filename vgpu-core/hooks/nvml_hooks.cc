@@ -15,13 +15,25 @@ namespace {
 // Without CUDA initialized in this process (an NVML-only tool, or a parent about to fork workers, must not have
 // CUDA started behind its back), the ordinal comes from CUDA_VISIBLE_DEVICES, read once: the position of the
 // entry naming this device by index or UUID prefix; unset means the NVML index.
-int OrdinalFromVisibleDevices(nvmlDevice_t device, const char* uuid) {
+// The ordinal of an NVML device: >= 0; kNotVisible when this process's CUDA does not see the device (its own view is
+// then shown); kUnknown when it could not be told (NVML or the driver failed, or answered what cannot be true): the
+// view is then refused with `error` rather than shown whole.
+constexpr int kNotVisible = -1;
+constexpr int kUnknown = -2;
+
+int OrdinalFromVisibleDevices(nvmlDevice_t device, const char* uuid, nvmlReturn_t& error) {
   static const std::string visible = [] {
     const char* value = std::getenv("CUDA_VISIBLE_DEVICES");
     return value == nullptr ? std::string("\x01unset") : std::string(value);
   }();
   unsigned int index = 0;
-  if (Real::nvmlDeviceGetIndex == nullptr || Real::nvmlDeviceGetIndex(device, &index) != NVML_SUCCESS) return -1;
+  if (Real::nvmlDeviceGetIndex == nullptr) return kNotVisible;
+  error = Real::nvmlDeviceGetIndex(device, &index);
+  if (error != NVML_SUCCESS) return kUnknown;
+  if (index >= static_cast<unsigned int>(policy::kMaxDevices)) {
+    error = NVML_ERROR_UNKNOWN;  // no machine has that many devices: not an index
+    return kUnknown;
+  }
   if (visible == "\x01unset") return static_cast<int>(index);
   int position = 0;
   std::size_t start = 0;
@@ -61,48 +73,72 @@ bool UuidFromText(const char* text, std::uint8_t out[16]) {
   return have == 16;
 }
 
-int OrdinalOf(nvmlDevice_t device) {
-  char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
-  if (Real::nvmlDeviceGetUUID == nullptr || Real::nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS) return -1;
-  if (!ResolveReal() || Real::cuDeviceGetCount == nullptr) return -1;
+// The device's UUID from NVML, checked: "GPU-" and 32 hex digits, NUL-terminated inside the buffer.
+nvmlReturn_t UuidOf(nvmlDevice_t device, char (&text)[NVML_DEVICE_UUID_V2_BUFFER_SIZE], std::uint8_t bytes[16]) {
+  std::memset(text, 0, sizeof text);
+  if (Real::nvmlDeviceGetUUID == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  // One byte short of the buffer: an answer that fills it unterminated still ends in a NUL.
+  const nvmlReturn_t result = Real::nvmlDeviceGetUUID(device, text, sizeof text - 1);
+  if (result != NVML_SUCCESS) return result;
+  return UuidFromText(text, bytes) ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+int OrdinalOf(nvmlDevice_t device, nvmlReturn_t& error) {
+  error = NVML_SUCCESS;
+  char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+  std::uint8_t nvml_uuid[16];
+  if (Real::nvmlDeviceGetUUID == nullptr) return kNotVisible;
+  error = UuidOf(device, text, nvml_uuid);
+  if (error != NVML_SUCCESS) return kUnknown;
+  if (!ResolveReal() || Real::cuDeviceGetCount == nullptr) return kNotVisible;
   int count = 0;
   const CUresult counted = Real::cuDeviceGetCount(&count);
-  if (counted == CUDA_ERROR_NOT_INITIALIZED) return OrdinalFromVisibleDevices(device, text);
-  if (counted != CUDA_SUCCESS) return -1;
+  if (counted == CUDA_ERROR_NOT_INITIALIZED) return OrdinalFromVisibleDevices(device, text, error);
+  if (counted != CUDA_SUCCESS) {
+    error = NVML_ERROR_UNKNOWN;
+    return kUnknown;
+  }
   for (int ordinal = 0; ordinal < std::min(count, policy::kMaxDevices); ++ordinal) {
     CUdevice cu_device = 0;
     CUuuid uuid{};
-    if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) continue;
+    if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
+      error = NVML_ERROR_UNKNOWN;  // this one might be it
+      return kUnknown;
+    }
     char mine[64];
     const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
     std::snprintf(mine, sizeof mine, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
                   u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
     if (strcasecmp(mine, text) == 0) return ordinal;
   }
-  return -1;
+  return kNotVisible;
 }
 
-// total = min(limit, physical), used = the container's usage, free = total - used (never below zero).
-bool SliceView(nvmlDevice_t device, unsigned long long physical_total, unsigned long long physical_free,
-               unsigned long long& total, unsigned long long& used, unsigned long long& free_bytes) {
-  const int ordinal = OrdinalOf(device);
+// total = min(limit, physical), used = the container's usage, free = total - used (never below zero). Returns
+// NVML_SUCCESS with `sliced` false where no limit applies (the driver's view stands), or the error that kept the
+// device from being told (the caller refuses the view rather than show the whole GPU).
+nvmlReturn_t SliceView(nvmlDevice_t device, unsigned long long physical_total, unsigned long long physical_free,
+                       unsigned long long& total, unsigned long long& used, unsigned long long& free_bytes,
+                       bool& sliced) {
+  sliced = false;
+  nvmlReturn_t error = NVML_SUCCESS;
+  const int ordinal = OrdinalOf(device, error);
+  if (ordinal == kUnknown) return error != NVML_SUCCESS ? error : NVML_ERROR_UNKNOWN;
   const std::uint64_t limit = MemoryLimit(ordinal);
-  if (ordinal < 0 || limit == 0) return false;
+  if (ordinal < 0 || limit == 0) return NVML_SUCCESS;
   ReconcilePools();
   int region_device = RegionDevice(ordinal);
   if (region_device < 0) {
     // CUDA not started in this process (nvidia-smi, a monitoring agent): name the device by NVML's UUID.
     std::uint8_t uuid[16];
-    char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
-    if (Real::nvmlDeviceGetUUID != nullptr && Real::nvmlDeviceGetUUID(device, text, sizeof text) == NVML_SUCCESS &&
-        UuidFromText(text, uuid)) {
-      region_device = RegionDeviceOfUuid(ordinal, uuid);
-    }
+    char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    if (UuidOf(device, text, uuid) == NVML_SUCCESS) region_device = RegionDeviceOfUuid(ordinal, uuid);
   }
   total = std::min<unsigned long long>(limit, physical_total);
   used = std::min<unsigned long long>(UsedOnRegionDevice(region_device), total);
   free_bytes = std::min(total - used, physical_free);  // never more than the device really has free
-  return true;
+  sliced = true;
+  return NVML_SUCCESS;
 }
 
 nvmlReturn_t InitCommon() {
@@ -133,7 +169,13 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
   const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo(device, memory);
   if (result != NVML_SUCCESS || mode != Mode::limited) return result;
   unsigned long long total = 0, used = 0, free_bytes = 0;
-  if (SliceView(device, memory->total, memory->free, total, used, free_bytes)) {
+  bool sliced = false;
+  if (const nvmlReturn_t r = SliceView(device, memory->total, memory->free, total, used, free_bytes, sliced);
+      r != NVML_SUCCESS) {
+    *memory = nvmlMemory_t{};  // nothing of the whole device's figures is left behind
+    return r;
+  }
+  if (sliced) {
     memory->total = total;
     memory->used = used;
     memory->free = free_bytes;
@@ -148,7 +190,15 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t devi
   const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo_v2(device, memory);
   if (result != NVML_SUCCESS || mode != Mode::limited) return result;
   unsigned long long total = 0, used = 0, free_bytes = 0;
-  if (SliceView(device, memory->total, memory->free, total, used, free_bytes)) {
+  bool sliced = false;
+  if (const nvmlReturn_t r = SliceView(device, memory->total, memory->free, total, used, free_bytes, sliced);
+      r != NVML_SUCCESS) {
+    const unsigned int version = memory->version;
+    *memory = nvmlMemory_v2_t{};
+    memory->version = version;
+    return r;
+  }
+  if (sliced) {
     memory->total = total;
     memory->reserved = 0;  // the slice has no driver reserve: total = used + free, as cuMemGetInfo shows it
     memory->used = used;

@@ -144,8 +144,9 @@ std::uint64_t MemoryLimit(int ordinal) {
   return TheShim().config.memory_limit_bytes[static_cast<std::size_t>(ordinal)];
 }
 
-int RegionDevice(int ordinal) {
+int RegionDevice(int ordinal, CUresult* error) {
   Shim& shim = TheShim();
+  if (error != nullptr) *error = CUDA_ERROR_NO_DEVICE;
   if (ordinal < 0 || ordinal >= policy::kMaxDevices || shim.region == nullptr) return -1;
   {
     std::lock_guard<std::mutex> guard(shim.mutex);
@@ -153,8 +154,11 @@ int RegionDevice(int ordinal) {
   }
   CUdevice device = 0;
   CUuuid uuid{};
-  if (Real::cuDeviceGet == nullptr || Real::cuDeviceGetUuid_v2 == nullptr ||
-      Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) {
+  if (Real::cuDeviceGet == nullptr || Real::cuDeviceGetUuid_v2 == nullptr) return -1;
+  CUresult result = Real::cuDeviceGet(&device, ordinal);
+  if (result == CUDA_SUCCESS) result = Real::cuDeviceGetUuid_v2(&uuid, device);
+  if (result != CUDA_SUCCESS) {
+    if (error != nullptr) *error = result;
     return -1;
   }
   return RegionDeviceOfUuid(ordinal, reinterpret_cast<const std::uint8_t*>(uuid.bytes));
@@ -178,9 +182,24 @@ int RegionDeviceOfUuid(int ordinal, const std::uint8_t uuid[16]) {
 }
 
 int CurrentOrdinal() {
+  CUresult error = CUDA_SUCCESS;
+  return CurrentOrdinal(error);
+}
+
+int CurrentOrdinal(CUresult& error) {
+  error = CUDA_SUCCESS;
   CUdevice device = -1;
-  if (Real::cuCtxGetDevice == nullptr || Real::cuCtxGetDevice(&device) != CUDA_SUCCESS) return -1;
-  return device;
+  if (Real::cuCtxGetDevice == nullptr) return -1;
+  const CUresult result = Real::cuCtxGetDevice(&device);
+  if (result == CUDA_SUCCESS && device >= 0) return device;
+  // No current context is the caller's mistake, for the driver to report. Anything else (a failing driver, a
+  // context the driver says exists but whose device it will not tell) leaves the device unknown.
+  CUcontext context = nullptr;
+  if (Real::cuCtxGetCurrent != nullptr && Real::cuCtxGetCurrent(&context) == CUDA_SUCCESS && context == nullptr) {
+    return -1;
+  }
+  error = result != CUDA_SUCCESS ? result : CUDA_ERROR_INVALID_DEVICE;
+  return -1;
 }
 
 bool Charge(int ordinal, std::uint64_t bytes) {
@@ -221,6 +240,7 @@ bool ReconcilePools() {
   bool gave_back = false;
   std::lock_guard<std::mutex> guard(shim.mutex);
   for (auto& [pool, charge] : shim.pools) {
+    if (charge.destroyed) continue;  // not a handle any more
     cuuint64_t reserved = 0;
     if (Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS) continue;
     if (reserved < charge.charged) {

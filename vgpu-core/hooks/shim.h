@@ -54,8 +54,12 @@ struct Shim {
     int ordinal;
     CUcontext context;
     std::uint64_t charged;                                   // what the ledger holds for this pool
+    // Destroyed while blocks were still allocated from it: the driver keeps its memory until they are freed, so
+    // the charge stays, under a key of its own (never a real handle), until the last of them goes.
+    bool destroyed = false;
   };
   std::unordered_map<CUmemoryPool, PoolCharge> pools;
+  std::uint64_t retired_pools = 0;                           // destroyed pools so far: their keys
   std::unordered_map<CUdeviceptr, CUmemoryPool> pool_blocks; // stream-ordered allocations -> their pool
   struct Context {
     int ordinal;
@@ -85,13 +89,18 @@ inline constexpr nvmlReturn_t kFailedClosedNvml = NVML_ERROR_DRIVER_NOT_LOADED;
 
 // The limit for a CUDA ordinal (0 = none).
 std::uint64_t MemoryLimit(int ordinal);
-// The region's device index for a CUDA ordinal (-1 if unknown: the device cannot be named).
-int RegionDevice(int ordinal);
+// The region's device index for a CUDA ordinal (-1 if unknown: the device cannot be named; then `error`, if given,
+// holds the driver's error that kept it from being named, or CUDA_ERROR_NO_DEVICE).
+int RegionDevice(int ordinal, CUresult* error = nullptr);
 // The same for an ordinal whose UUID the caller already knows: an NVML-only process (nvidia-smi) never starts
 // CUDA, so it names the device from NVML's UUID instead.
 int RegionDeviceOfUuid(int ordinal, const std::uint8_t uuid[16]);
 // The ordinal of the calling thread's current context, or -1.
 int CurrentOrdinal();
+// The same, telling "no context" (-1, `error` CUDA_SUCCESS: the driver refuses what needs one by itself) from "the
+// device could not be told" (-1, `error` the driver's error): a call that would be counted must then be refused with
+// that error, never let through uncounted.
+int CurrentOrdinal(CUresult& error);
 
 // Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit.
 bool Charge(int ordinal, std::uint64_t bytes);
