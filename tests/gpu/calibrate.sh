@@ -67,6 +67,10 @@ if [[ $what == overhead || $what == all ]]; then
       -DVGPU_BUILD_TESTS=OFF "${headers[@]}" && cmake --build "$build" -j"$(nproc)" --target vgpu vgpu-tenant; } \
     >"$out/overhead-build.log" 2>&1 || { echo "build failed: $out/overhead-build.log"; exit 1; }
   tenant=$build/bin/vgpu-tenant
+  # What a clock read costs here (the shim reads CLOCK_MONOTONIC on every limited launch).
+  printf '#include <stdio.h>\n#include <time.h>\nint main(void){struct timespec a,b,t;clock_gettime(CLOCK_MONOTONIC,&a);for(int i=0;i<1000000;i++)clock_gettime(CLOCK_MONOTONIC,&t);clock_gettime(CLOCK_MONOTONIC,&b);printf("%%.1f\\n",((b.tv_sec-a.tv_sec)*1e9+(b.tv_nsec-a.tv_nsec))/1e6);return 0;}\n' \
+    | cc -O2 -x c -o "$out/clockbench" - && echo "clock_gettime(CLOCK_MONOTONIC): $("$out/clockbench") ns; clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)" \
+    | tee -a "$out/machine.txt"
   shim=$build/lib/libvgpu.so
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
   configs=(none shim shim_mem shim_limits)

@@ -398,7 +398,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     ReturnEvent(*d, context, end);
     return setup != CUDA_SUCCESS ? setup : CUDA_ERROR_UNKNOWN;
   }
-  const std::uint64_t launched_ns = NowNs();
+  // One clock read per launch on the common path (in a VM without a fast clock, each is a system call).
+  const std::uint64_t launched_ns = measure ? NowNs() : std::max(now, admission.ready_at_ns);
   const CUresult result = launch();
   // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
   if (measure && result == CUDA_SUCCESS && Real::cuEventRecord(end, stream) != CUDA_SUCCESS &&
@@ -412,7 +413,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     d->pending.push_back({key, admission.charged_ns, start, end, context, launched_ns});
     return result;
   } else {
-    d->limiter->SettleUnmeasured(key, admission.charged_ns, NowNs());
+    d->limiter->SettleUnmeasured(key, admission.charged_ns, launched_ns);
   }
   ReturnEvent(*d, context, start);
   ReturnEvent(*d, context, end);
