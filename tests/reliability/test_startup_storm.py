@@ -16,7 +16,7 @@ PROCESSES = 300
 
 
 @pytest.mark.slow
-def test_three_hundred_processes_start_at_once_on_one_region(fake_gpu, build_dir):
+def test_three_hundred_processes_start_at_once_on_one_region(fake_gpu, build_dir, figures):
     shim, worker = build_dir / "lib" / "libvgpu.so", build_dir / "bin" / "shim_worker"
     for needed in (shim, worker):
         if not needed.exists():
@@ -38,6 +38,7 @@ def test_three_hundred_processes_start_at_once_on_one_region(fake_gpu, build_dir
     for process in processes:
         if process.poll() is None:
             process.kill()
+    figures.record("start-up storm", processes=PROCESSES, stuck=len(stuck))
     assert not stuck, f"{len(stuck)} processes never finished: {stuck[:10]}"
     failed = [(p.pid, p.returncode, p.stderr.read().decode(errors="replace")[-300:]) for p in processes
               if p.returncode != 0]
@@ -47,4 +48,6 @@ def test_three_hundred_processes_start_at_once_on_one_region(fake_gpu, build_dir
     p50, p99 = statistics.median(times), times[int(0.99 * (PROCESSES - 1))]
     print(f"\nstart-up storm: {PROCESSES} processes, {len(failed)} failed, 0 stuck; start-up p50 {1000 * p50:.0f} ms, "
           f"p99 {1000 * p99:.0f} ms, max {1000 * times[-1]:.0f} ms")
+    figures.record("start-up storm", failed=len(failed), p50_ms=round(1000 * p50), p99_ms=round(1000 * p99),
+                   max_ms=round(1000 * times[-1]))
     assert not failed, failed[:5]

@@ -1,6 +1,8 @@
 """Bypass routes (issue 7, docs/threat-model.md): a tenant tries to raise its own limit from inside its process;
 each test fails if the route works. (The dlsym / RTLD_NEXT / cuGetProcAddress / _ptsz routes are covered by
-tests/shim/routes_test.cc.)"""
+tests/shim/routes_test.cc.)
+
+Run by the reliability suite (tests/reliability/conftest.py): fixtures fake_gpu, figures."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ print(json.dumps({"alloc": int(err), "total": int(total)}))
 """
 
 
-def test_resetting_the_environment_after_start_does_not_raise_the_limit(fake_gpu):
+def test_resetting_the_environment_after_start_does_not_raise_the_limit(fake_gpu, figures):
     """Regression: the shim read its configuration at the first CUDA call, so a program that set
     CUDA_DEVICE_MEMORY_LIMIT=70Gi in its own environment before cuInit got 70 GiB under a 1 GiB limit. The
     configuration is now read when the process starts, before the program's code runs."""
@@ -32,6 +34,7 @@ def test_resetting_the_environment_after_start_does_not_raise_the_limit(fake_gpu
                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "box.region")})
     result = fake_gpu.run_py(RAISE_THEN_ALLOCATE).json
     assert result["total"] == 1024 ** 3, result
+    figures.record("bypass", environment_reset="held" if result["alloc"] == 2 else "RAISED")
     assert result["alloc"] == 2, f"CUDA_ERROR_OUT_OF_MEMORY expected, got {result['alloc']}"
 
 
@@ -63,7 +66,7 @@ print(json.dumps({"first": int(first), "used": used, "zeroed": zeroed, "second":
 """
 
 
-def test_writing_the_region_file_does_not_raise_the_limit(fake_gpu):
+def test_writing_the_region_file_does_not_raise_the_limit(fake_gpu, figures):
     """A process that zeroes its usage in the region file (which every process of the container can write) and
     allocates again stays under its limit: the shim keeps its own count and puts the file's figures back.
     (Two processes colluding still can, for a moment: tests/region RegionTamper, docs/threat-model.md.)"""
@@ -75,5 +78,7 @@ def test_writing_the_region_file_does_not_raise_the_limit(fake_gpu):
     result = fake_gpu.run_py(ALLOCATE_REWRITE_ALLOCATE).json
     assert result["first"] == 0, result
     assert result["zeroed"] >= 2, f"the route was not tried: the file held its usage {result['zeroed']} times"
+    figures.record("bypass", region_rewrite="held" if result["second"] == 2 else "RAISED",
+                   region_words_zeroed=result["zeroed"])
     assert result["second"] == 2, f"CUDA_ERROR_OUT_OF_MEMORY expected after the rewrite: {result}"
     assert result["used_after"] == result["used"], f"the shim's view did not come back: {result}"
