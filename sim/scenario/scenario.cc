@@ -1212,6 +1212,13 @@ class Checker {
         Add(item.line, path, Shown(item) + " holds more than one rule; expected one rule per '- ' item");
         continue;
       }
+      // The rule parser's messages echo the rule as it is: an escaped line break ("cu\nInit") must not split the
+      // problem into two lines (found by tests/fuzz/fuzz_scenario).
+      if (std::any_of(text->begin(), text->end(),
+                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+        Add(item.line, path, Shown(item) + " holds a control character; expected a rule of plain text");
+        continue;
+      }
       std::vector<fakecuda::faults::Rule> rules;
       std::string error;
       if (!fakecuda::faults::ParseRules(*text, rules, error) || rules.empty()) {

@@ -3,6 +3,7 @@
 // so that `- key: value` and the keys below it form one mapping exactly as YAML's indentation rules say.
 #include "yaml.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <new>
 #include <optional>
@@ -434,7 +435,7 @@ class Reader {
       Node quoted = ParseQuoted(cursor);
       cursor.SkipBlanks();
       if (cursor.Peek() != ':' || !cursor.BlankAfter()) return std::nullopt;
-      CheckKeyLength(quoted.text, line.number);
+      CheckKey(quoted.text, line.number);
       return Key{std::move(quoted.text), cursor.pos + 1};
     }
     for (std::size_t i = 0; i < line.text.size(); ++i) {
@@ -444,7 +445,7 @@ class Reader {
         while (!text.empty() && IsBlank(text.back())) text.remove_suffix(1);
         if (text.empty()) Fail(line.number, "a key is missing before ':'");
         CheckPlainStart(Cursor{line.text, 0, line.number}, false);
-        CheckKeyLength(text, line.number);
+        CheckKey(text, line.number);
         return Key{std::string(text), i + 1};
       }
     }
@@ -457,10 +458,20 @@ class Reader {
     }
   }
 
-  void CheckKeyLength(std::string_view key, std::uint32_t line) const {
+  void CheckKey(std::string_view key, std::uint32_t line) const {
     if (key.size() > kMaxKeyBytes) {
       Fail(line, "a key of " + std::to_string(key.size()) + " bytes, " + Quote(key) + "; keys are at most " +
                      std::to_string(kMaxKeyBytes) + " bytes");
+    }
+    // A quoted key's escapes ("a\nb") can make control characters the file itself may not hold. Keys are echoed in
+    // every problem's key path and message, which must stay one line (found by tests/fuzz/fuzz_scenario).
+    for (const char c : key) {
+      const auto byte = static_cast<unsigned char>(c);
+      if ((byte < 0x20 && byte != '\t') || byte == 0x7f) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", byte);
+        Fail(line, "control character " + std::string(hex) + " in the key " + Quote(key) + "; keys are names");
+      }
     }
   }
 
@@ -612,7 +623,11 @@ class Reader {
     if (code == '\0') {
       Fail(cursor.line, "a '\\' at the end of the line (a value must fit on one line)");
     }
-    Fail(cursor.line, std::string("unknown escape '\\") + code + "' at " + Column(at) +
+    // The whole character after the backslash, not its first byte: a message must stay valid UTF-8 (it becomes a
+    // Python string; found by tests/fuzz/fuzz_scenario). The line is valid UTF-8, so the length is at least 1.
+    const std::size_t length = std::max<std::size_t>(1, Utf8Length(cursor.text, at + 1));
+    const std::string_view character = cursor.text.substr(at + 1, length);
+    Fail(cursor.line, "unknown escape '\\" + std::string(character) + "' at " + Column(at) +
                           "; accepted: \\\\ \\\" \\n \\t \\r \\0 \\xHH \\uHHHH \\UHHHHHHHH (and YAML's others)");
   }
 
@@ -695,7 +710,7 @@ class Reader {
     }
     if (first == ',') Fail(cursor.line, "an empty entry at " + Column(cursor.pos) + " in a flow mapping");
     Node key = (first == '"' || first == '\'') ? ParseQuoted(cursor) : ParsePlain(cursor, true);
-    CheckKeyLength(key.text, cursor.line);
+    CheckKey(key.text, cursor.line);
     const Enter entered(*this, key.text);
     cursor.SkipBlanks();
     if (cursor.Peek() != ':') {

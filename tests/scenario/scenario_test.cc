@@ -563,6 +563,11 @@ TEST(ScenarioRules, Faults) {
                  "faults[0]", "is not a fault rule: field 'CUDA_ERROR_LAUNCH_FAILED' is not key=value");
   EXPECT_PROBLEM(std::string(kMinimal) + "faults:\n  - \"a:delay_us=1;b:delay_us=1\"\n", 8, "faults[0]",
                  "holds more than one rule");
+  // A control character made by an escape never reaches the rule parser, whose messages echo the rule: a problem is
+  // one line (found by tests/fuzz/fuzz_scenario).
+  const std::string broken = std::string(kMinimal) + "faults:\n  - \"cuLaun\\nchKernel:delay_us=100\"\n";
+  EXPECT_PROBLEM(broken, 8, "faults[0]", "\"cuLaun\\nchKernel:delay_us=100\" holds a control character");
+  EXPECT_EQ(One(broken).ToString().find('\n'), std::string::npos);
   Valid(std::string(kMinimal) + "faults:\n");  // an empty list, its items commented out
 }
 
@@ -841,6 +846,10 @@ TEST(ScenarioYaml, Refusals) {
   ExpectRefused("a: \"\\q\"\n", 1, "unknown escape '\\q'");
   ExpectRefused("a: \"\\u12\"\n", 1, "needs 4 hexadecimal digits");
   ExpectRefused("a: \"\\ud800\"\n", 1, "is not a Unicode character");
+  // The whole character after the backslash, not its first byte: the message stays UTF-8 (`vgpu check` raised
+  // UnicodeDecodeError; found by tests/fuzz/fuzz_scenario).
+  ExpectRefused("a: \"\\\xc3\xa9\"\n", 1, "unknown escape '\\\xc3\xa9' at column 5");
+  ExpectRefused("a: \"x\\\xf0\x9f\x98\x80\"\n", 1, "unknown escape '\\\xf0\x9f\x98\x80' at column 6;");
   ExpectRefused("a: b: c\n", 1, "': ' inside a plain value");
   ExpectRefused("a: - b\n", 1, "a list cannot start on its key's line");
   ExpectRefused("a: [1, , 2]\n", 1, "an empty item");
@@ -857,6 +866,12 @@ TEST(ScenarioYaml, Refusals) {
   ExpectRefused("-\tx\n", 1, "a tab after '-'");
   ExpectRefused("a: {" + std::string(300, 'k') + ": 1}\n", 1, "a key of 300 bytes");
   ExpectRefused(std::string(257, 'k') + ": 1\n", 1, "keys are at most 256 bytes");
+  // Escapes cannot put a line break (or another control character) into a key, which every problem echoes: a problem
+  // is one line (found by tests/fuzz/fuzz_scenario).
+  ExpectRefused("\"tenats\\nfake.yaml:1: ok\": 1\n", 1,
+                "control character 0x0a in the key \"tenats\\nfake.yaml:1: ok\"");
+  ExpectRefused("a: {\"x\\0\": 1}\n", 1, "control character 0x00 in the key");
+  ExpectRefused("a:\n  - 'x': 1\n    \"\\e\": 2\n", 3, "control character 0x1b");
 }
 
 TEST(ScenarioYaml, DuplicateKeysAreReportedAndReadingGoesOn) {
