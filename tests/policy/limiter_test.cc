@@ -228,6 +228,27 @@ TEST(Limiter, ASerialTenantGetsItsShareForLongAndShortKernels) {
   }
 }
 
+// The cell lives in the region, which every process of the container can write (docs/threat-model.md). A process
+// that keeps writing itself a full budget and a lending rate before every launch still gets its share: it is also
+// held by its own count, kept in its own memory. Without that count it got the whole GPU (~100 %).
+TEST(Limiter, AProcessThatRewritesTheCellIsStillHeldToItsShare) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  Limiter limiter(cell, Share(300));
+  std::uint64_t now = 0, busy = 0;
+  constexpr std::uint64_t kSeconds = 5;
+  while (now < kSeconds * 1000 * kMs) {
+    cell.budget_ns = std::int64_t{1} << 50;  // the hostile writes
+    cell.rate_permille = 1000;
+    const Admission admission = limiter.Admit(kKernel, now);
+    now = std::max(now, admission.ready_at_ns);
+    now += kMs;  // a serial GPU: the kernel runs 1 ms, then the next launch
+    limiter.Settle(kKernel, admission.charged_ns, kMs, now);
+    busy += kMs;
+  }
+  EXPECT_NEAR(static_cast<double>(busy) / static_cast<double>(now), 0.30, 0.01);
+}
+
 TEST(Limiter, DefaultPolicyLendsTheIdleGpuAndTakesItBack) {
   BudgetCell cell{};
   Limiter::InitCell(cell, 300, 20 * kMs, 0);

@@ -54,6 +54,25 @@ void Limiter::InitCell(BudgetCell& cell, std::uint32_t share_permille, std::uint
 
 Limiter::Limiter(BudgetCell& cell, const LimiterConfig& config) : cell_(cell), config_(config) {
   config_.share_permille = std::clamp<std::uint32_t>(config_.share_permille, 1, 1000);
+  own_rate_permille_ = config_.share_permille;
+}
+
+void Limiter::RefillOwn(std::uint64_t now_ns) {
+  const auto burst = static_cast<std::int64_t>(std::max<std::uint64_t>(BurstNs(), config_.burst_ns * own_rate_permille_ / 1000));
+  if (own_refilled_at_ns_ == 0) {
+    own_budget_ns_ = static_cast<std::int64_t>(config_.burst_ns * config_.share_permille / 1000);
+    own_refilled_at_ns_ = std::max<std::uint64_t>(now_ns, 1);
+    return;
+  }
+  if (now_ns <= own_refilled_at_ns_) return;
+  const std::uint64_t gap = std::min(now_ns - own_refilled_at_ns_, kMaxRefillGapNs);
+  own_refilled_at_ns_ = now_ns;
+  if (own_budget_ns_ >= burst) return;
+  own_budget_ns_ = std::min(own_budget_ns_ + static_cast<std::int64_t>(gap * own_rate_permille_ / 1000), burst);
+}
+
+void Limiter::AdjustOwn(std::int64_t delta_ns) {
+  if (config_.throttle && own_refilled_at_ns_ != 0) own_budget_ns_ += delta_ns;
 }
 
 // The budget holds the share of the burst, and never less than one of the longest kernels seen: a tenant whose
@@ -113,6 +132,14 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_
     const auto debt = static_cast<std::uint64_t>(-after);
     admission.ready_at_ns = now_ns + (debt * 1000 + rate - 1) / rate;
   }
+  // And by this process's own count, whatever the cell says.
+  RefillOwn(now_ns);
+  own_budget_ns_ -= static_cast<std::int64_t>(estimate);
+  if (own_budget_ns_ < 0) {
+    const std::uint32_t rate = std::max<std::uint32_t>(own_rate_permille_, 1);
+    const auto debt = static_cast<std::uint64_t>(-own_budget_ns_);
+    admission.ready_at_ns = std::max(admission.ready_at_ns, now_ns + (debt * 1000 + rate - 1) / rate);
+  }
   return admission;
 }
 
@@ -152,6 +179,7 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
     Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted),
                                       std::memory_order_acq_rel);
   }
+  AdjustOwn(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted));
   AddBusy(cell_, now_ns, BusyOf(key, accounted));
 }
 
@@ -167,6 +195,7 @@ std::uint64_t Limiter::BusyOf(const KernelKey& key, std::uint64_t accounted_ns) 
 void Limiter::Cancel(const KernelKey& key, std::uint64_t charged_ns) {
   Forget(key, charged_ns);
   if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns), std::memory_order_acq_rel);
+  AdjustOwn(static_cast<std::int64_t>(charged_ns));
 }
 
 void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns) {
@@ -186,12 +215,20 @@ void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, s
     Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted),
                                       std::memory_order_acq_rel);
   }
+  AdjustOwn(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted));
   AddBusy(cell_, now_ns, BusyOf(key, accounted));
 }
 
 void Limiter::ObserveOthers(double others_busy_fraction, std::uint64_t now_ns) {
   if (!config_.lend_when_idle) return;
   const std::uint32_t wanted = others_busy_fraction < 0.05 ? 1000 : config_.share_permille;
+  if (own_rate_permille_ != wanted) {
+    if (own_refilled_at_ns_ != 0) RefillOwn(now_ns);  // the time so far refills at the old rate
+    own_rate_permille_ = wanted;
+    if (wanted == config_.share_permille) {
+      own_budget_ns_ = std::min(own_budget_ns_, static_cast<std::int64_t>(BurstNs()));
+    }
+  }
   auto rate = Atomic(cell_.rate_permille);
   if (rate.load(std::memory_order_relaxed) == wanted) return;
   Refill(now_ns);  // the time so far refills at the old rate

@@ -89,6 +89,8 @@ class Limiter {
 
  private:
   void Refill(std::uint64_t now_ns);
+  void RefillOwn(std::uint64_t now_ns);
+  void AdjustOwn(std::int64_t delta_ns);
   void Forget(const KernelKey& key, std::uint64_t charged_ns);
   std::uint64_t BurstNs() const;
 
@@ -115,6 +117,13 @@ class Limiter {
   std::uint64_t in_flight_ns_ = 0;
   std::uint64_t ignored_measurements_ = 0;
   std::uint64_t largest_estimate_ns_ = 0;
+  // This process's own copy of the budget, in its own memory: the cell lives in the region, which every process of
+  // the container can write (docs/threat-model.md). A process is also held to the share by its own count, so that
+  // writing the cell (a budget, a lending rate) cannot give it more. Never binds where the cell is honest: it refills
+  // at the container's rate and this process's launches are a part of the container's.
+  std::int64_t own_budget_ns_ = 0;
+  std::uint64_t own_refilled_at_ns_ = 0;   // 0: not started (the first Admit starts it full)
+  std::uint32_t own_rate_permille_ = 0;    // what this process decided: the share, or 1000 while it lends
 };
 
 }  // namespace vgpu::policy
