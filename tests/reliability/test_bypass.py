@@ -23,15 +23,20 @@ print(json.dumps({"alloc": int(err), "total": int(total)}))
 """
 
 
+def contain(fake_gpu, memory_limit: str) -> None:
+    """The processes started next run under the shim, one container with this memory limit (skips without a shim)."""
+    shim = fake_gpu.library_dir / "libvgpu.so"
+    if not shim.exists():
+        pytest.skip(f"{shim} is not built")
+    fake_gpu.env.update({"LD_PRELOAD": str(shim), "CUDA_DEVICE_MEMORY_LIMIT": memory_limit,
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "box.region")})
+
+
 def test_resetting_the_environment_after_start_does_not_raise_the_limit(fake_gpu, figures):
     """Regression: the shim read its configuration at the first CUDA call, so a program that set
     CUDA_DEVICE_MEMORY_LIMIT=70Gi in its own environment before cuInit got 70 GiB under a 1 GiB limit. The
     configuration is now read when the process starts, before the program's code runs."""
-    shim = fake_gpu.library_dir / "libvgpu.so"
-    if not shim.exists():
-        pytest.skip(f"{shim} is not built")
-    fake_gpu.env.update({"LD_PRELOAD": str(shim), "CUDA_DEVICE_MEMORY_LIMIT": "1Gi",
-                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "box.region")})
+    contain(fake_gpu, memory_limit="1Gi")
     result = fake_gpu.run_py(RAISE_THEN_ALLOCATE).json
     assert result["total"] == 1024 ** 3, result
     figures.record("bypass", environment_reset="held" if result["alloc"] == 2 else "RAISED")
@@ -70,11 +75,7 @@ def test_writing_the_region_file_does_not_raise_the_limit(fake_gpu, figures):
     """A process that zeroes its usage in the region file (which every process of the container can write) and
     allocates again stays under its limit: the shim keeps its own count and puts the file's figures back.
     (Two processes colluding still can, for a moment: tests/region RegionTamper, docs/threat-model.md.)"""
-    shim = fake_gpu.library_dir / "libvgpu.so"
-    if not shim.exists():
-        pytest.skip(f"{shim} is not built")
-    fake_gpu.env.update({"LD_PRELOAD": str(shim), "CUDA_DEVICE_MEMORY_LIMIT": "2Gi",
-                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "box.region")})
+    contain(fake_gpu, memory_limit="2Gi")
     result = fake_gpu.run_py(ALLOCATE_REWRITE_ALLOCATE).json
     assert result["first"] == 0, result
     assert result["zeroed"] >= 2, f"the route was not tried: the file held its usage {result['zeroed']} times"
