@@ -459,6 +459,36 @@ std::string ReadDuration(std::string_view key, std::string_view value, std::uint
     return {};
 }
 
+// Splits `text` (empty: no pairs) into key=value pairs joined by commas and hands each to `take(key, value)`, which
+// returns "" or a problem. "" or the first problem: a pair without =, a key given twice, or what `take` said.
+template <typename Take>
+std::string ForEachPair(std::string_view text, std::string_view keys, std::vector<std::string_view>& seen_keys,
+                        Take&& take)
+{
+    std::size_t position = 0;
+    while (!text.empty() && position <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', position), text.size());
+        const std::string_view item = text.substr(position, comma - position);
+        position = comma + 1;
+        const std::size_t equals = item.find('=');
+        if (equals == std::string_view::npos) {
+            return "has " + Quoted(item) + " without =; expected key=value pairs joined by commas, keys " +
+                   std::string(keys);
+        }
+        const std::string_view key = item.substr(0, equals);
+        for (const std::string_view earlier : seen_keys) {
+            if (earlier == key) {
+                return "gives " + std::string(key) + "= twice; expected each key once";
+            }
+        }
+        seen_keys.push_back(key);
+        if (std::string problem = take(key, item.substr(equals + 1)); !problem.empty()) {
+            return problem;
+        }
+    }
+    return {};
+}
+
 }  // namespace
 
 std::string ParsePhase(std::string_view text, Phase* phase)
@@ -468,24 +498,8 @@ std::string ParsePhase(std::string_view text, Phase* phase)
         return "is empty; expected key=value pairs joined by commas, with kernels= or idle=";
     }
     std::vector<std::string_view> seen_keys;
-    std::size_t position = 0;
-    while (position <= text.size()) {
-        const std::size_t comma = std::min(text.find(',', position), text.size());
-        const std::string_view item = text.substr(position, comma - position);
-        position = comma + 1;
-        const std::size_t equals = item.find('=');
-        if (equals == std::string_view::npos) {
-            return "has " + Quoted(item) + " without =; expected key=value pairs joined by commas, keys " +
-                   std::string(kKeys);
-        }
-        const std::string_view key = item.substr(0, equals);
-        const std::string_view value = item.substr(equals + 1);
-        for (const std::string_view earlier : seen_keys) {
-            if (earlier == key) {
-                return "gives " + std::string(key) + "= twice; expected each key once";
-            }
-        }
-        seen_keys.push_back(key);
+    const std::string pairs_problem = ForEachPair(text, kKeys, seen_keys, [&](std::string_view key,
+                                                                              std::string_view value) -> std::string {
         std::string problem;
         if (key == "kernels") {
             std::size_t start = 0;
@@ -546,6 +560,10 @@ std::string ParsePhase(std::string_view text, Phase* phase)
         } else {
             return "has an unknown key " + Quoted(key) + "; expected " + std::string(kKeys);
         }
+        return {};
+    });
+    if (!pairs_problem.empty()) {
+        return pairs_problem;
     }
     const bool has_kernels = !phase->sizes_ns.empty();
     if (phase->idle && seen_keys.size() > 1) {
@@ -561,24 +579,8 @@ std::string ParseChurn(std::string_view text, Churn* churn)
 {
     constexpr std::string_view kKeys = "threads, min, max or hold";
     std::vector<std::string_view> seen_keys;
-    std::size_t position = 0;
-    while (!text.empty() && position <= text.size()) {
-        const std::size_t comma = std::min(text.find(',', position), text.size());
-        const std::string_view item = text.substr(position, comma - position);
-        position = comma + 1;
-        const std::size_t equals = item.find('=');
-        if (equals == std::string_view::npos) {
-            return "has " + Quoted(item) + " without =; expected key=value pairs joined by commas, keys " +
-                   std::string(kKeys);
-        }
-        const std::string_view key = item.substr(0, equals);
-        const std::string_view value = item.substr(equals + 1);
-        for (const std::string_view earlier : seen_keys) {
-            if (earlier == key) {
-                return "gives " + std::string(key) + "= twice; expected each key once";
-            }
-        }
-        seen_keys.push_back(key);
+    const std::string pairs_problem = ForEachPair(text, kKeys, seen_keys, [&](std::string_view key,
+                                                                              std::string_view value) -> std::string {
         std::string problem;
         if (key == "threads" || key == "hold") {
             problem = key == "threads" ? ReadInto(value, 1, kMaxChurnThreads, &churn->threads)
@@ -598,6 +600,10 @@ std::string ParseChurn(std::string_view text, Churn* churn)
         if (!problem.empty()) {
             return "has " + std::string(key) + "=" + Quoted(value) + ", which " + problem;
         }
+        return {};
+    });
+    if (!pairs_problem.empty()) {
+        return pairs_problem;
     }
     if (churn->min_bytes > churn->max_bytes) {
         return "has min above max; expected min <= max";
