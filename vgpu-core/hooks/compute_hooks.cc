@@ -22,6 +22,14 @@ static_assert(sizeof(policy::BudgetCell) <= sizeof(region::Device::compute), "th
 constexpr std::uint64_t kBurstNs = 20'000'000;
 constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then about one launch per kMeasureSpacingNs of its run time
 constexpr std::uint64_t kMeasureSpacingNs = 250'000;
+constexpr std::uint64_t kMeasureAtLeastOneIn = 64;
+// A measurement window (launches queued back to back on one stream, one event between windows) ends after this
+// many launches or this much estimated GPU time, whichever comes first (docs/compute-limit.md): a quarter of what
+// may be queued unmeasured (LimiterConfig::in_flight_max_ns), so that windows settle while more are queued.
+constexpr std::size_t kWindowLaunches = 256;
+constexpr std::uint64_t kWindowNs = 5'000'000;
+// A pair on an idle stream less the host's launch call: never counted below this (the kernel did run).
+constexpr std::uint64_t kLeastPairNs = 500;
 constexpr std::uint64_t kObserveOthersEveryNs = 100'000'000;
 constexpr std::uint64_t kCompletionPollNs = 200'000;
 // A launch asks the driver about measured launches at most this often (each cuEventQuery is a driver call, ~0.3 us
@@ -48,6 +56,7 @@ void SleepUntilNs(std::uint64_t deadline) {
   }
 }
 
+// A measurement waiting for its end event: a pair around one launch, or a window around several.
 struct Pending {
   policy::KernelKey key;
   std::uint64_t charged_ns;
@@ -55,6 +64,27 @@ struct Pending {
   CUevent end;
   CUcontext context;
   std::uint64_t launched_ns;  // just before the launch call: the kernel cannot have started earlier
+  // A pair whose start event was recorded on an idle stream: the host's time from just before that record to the
+  // launch call's return. The GPU wrote the start at once and could not start the kernel before the call had
+  // submitted it, so that time is the host's, not the kernel's (3 to 5 us of a 5 us kernel's pair on the H100).
+  std::uint64_t host_ns = 0;
+  // A window: its launches (key/charged_ns unused), and for one closed only once its stream had drained (the
+  // process stopped launching), the host time from its last launch to its end record (see SettleCompleted).
+  std::vector<policy::WindowLaunch> window;
+  bool is_window = false;
+  std::uint64_t idle_tail_ns = 0;
+};
+
+// A stream's open measurement window, and the event that ended the last one (the next one's start while the
+// stream stays busy). `busy_until_ns` is the host's estimate of when the work queued on the stream ends.
+struct StreamState {
+  CUcontext context = nullptr;
+  std::uint64_t busy_until_ns = 0;
+  std::uint64_t last_launch_ns = 0;
+  CUevent mark = nullptr;
+  CUevent start = nullptr;  // the open window's start; null: no window open
+  std::vector<policy::WindowLaunch> launches;
+  std::uint64_t estimated_ns = 0;
 };
 
 struct KernelKeyHash {
@@ -70,6 +100,9 @@ struct DeviceLimiter {
   std::deque<Pending> pending;
   std::deque<Pending> abandoned;  // settled at their estimate while still running: events held until done
   std::unordered_map<CUcontext, std::vector<CUevent>> free_events;
+  // Events held by more than one owner (a window's end that is also its stream's mark): the owners beyond the first.
+  std::unordered_map<CUevent, std::uint32_t> extra_owners;
+  std::unordered_map<CUstream, StreamState> streams;
   struct Sampling {
     std::uint32_t launches = 0;
   };
@@ -134,9 +167,17 @@ CUresult TakeEvent(DeviceLimiter& d, CUcontext context, CUevent& event) {
   return result;
 }
 
+// Gives up one owner's hold on an event: back to the pool once nobody holds it.
 void ReturnEvent(DeviceLimiter& d, CUcontext context, CUevent event) {
-  if (event != nullptr) d.free_events[context].push_back(event);
+  if (event == nullptr) return;
+  if (const auto it = d.extra_owners.find(event); it != d.extra_owners.end()) {
+    if (--it->second == 0) d.extra_owners.erase(it);
+    return;
+  }
+  d.free_events[context].push_back(event);
 }
+
+void HoldEvent(DeviceLimiter& d, CUevent event) { ++d.extra_owners[event]; }
 
 // Settles every measured launch that has completed (in order per device; a later one may wait for an earlier).
 // Caller holds d.mutex.
@@ -148,6 +189,29 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
   }
   while (!d.pending.empty()) {
     Pending& p = d.pending.front();
+    if (p.is_window) {
+      const CUresult state = Real::cuEventQuery(p.end);
+      if (state == CUDA_ERROR_NOT_READY) return;
+      std::optional<std::uint64_t> measured;
+      float ms = 0;
+      if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
+        const auto elapsed = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
+        measured = elapsed;
+        if (p.idle_tail_ns > 0) {
+          // Closed after its stream had drained: the GPU time up to the last launch at least (the stream was busy
+          // then), and no less than the launches' estimates, never more than the window's span.
+          std::uint64_t estimated = 0;
+          for (const auto& launch : p.window) estimated += launch.charged_ns;
+          const std::uint64_t to_last = elapsed > p.idle_tail_ns ? elapsed - p.idle_tail_ns : 0;
+          measured = std::min(elapsed, std::max(to_last, estimated));
+        }
+      }
+      d.limiter->SettleWindow(p.window.data(), p.window.size(), measured, now);
+      ReturnEvent(d, p.context, p.start);
+      ReturnEvent(d, p.context, p.end);
+      d.pending.pop_front();
+      continue;
+    }
     const bool known = d.measured.contains(p.key);
     const CUresult state = Real::cuEventQuery(p.end);
     // Not ready; or the query failed and the kernel's cost is unknown: asked again later (a launch that waits too
@@ -156,7 +220,8 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
     std::optional<std::uint64_t> measured;
     float ms = 0;
     if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
-      measured = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
+      const auto elapsed = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
+      measured = elapsed > p.host_ns + kLeastPairNs ? elapsed - p.host_ns : std::min(elapsed, kLeastPairNs);
       d.measured.insert(p.key);
     } else if (!known) {
       // Complete, never measured, and its events will not say how long it ran: from its launch to now is at least
@@ -268,6 +333,60 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
   return std::max(0.0, utilization.gpu / 100.0 - policy::Limiter::PublishedShare(cell, now));
 }
 
+// Ends `state`'s open window with an event recorded now on `stream` (behind every launch of the window) and queues
+// it to be settled; the end stays the stream's mark, the next window's start while the stream stays busy. `drained`:
+// the host's estimate says the stream's work has ended; asked of the driver, since an estimate can be short. A
+// window closed on a drained stream also timed the idle time since its last launch (see SettleCompleted). Caller
+// holds d.mutex; the current context is `state.context`.
+void CloseWindow(DeviceLimiter& d, CUstream stream, StreamState& state, std::uint64_t now, bool drained) {
+  if (state.start == nullptr) return;
+  Pending p{};
+  p.is_window = true;
+  p.window = std::move(state.launches);
+  p.start = state.start;
+  p.context = state.context;
+  state.start = nullptr;
+  state.launches.clear();
+  state.estimated_ns = 0;
+  CUevent end = nullptr;
+  CUresult r = TakeEvent(d, state.context, end);
+  if (r == CUDA_SUCCESS) r = Real::cuEventRecord(end, stream);
+  if (r != CUDA_SUCCESS) {  // not measured: each launch at what such a launch costs
+    d.limiter->SettleWindow(p.window.data(), p.window.size(), std::nullopt, now);
+    ReturnEvent(d, p.context, p.start);
+    ReturnEvent(d, p.context, end);
+    return;
+  }
+  p.end = end;
+  if (drained && Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_SUCCESS) {
+    p.idle_tail_ns = std::max<std::uint64_t>(now > state.last_launch_ns ? now - state.last_launch_ns : 0, 1);
+  }
+  d.pending.push_back(std::move(p));
+  ReturnEvent(d, state.context, state.mark);
+  state.mark = end;
+  HoldEvent(d, end);
+}
+
+// Closes every open window of `context` (the process is about to wait: its streams will drain meanwhile).
+void CloseWindowsOf(DeviceLimiter& d, CUcontext context, std::uint64_t now) {
+  for (auto& [stream, state] : d.streams) {
+    if (state.context == context && state.start != nullptr) CloseWindow(d, stream, state, now, false);
+  }
+}
+
+// A stream's state, dropped: its open window settled as unmeasured, its events given back. Caller holds d.mutex.
+void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bool context_alive) {
+  if (!state.launches.empty()) d.limiter->SettleWindow(state.launches.data(), state.launches.size(), std::nullopt, now);
+  if (context_alive) {
+    ReturnEvent(d, state.context, state.start);
+    ReturnEvent(d, state.context, state.mark);
+  } else {
+    d.extra_owners.erase(state.start);
+    d.extra_owners.erase(state.mark);
+  }
+  state = StreamState{};
+}
+
 // Which launches are measured (two event records each, a few microseconds on a real GPU): the first ones of each
 // kernel, then each launch with a probability that follows the kernel's usual run time: a kernel of 250 us or more
 // every time (the events cost ~1 % of it or less, and the budget follows its real sizes launch by launch), a 5 us
@@ -281,7 +400,8 @@ bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_
   state ^= state << 13;
   state ^= state >> 7;
   state ^= state << 17;
-  const std::uint64_t one_in = std::clamp<std::uint64_t>(kMeasureSpacingNs / std::max<std::uint64_t>(estimate_ns, 1), 1, 8);
+  const std::uint64_t one_in =
+      std::clamp<std::uint64_t>(kMeasureSpacingNs / std::max<std::uint64_t>(estimate_ns, 1), 1, kMeasureAtLeastOneIn);
   return state % one_in == 0;
 }
 
@@ -332,6 +452,10 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       d->limiter->ObserveOthers(1.0, now);
     }
   }
+  // The events live in the current context (pooled per context, destroyed with it): without it, nothing is measured.
+  CUcontext context = nullptr;
+  CUresult setup = Real::cuCtxGetCurrent(&context);
+  if (setup == CUDA_SUCCESS && context == nullptr) setup = CUDA_ERROR_INVALID_CONTEXT;
   policy::Admission admission;
   std::uint64_t waited_ns = 0;
   for (;;) {
@@ -352,13 +476,19 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       if (!admission.wait_for_completion) break;
     }
     // Too much queued unmeasured: wait, outside the lock, for completions, polling (never blocking on one
-    // event: it may wait for work this very thread has yet to launch). After kMaxCompletionWaitNs the oldest is
-    // settled at its estimate, so a launch never waits forever.
+    // event: it may wait for work this very thread has yet to launch). Open windows are closed first (their
+    // launches count as queued until measured). After kMaxCompletionWaitNs the oldest is settled at its estimate,
+    // so a launch never waits forever.
+    if (waited_ns == 0 && setup == CUDA_SUCCESS) CloseWindowsOf(*d, context, now);
     if (!d->pending.empty() && waited_ns >= kMaxCompletionWaitNs) {
-      Pending oldest = d->pending.front();
+      Pending oldest = std::move(d->pending.front());
       d->pending.pop_front();
-      d->limiter->SettleUnmeasured(oldest.key, oldest.charged_ns, now);
-      d->abandoned.push_back(oldest);  // its events are reused only once they have completed
+      if (oldest.is_window) {
+        d->limiter->SettleWindow(oldest.window.data(), oldest.window.size(), std::nullopt, now);
+      } else {
+        d->limiter->SettleUnmeasured(oldest.key, oldest.charged_ns, now);
+      }
+      d->abandoned.push_back(std::move(oldest));  // its events are reused only once they have completed
       waited_ns = 0;
       continue;
     }
@@ -367,29 +497,79 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     waited_ns += kCompletionPollNs;
     now = NowNs();
   }
-  if (admission.ready_at_ns > now) SleepUntilNs(admission.ready_at_ns);
+  if (admission.ready_at_ns > now) {
+    // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
+    if (setup == CUDA_SUCCESS) {
+      std::lock_guard<std::mutex> guard(d->mutex);
+      CloseWindowsOf(*d, context, now);
+    }
+    SleepUntilNs(admission.ready_at_ns);
+  }
+  const std::uint64_t at = std::max(now, admission.ready_at_ns);  // about now: one clock read per launch
 
-  // The events live in the current context (pooled per context, destroyed with it): without it, nothing is measured.
-  CUcontext context = nullptr;
-  CUresult setup = Real::cuCtxGetCurrent(&context);
+  // How this launch is measured (docs/compute-limit.md, "Measurement windows"): a kernel of known cost launched
+  // while its stream is still busy joins the stream's window (no event of its own: the next window boundary measures
+  // it with its neighbours, back to back); one launched on a drained stream gets a pair of its own if sampled; a
+  // kernel never measured gets a pair every time.
+  enum class How { unmeasured, pair, window } how = How::unmeasured;
   CUevent start = nullptr, end = nullptr;
-  bool measure = false;
-  bool unknown_cost = false;
+  bool unknown_cost = false, idle_stream = false;
+  std::uint64_t host_from_ns = 0;
   {
     std::lock_guard<std::mutex> guard(d->mutex);
     unknown_cost = !d->measured.contains(key);
-    // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
-    if (setup == CUDA_SUCCESS && (SampleThisLaunch(d->sampling[function], admission.charged_ns) || unknown_cost)) {
-      setup = TakeEvent(*d, context, start);
-      if (setup == CUDA_SUCCESS) setup = TakeEvent(*d, context, end);
-      measure = start != nullptr && end != nullptr;
+    if (setup == CUDA_SUCCESS) {
+      StreamState& state = d->streams[stream];
+      if (state.context != context) {
+        DropStreamState(*d, state, at, true);  // a stream handle of another context, reused
+        state.context = context;
+      }
+      const bool busy = at < state.busy_until_ns;
+      if (!unknown_cost && busy) {
+        how = How::window;
+        if (state.start == nullptr) {
+          if (state.mark != nullptr) {
+            state.start = state.mark;  // the stream has been busy since the mark: the windows chain
+            state.mark = nullptr;
+          } else if ((setup = TakeEvent(*d, context, start)) == CUDA_SUCCESS &&
+                     (setup = Real::cuEventRecord(start, stream)) == CUDA_SUCCESS) {
+            state.start = start;
+            start = nullptr;
+          } else {
+            ReturnEvent(*d, context, start);
+            start = nullptr;
+            how = How::unmeasured;
+          }
+        }
+        if (how == How::window) {
+          state.launches.push_back({key, admission.charged_ns});
+          state.estimated_ns += admission.charged_ns;
+        }
+      } else {
+        CloseWindow(*d, stream, state, at, !busy);  // the process had stopped launching here for a while
+        ReturnEvent(*d, context, state.mark);
+        state.mark = nullptr;
+        // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
+        if (SampleThisLaunch(d->sampling[function], admission.charged_ns) || unknown_cost) {
+          setup = TakeEvent(*d, context, start);
+          if (setup == CUDA_SUCCESS) setup = TakeEvent(*d, context, end);
+          if (start != nullptr && end != nullptr) {
+            how = How::pair;
+            idle_stream = !busy;
+          }
+        }
+      }
     }
   }
-  if (measure) {
+  if (how == How::pair) {
+    // Asked of the driver only for a measured launch: on an idle stream the pair's start is written at once, and
+    // the host's time up to the launch call's return is then not the kernel's.
+    idle_stream = idle_stream && Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_SUCCESS;
+    host_from_ns = NowNs();
     setup = Real::cuEventRecord(start, stream);
-    measure = setup == CUDA_SUCCESS;
+    if (setup != CUDA_SUCCESS) how = How::unmeasured;
   }
-  if (unknown_cost && !measure) {
+  if (unknown_cost && how != How::pair) {
     // Its cost is unknown and this run could not be measured: settled at a guess, a kernel of any length would run
     // uncapped. Refused with the error that kept it from being measured; nothing ran, nothing is owed.
     std::lock_guard<std::mutex> guard(d->mutex);
@@ -398,25 +578,55 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     ReturnEvent(*d, context, end);
     return setup != CUDA_SUCCESS ? setup : CUDA_ERROR_UNKNOWN;
   }
-  // One clock read per launch on the common path (in a VM without a fast clock, each is a system call).
-  const std::uint64_t launched_ns = measure ? NowNs() : std::max(now, admission.ready_at_ns);
   const CUresult result = launch();
+  const std::uint64_t host_ns = how == How::pair && idle_stream ? NowNs() - host_from_ns : 0;
   // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
-  if (measure && result == CUDA_SUCCESS && Real::cuEventRecord(end, stream) != CUDA_SUCCESS &&
+  if (how == How::pair && result == CUDA_SUCCESS && Real::cuEventRecord(end, stream) != CUDA_SUCCESS &&
       (!unknown_cost || Real::cuEventRecord(end, stream) != CUDA_SUCCESS)) {
-    measure = false;
+    how = How::unmeasured;
   }
   std::lock_guard<std::mutex> guard(d->mutex);
+  StreamState* state = setup == CUDA_SUCCESS || how != How::unmeasured ? &d->streams[stream] : nullptr;
   if (result != CUDA_SUCCESS) {
-    d->limiter->Cancel(key, admission.charged_ns);  // nothing ran: nothing is owed
-  } else if (measure) {
-    d->pending.push_back({key, admission.charged_ns, start, end, context, launched_ns});
+    // Nothing ran: nothing is owed. A window's launch is taken out of it, unless the window has been closed
+    // meanwhile (another thread): it is then settled with the window, which timed no kernel for it.
+    bool owed_nothing = true;
+    if (how == How::window && state != nullptr) {
+      owed_nothing = false;
+      for (auto it = state->launches.rbegin(); it != state->launches.rend(); ++it) {
+        if (it->key == key && it->charged_ns == admission.charged_ns) {
+          state->estimated_ns -= it->charged_ns;
+          state->launches.erase(std::next(it).base());
+          owed_nothing = true;
+          break;
+        }
+      }
+    }
+    if (owed_nothing) d->limiter->Cancel(key, admission.charged_ns);
+    ReturnEvent(*d, context, start);
+    ReturnEvent(*d, context, end);
     return result;
-  } else {
-    d->limiter->SettleUnmeasured(key, admission.charged_ns, launched_ns);
   }
-  ReturnEvent(*d, context, start);
-  ReturnEvent(*d, context, end);
+  if (how == How::pair) {
+    d->pending.push_back({key, admission.charged_ns, start, end, context, host_from_ns, host_ns, {}, false, 0});
+    if (state != nullptr && state->context == context) {
+      ReturnEvent(*d, context, state->mark);
+      state->mark = end;  // the next window starts here while the stream stays busy
+      HoldEvent(*d, end);
+    }
+  } else if (how == How::unmeasured) {
+    d->limiter->SettleUnmeasured(key, admission.charged_ns, at);
+    ReturnEvent(*d, context, start);
+    ReturnEvent(*d, context, end);
+  }
+  if (state != nullptr) {
+    state->busy_until_ns = std::max(state->busy_until_ns, at) + admission.charged_ns;
+    state->last_launch_ns = at;
+    if (how == How::window &&
+        (state->launches.size() >= kWindowLaunches || state->estimated_ns >= kWindowNs)) {
+      CloseWindow(*d, stream, *state, at, false);
+    }
+  }
   return result;
 }
 
@@ -426,15 +636,30 @@ void ForgetComputeContext(CUcontext context) {
   for (DeviceLimiter& d : g_devices) {
     if (!d.limiter) continue;
     std::lock_guard<std::mutex> guard(d.mutex);
+    const std::uint64_t now = NowNs();
     // Its events went with the context: settle what was pending at its estimate, never touch those events again.
     for (auto* queue : {&d.pending, &d.abandoned}) {
       for (auto it = queue->begin(); it != queue->end();) {
         if (it->context == context) {
-          if (queue == &d.pending) d.limiter->SettleUnmeasured(it->key, it->charged_ns, NowNs());
+          if (queue == &d.pending && it->is_window) {
+            d.limiter->SettleWindow(it->window.data(), it->window.size(), std::nullopt, now);
+          } else if (queue == &d.pending) {
+            d.limiter->SettleUnmeasured(it->key, it->charged_ns, now);
+          }
+          d.extra_owners.erase(it->start);
+          d.extra_owners.erase(it->end);
           it = queue->erase(it);
         } else {
           ++it;
         }
+      }
+    }
+    for (auto it = d.streams.begin(); it != d.streams.end();) {
+      if (it->second.context == context) {
+        DropStreamState(d, it->second, now, false);
+        it = d.streams.erase(it);
+      } else {
+        ++it;
       }
     }
     d.free_events.erase(context);

@@ -99,6 +99,7 @@
   X(cuArrayGetMemoryRequirements) \
   X(cuEventCreate)           \
   X(cuStreamIsCapturing)     \
+  X(cuStreamQuery)           \
   X(cuEventRecord)           \
   X(cuEventQuery)            \
   X(cuEventSynchronize)      \

@@ -127,9 +127,10 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_
       Atomic(cell_.budget_ns).fetch_sub(static_cast<std::int64_t>(estimate), std::memory_order_acq_rel) -
       static_cast<std::int64_t>(estimate);
   if (after < 0) {
-    // In debt: wait until the refill has paid it back. Precise: a deadline, not a nap.
+    // In debt: wait until the refill has paid it back, and the pace more (the launches after this one then go back
+    // to back). Precise: a deadline, not a nap.
     const std::uint32_t rate = std::max<std::uint32_t>(Atomic(cell_.rate_permille).load(std::memory_order_relaxed), 1);
-    const auto debt = static_cast<std::uint64_t>(-after);
+    const auto debt = static_cast<std::uint64_t>(-after) + PaceNs();
     admission.ready_at_ns = now_ns + (debt * 1000 + rate - 1) / rate;
   }
   // And by this process's own count, whatever the cell says.
@@ -137,15 +138,38 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_
   own_budget_ns_ -= static_cast<std::int64_t>(estimate);
   if (own_budget_ns_ < 0) {
     const std::uint32_t rate = std::max<std::uint32_t>(own_rate_permille_, 1);
-    const auto debt = static_cast<std::uint64_t>(-own_budget_ns_);
+    const auto debt = static_cast<std::uint64_t>(-own_budget_ns_) + PaceNs();
     admission.ready_at_ns = std::max(admission.ready_at_ns, now_ns + (debt * 1000 + rate - 1) / rate);
   }
   return admission;
 }
 
+// The pace never exceeds a quarter of what the budget can hold: a small share still saves up for its bursts.
+std::uint64_t Limiter::PaceNs() const { return std::min(config_.pace_ns, BurstNs() / 4); }
+
 void Limiter::Forget(const KernelKey& key, std::uint64_t charged_ns) {
   in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
   if (auto it = costs_.find(key); it != costs_.end() && it->second.unknown_in_flight > 0) --it->second.unknown_in_flight;
+}
+
+// The launch charge is the median of the recent runs. Events count the time slices of other containers that preempt
+// a kernel inside it: a kernel longer than a slice next to a busy container is over-charged, never under
+// (docs/compute-limit.md, "What is not held").
+void Limiter::Learn(const KernelKey& key, std::uint64_t measured_ns) {
+  Cost& cost = costs_[key];
+  cost.recent[cost.count % 16] = measured_ns;
+  ++cost.count;
+  const std::uint32_t n = std::min<std::uint32_t>(cost.count, 16);
+  std::uint64_t sorted[16];
+  std::copy(cost.recent, cost.recent + n, sorted);
+  std::nth_element(sorted, sorted + n / 2, sorted + n);
+  cost.estimate_ns = sorted[n / 2];
+  std::nth_element(sorted + n / 2, sorted + (3 * n) / 4, sorted + n);  // the upper half only: all >= the median
+  cost.upper_quartile_ns = sorted[(3 * n) / 4];
+  std::uint64_t& oldest = cost.longer[(cost.count - 1) % 64];
+  cost.longer_sum += measured_ns - oldest;  // modular arithmetic: exact while the true sum fits
+  oldest = measured_ns;
+  largest_estimate_ns_ = std::max({largest_estimate_ns_, cost.estimate_ns, measured_ns});
 }
 
 void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
@@ -153,24 +177,9 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
   Forget(key, charged_ns);
   std::uint64_t accounted = charged_ns;
   if (measured_ns.has_value() && *measured_ns > 0 && *measured_ns < kAbsurdNs) {
-    Cost& cost = costs_[key];
-    cost.recent[cost.count % 16] = *measured_ns;
-    ++cost.count;
-    const std::uint32_t n = std::min<std::uint32_t>(cost.count, 16);
     // The run is accounted at what it measured, so the long-run budget is exact for a lone container whatever its
-    // kernels do (jitter, one function given different sizes). The launch charge is the median of the recent runs.
-    // Events count the time slices of other containers that preempt a kernel inside it: a kernel longer than a slice
-    // next to a busy container is over-charged, never under (docs/compute-limit.md, "What is not held").
-    std::uint64_t sorted[16];
-    std::copy(cost.recent, cost.recent + n, sorted);
-    std::nth_element(sorted, sorted + n / 2, sorted + n);
-    cost.estimate_ns = sorted[n / 2];
-    std::nth_element(sorted + n / 2, sorted + (3 * n) / 4, sorted + n);  // the upper half only: all >= the median
-    cost.upper_quartile_ns = sorted[(3 * n) / 4];
-    std::uint64_t& oldest = cost.longer[(cost.count - 1) % 64];
-    cost.longer_sum += *measured_ns - oldest;  // modular arithmetic: exact while the true sum fits
-    oldest = *measured_ns;
-    largest_estimate_ns_ = std::max({largest_estimate_ns_, cost.estimate_ns, *measured_ns});
+    // kernels do (jitter, one function given different sizes).
+    Learn(key, *measured_ns);
     accounted = *measured_ns;
   } else {
     ++ignored_measurements_;  // missing or garbage: the estimate stands, nothing blocks on it
@@ -198,25 +207,73 @@ void Limiter::Cancel(const KernelKey& key, std::uint64_t charged_ns) {
   AdjustOwn(static_cast<std::int64_t>(charged_ns));
 }
 
+// What a launch that was not measured costs: the mean of the kernel's last 64 measurements (its charge if it was
+// never measured). The mean, not the median: the launches measured are drawn at random, so their mean is what a
+// launch costs on average, whatever the kernel's run times do. The median of a skewed mix is far below it: one
+// function launched at 5 us .. 5 ms got 62 % at a 30 % cap; a kernel whose run time depends on its data (long one
+// launch in eight) got several times its cap (docs/threat-model.md). The median's one merit, ignoring a stray pair
+// that timed a host pause before an idle stream started the kernel, is kept by the shim: such a pair no longer
+// counts the host's time (docs/compute-limit.md, "Measurement windows").
+std::uint64_t Limiter::UnmeasuredCost(const KernelKey& key, std::uint64_t charged_ns) const {
+  const auto it = costs_.find(key);
+  if (it == costs_.end() || it->second.count == 0) return charged_ns;
+  return it->second.longer_sum / std::min<std::uint32_t>(it->second.count, 64);
+}
+
 void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns) {
   Forget(key, charged_ns);
-  // At what such a launch costs: for a kernel of one size, its median (robust to a stray measurement that also
-  // timed a host pause before an idle stream started it: 5 us kernels at a 30 % cap got 26 % at the mean); for a
-  // kernel whose recent sizes spread widely (the upper quartile over twice the median: one function launched at
-  // 5 us .. 5 ms, a GEMM dispatcher), the mean of its last 64 measurements, since the median of a skewed mix is far
-  // below what a launch costs on average (62 % at a 30 % cap when every unmeasured launch was settled at the median).
-  std::uint64_t accounted = charged_ns;
-  if (const auto it = costs_.find(key); it != costs_.end() && it->second.count > 0) {
-    const Cost& cost = it->second;
-    const std::uint64_t mean = cost.longer_sum / std::min<std::uint32_t>(cost.count, 64);
-    accounted = cost.upper_quartile_ns > 2 * cost.estimate_ns ? mean : cost.estimate_ns;
-  }
+  const std::uint64_t accounted = UnmeasuredCost(key, charged_ns);
   if (config_.throttle) {
     Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted),
                                       std::memory_order_acq_rel);
   }
   AdjustOwn(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted));
   AddBusy(cell_, now_ns, BusyOf(key, accounted));
+}
+
+void Limiter::SettleWindow(const WindowLaunch* launches, std::size_t count, std::optional<std::uint64_t> measured_ns,
+                           std::uint64_t now_ns) {
+  std::uint64_t charged = 0, estimated = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    Forget(launches[i].key, launches[i].charged_ns);
+    charged += launches[i].charged_ns;
+  }
+  const bool known = measured_ns.has_value() && *measured_ns > 0 && *measured_ns < kAbsurdNs && charged > 0;
+  std::uint64_t accounted = 0;
+  if (known) {
+    accounted = *measured_ns;
+    // Each kernel of the window learns once per window: its part of the total (apportioned by the charges), per
+    // launch. A window of one kernel's launches teaches that kernel exactly its mean run time in the window.
+    for (std::size_t i = 0; i < count; ++i) {
+      bool seen = false;
+      for (std::size_t j = 0; j < i && !seen; ++j) seen = launches[j].key == launches[i].key;
+      if (seen) continue;
+      std::uint64_t own = 0, launches_of_key = 0;
+      for (std::size_t j = i; j < count; ++j) {
+        if (launches[j].key == launches[i].key) {
+          own += launches[j].charged_ns;
+          ++launches_of_key;
+        }
+      }
+      const auto part = static_cast<std::uint64_t>(static_cast<double>(accounted) * static_cast<double>(own) /
+                                                   static_cast<double>(charged));
+      Learn(launches[i].key, std::max<std::uint64_t>(part / launches_of_key, 1));
+      estimated += launches_of_key * EstimateNs(launches[i].key);
+    }
+  } else {
+    ++ignored_measurements_;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::uint64_t cost = UnmeasuredCost(launches[i].key, launches[i].charged_ns);
+      accounted += cost;
+      estimated += cost;
+    }
+  }
+  if (config_.throttle) {
+    Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged) - static_cast<std::int64_t>(accounted),
+                                      std::memory_order_acq_rel);
+  }
+  AdjustOwn(static_cast<std::int64_t>(charged) - static_cast<std::int64_t>(accounted));
+  AddBusy(cell_, now_ns, std::min(accounted, estimated));  // see BusyOf
 }
 
 void Limiter::ObserveOthers(double others_busy_fraction, std::uint64_t now_ns) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
@@ -40,6 +41,17 @@ struct LimiterConfig {
   std::uint64_t default_cost_ns = 100'000;
   std::uint64_t in_flight_max_ns = 20'000'000;  // expected-but-unmeasured GPU time one process may have queued
   std::uint64_t settle_after_ns = 60'000'000'000ull;  // a launch never measured is settled at its estimate
+  // A launch that finds the budget in debt waits until it is repaid and this much more (at most a quarter of the
+  // burst), so that a throttled process runs its kernels in bursts, back to back, instead of one launch per refill
+  // onto an idle stream: a run of queued kernels is measured exactly, a lone launch on an idle stream with the launch
+  // latency in it (docs/compute-limit.md, "Pacing"). Changes when kernels run, never how much.
+  std::uint64_t pace_ns = 500'000;
+};
+
+// One launch of a measurement window: what it was charged.
+struct WindowLaunch {
+  KernelKey key;
+  std::uint64_t charged_ns;
 };
 
 // The decision for one launch.
@@ -68,6 +80,11 @@ class Limiter {
   // A launch the caller chose not to measure (sampling): settled at the mean of the kernel's recent measurements
   // (the unbiased guess of its cost), or at its charge if it was never measured.
   void SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns);
+  // Launches queued back to back on one stream, measured together by one pair of events (a window): their total GPU
+  // time is `measured_ns` (nullopt: not known, each settled as unmeasured). The budget is corrected by the total;
+  // each kernel learns its part, apportioned by the charges (docs/compute-limit.md, "Measurement windows").
+  void SettleWindow(const WindowLaunch* launches, std::size_t count, std::optional<std::uint64_t> measured_ns,
+                    std::uint64_t now_ns);
 
   // `default` policy: the fraction of a recent period in which others' kernels ran (the device's utilization over
   // an NVML sample period minus our own BusyFraction over the same period). Below 5 % the container runs free;
@@ -92,6 +109,9 @@ class Limiter {
   void RefillOwn(std::uint64_t now_ns);
   void AdjustOwn(std::int64_t delta_ns);
   void Forget(const KernelKey& key, std::uint64_t charged_ns);
+  void Learn(const KernelKey& key, std::uint64_t measured_ns);
+  std::uint64_t UnmeasuredCost(const KernelKey& key, std::uint64_t charged_ns) const;
+  std::uint64_t PaceNs() const;
   std::uint64_t BurstNs() const;
 
   struct KeyHash {
