@@ -30,6 +30,9 @@ constexpr std::size_t kWindowLaunches = 256;
 constexpr std::uint64_t kWindowNs = 5'000'000;
 // A pair on an idle stream less the host's launch call: never counted below this (the kernel did run).
 constexpr std::uint64_t kLeastPairNs = 500;
+// What an event record takes the host at most (~1 us on the H100, tests/gpu/call_costs.cu); beyond it, the thread
+// was preempted in the call, and the excess is not the kernel's.
+constexpr std::uint64_t kRecordCallNs = 2'000;
 constexpr std::uint64_t kObserveOthersEveryNs = 100'000'000;
 constexpr std::uint64_t kCompletionPollNs = 200'000;
 // A launch asks the driver about measured launches at most this often (each cuEventQuery is a driver call, ~0.3 us
@@ -387,6 +390,81 @@ void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bo
   state = StreamState{};
 }
 
+enum class How { unmeasured, pair, window };
+
+// How one launch is measured, decided under d.mutex just before it is made.
+struct Plan {
+  How how = How::unmeasured;
+  CUevent start = nullptr, end = nullptr;  // a pair's events
+  bool unknown_cost = false;
+  bool idle_stream = false;  // a pair on a stream the driver says is idle
+  bool close_after = false;  // the launch fills its window: the window ends right after it
+};
+
+bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_ns);
+
+// docs/compute-limit.md, "Measurement windows": a kernel of known cost launched while at least half a launch of
+// work is queued ahead of it on its stream (by the host's estimate) joins the stream's window: no event of its own,
+// the next window boundary measures it with its neighbours, back to back. A window opens only on a stream the
+// driver says is busy (the last mark not reached yet, or the stream not idle), so that it never starts on an idle
+// GPU. Any other launch closes the stream's window, and gets a pair of its own if sampled; a kernel never measured
+// gets a pair every time. Caller holds d.mutex; updates the stream's estimate of its queue.
+Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* function, CUstream stream,
+                CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at) {
+  Plan plan;
+  plan.unknown_cost = !d.measured.contains(key);
+  if (setup != CUDA_SUCCESS) return plan;
+  StreamState& state = d.streams[stream];
+  if (state.context != context) {
+    DropStreamState(d, state, at, true);  // a stream handle of another context, reused
+    state.context = context;
+  }
+  bool queued = !plan.unknown_cost && state.busy_until_ns > at + charged_ns / 2;
+  if (queued && state.start == nullptr) {
+    CUevent& mark = state.mark;
+    queued = mark != nullptr ? Real::cuEventQuery(mark) == CUDA_ERROR_NOT_READY
+                             : Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
+    if (queued && mark != nullptr) {
+      state.start = mark;  // the stream has been busy since the mark: the windows chain
+      mark = nullptr;
+    } else if (queued) {
+      CUevent start = nullptr;
+      if ((setup = TakeEvent(d, context, start)) == CUDA_SUCCESS &&
+          (setup = Real::cuEventRecord(start, stream)) == CUDA_SUCCESS) {
+        state.start = start;
+      } else {
+        ReturnEvent(d, context, start);
+        setup = CUDA_SUCCESS;  // measured otherwise: as a launch on an idle stream
+        queued = false;
+      }
+    }
+  }
+  const bool busy = state.busy_until_ns > at;
+  state.busy_until_ns = std::max(state.busy_until_ns, at) + charged_ns;
+  if (queued) {
+    plan.how = How::window;
+    state.launches.push_back({key, charged_ns});
+    state.estimated_ns += charged_ns;
+    state.last_launch_ns = at;
+    plan.close_after = state.launches.size() >= kWindowLaunches || state.estimated_ns >= kWindowNs;
+    return plan;
+  }
+  CloseWindow(d, stream, state, at, !busy);  // by the estimate, the process had stopped launching here a while
+  ReturnEvent(d, context, state.mark);
+  state.mark = nullptr;
+  state.last_launch_ns = at;
+  // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
+  if (SampleThisLaunch(d.sampling[function], charged_ns) || plan.unknown_cost) {
+    setup = TakeEvent(d, context, plan.start);
+    if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
+    if (plan.start != nullptr && plan.end != nullptr) {
+      plan.how = How::pair;
+      plan.idle_stream = !busy && Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_SUCCESS;
+    }
+  }
+  return plan;
+}
+
 // Which launches are measured (two event records each, a few microseconds on a real GPU): the first ones of each
 // kernel, then each launch with a probability that follows the kernel's usual run time: a kernel of 250 us or more
 // every time (the events cost ~1 % of it or less, and the budget follows its real sizes launch by launch), a 5 us
@@ -457,6 +535,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   CUresult setup = Real::cuCtxGetCurrent(&context);
   if (setup == CUDA_SUCCESS && context == nullptr) setup = CUDA_ERROR_INVALID_CONTEXT;
   policy::Admission admission;
+  Plan plan;
+  bool planned = false;
   std::uint64_t waited_ns = 0;
   for (;;) {
     std::unique_lock<std::mutex> guard(d->mutex);
@@ -473,7 +553,16 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
                         std::any_of(d->pending.begin(), d->pending.end(), [&](const Pending& p) { return p.key == key; });
     if (!serial) {
       admission = d->limiter->Admit(key, now, bound);
-      if (!admission.wait_for_completion) break;
+      if (!admission.wait_for_completion) {
+        if (admission.ready_at_ns <= now) {
+          plan = PlanLaunch(*d, key, function, stream, context, setup, admission.charged_ns, now);  // the common case
+          planned = true;
+        } else if (setup == CUDA_SUCCESS) {
+          // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
+          CloseWindowsOf(*d, context, now);
+        }
+        break;
+      }
     }
     // Too much queued unmeasured: wait, outside the lock, for completions, polling (never blocking on one
     // event: it may wait for work this very thread has yet to launch). Open windows are closed first (their
@@ -497,102 +586,55 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     waited_ns += kCompletionPollNs;
     now = NowNs();
   }
-  if (admission.ready_at_ns > now) {
-    // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
-    if (setup == CUDA_SUCCESS) {
-      std::lock_guard<std::mutex> guard(d->mutex);
-      CloseWindowsOf(*d, context, now);
-    }
-    SleepUntilNs(admission.ready_at_ns);
-  }
   const std::uint64_t at = std::max(now, admission.ready_at_ns);  // about now: one clock read per launch
-
-  // How this launch is measured (docs/compute-limit.md, "Measurement windows"): a kernel of known cost launched
-  // while its stream is still busy joins the stream's window (no event of its own: the next window boundary measures
-  // it with its neighbours, back to back); one launched on a drained stream gets a pair of its own if sampled; a
-  // kernel never measured gets a pair every time.
-  enum class How { unmeasured, pair, window } how = How::unmeasured;
-  CUevent start = nullptr, end = nullptr;
-  bool unknown_cost = false, idle_stream = false;
-  std::uint64_t host_from_ns = 0;
-  {
+  if (!planned) {
+    SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
-    unknown_cost = !d->measured.contains(key);
-    if (setup == CUDA_SUCCESS) {
-      StreamState& state = d->streams[stream];
-      if (state.context != context) {
-        DropStreamState(*d, state, at, true);  // a stream handle of another context, reused
-        state.context = context;
-      }
-      const bool busy = at < state.busy_until_ns;
-      if (!unknown_cost && busy) {
-        how = How::window;
-        if (state.start == nullptr) {
-          if (state.mark != nullptr) {
-            state.start = state.mark;  // the stream has been busy since the mark: the windows chain
-            state.mark = nullptr;
-          } else if ((setup = TakeEvent(*d, context, start)) == CUDA_SUCCESS &&
-                     (setup = Real::cuEventRecord(start, stream)) == CUDA_SUCCESS) {
-            state.start = start;
-            start = nullptr;
-          } else {
-            ReturnEvent(*d, context, start);
-            start = nullptr;
-            how = How::unmeasured;
-          }
-        }
-        if (how == How::window) {
-          state.launches.push_back({key, admission.charged_ns});
-          state.estimated_ns += admission.charged_ns;
-        }
-      } else {
-        CloseWindow(*d, stream, state, at, !busy);  // the process had stopped launching here for a while
-        ReturnEvent(*d, context, state.mark);
-        state.mark = nullptr;
-        // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
-        if (SampleThisLaunch(d->sampling[function], admission.charged_ns) || unknown_cost) {
-          setup = TakeEvent(*d, context, start);
-          if (setup == CUDA_SUCCESS) setup = TakeEvent(*d, context, end);
-          if (start != nullptr && end != nullptr) {
-            how = How::pair;
-            idle_stream = !busy;
-          }
-        }
-      }
-    }
+    plan = PlanLaunch(*d, key, function, stream, context, setup, admission.charged_ns, at);
   }
-  if (how == How::pair) {
-    // Asked of the driver only for a measured launch: on an idle stream the pair's start is written at once, and
-    // the host's time up to the launch call's return is then not the kernel's.
-    idle_stream = idle_stream && Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_SUCCESS;
-    host_from_ns = NowNs();
-    setup = Real::cuEventRecord(start, stream);
-    if (setup != CUDA_SUCCESS) how = How::unmeasured;
+
+  std::uint64_t host_ns = 0, record_from_ns = 0, record_to_ns = 0;
+  if (plan.how == How::pair) {
+    record_from_ns = NowNs();
+    setup = Real::cuEventRecord(plan.start, stream);
+    if (setup != CUDA_SUCCESS) plan.how = How::unmeasured;
+    record_to_ns = plan.idle_stream ? NowNs() : record_from_ns;
   }
-  if (unknown_cost && how != How::pair) {
+  if (plan.unknown_cost && plan.how != How::pair) {
     // Its cost is unknown and this run could not be measured: settled at a guess, a kernel of any length would run
     // uncapped. Refused with the error that kept it from being measured; nothing ran, nothing is owed.
     std::lock_guard<std::mutex> guard(d->mutex);
     d->limiter->Cancel(key, admission.charged_ns);
-    ReturnEvent(*d, context, start);
-    ReturnEvent(*d, context, end);
+    ReturnEvent(*d, context, plan.start);
+    ReturnEvent(*d, context, plan.end);
     return setup != CUDA_SUCCESS ? setup : CUDA_ERROR_UNKNOWN;
   }
   const CUresult result = launch();
-  const std::uint64_t host_ns = how == How::pair && idle_stream ? NowNs() - host_from_ns : 0;
-  // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
-  if (how == How::pair && result == CUDA_SUCCESS && Real::cuEventRecord(end, stream) != CUDA_SUCCESS &&
-      (!unknown_cost || Real::cuEventRecord(end, stream) != CUDA_SUCCESS)) {
-    how = How::unmeasured;
+  if (plan.how == How::pair && plan.idle_stream) {
+    // On an idle stream the GPU wrote the start during the record call, and could not start the kernel before the
+    // launch call had submitted it: the launch call's time is the host's, not the kernel's; so is a record call
+    // that took longer than a record takes (the thread was preempted in it).
+    const std::uint64_t record_ns = record_to_ns - record_from_ns;
+    host_ns = NowNs() - record_to_ns + (record_ns > kRecordCallNs ? record_ns - kRecordCallNs : 0);
   }
+  // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
+  if (plan.how == How::pair && result == CUDA_SUCCESS && Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS &&
+      (!plan.unknown_cost || Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS)) {
+    plan.how = How::unmeasured;
+  }
+  // A launch that joined a window, and does not fill it, is done: its charge is settled with the window.
+  if (result == CUDA_SUCCESS && plan.how == How::window && !plan.close_after) return result;
+
   std::lock_guard<std::mutex> guard(d->mutex);
-  StreamState* state = setup == CUDA_SUCCESS || how != How::unmeasured ? &d->streams[stream] : nullptr;
+  StreamState* state = nullptr;
+  if (const auto it = d->streams.find(stream); it != d->streams.end() && it->second.context == context) {
+    state = &it->second;
+  }
   if (result != CUDA_SUCCESS) {
     // Nothing ran: nothing is owed. A window's launch is taken out of it, unless the window has been closed
     // meanwhile (another thread): it is then settled with the window, which timed no kernel for it.
-    bool owed_nothing = true;
-    if (how == How::window && state != nullptr) {
-      owed_nothing = false;
+    bool owed_nothing = plan.how != How::window;
+    if (!owed_nothing && state != nullptr) {
       for (auto it = state->launches.rbegin(); it != state->launches.rend(); ++it) {
         if (it->key == key && it->charged_ns == admission.charged_ns) {
           state->estimated_ns -= it->charged_ns;
@@ -603,29 +645,24 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       }
     }
     if (owed_nothing) d->limiter->Cancel(key, admission.charged_ns);
-    ReturnEvent(*d, context, start);
-    ReturnEvent(*d, context, end);
+    ReturnEvent(*d, context, plan.start);
+    ReturnEvent(*d, context, plan.end);
     return result;
   }
-  if (how == How::pair) {
-    d->pending.push_back({key, admission.charged_ns, start, end, context, host_from_ns, host_ns, {}, false, 0});
-    if (state != nullptr && state->context == context) {
+  if (plan.how == How::pair) {
+    d->pending.push_back(
+        {key, admission.charged_ns, plan.start, plan.end, context, record_from_ns, host_ns, {}, false, 0});
+    if (state != nullptr) {
       ReturnEvent(*d, context, state->mark);
-      state->mark = end;  // the next window starts here while the stream stays busy
-      HoldEvent(*d, end);
+      state->mark = plan.end;  // the next window starts here while the stream stays busy
+      HoldEvent(*d, plan.end);
     }
-  } else if (how == How::unmeasured) {
+  } else if (plan.how == How::unmeasured) {
     d->limiter->SettleUnmeasured(key, admission.charged_ns, at);
-    ReturnEvent(*d, context, start);
-    ReturnEvent(*d, context, end);
-  }
-  if (state != nullptr) {
-    state->busy_until_ns = std::max(state->busy_until_ns, at) + admission.charged_ns;
-    state->last_launch_ns = at;
-    if (how == How::window &&
-        (state->launches.size() >= kWindowLaunches || state->estimated_ns >= kWindowNs)) {
-      CloseWindow(*d, stream, *state, at, false);
-    }
+    ReturnEvent(*d, context, plan.start);
+    ReturnEvent(*d, context, plan.end);
+  } else if (state != nullptr && plan.close_after) {
+    CloseWindow(*d, stream, *state, at, false);
   }
   return result;
 }
