@@ -148,11 +148,33 @@ def change(ratios: list[float]) -> str:
             f"{loss(ratios[int(0.1 * (len(ratios) - 1))]):+.1f})")
 
 
+def calls_section(out: Path) -> list[str]:
+    path = out / "call_costs.jsonl"
+    if not path.exists():
+        return []
+    costs: dict[str, dict[str, list[float]]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        costs.setdefault(row["call"], {}).setdefault(row["config"], []).append(row["ns"])
+    lines = ["## Driver calls on the launch path (tests/gpu/call_costs.cu, one CPU)", "",
+             "Host ns per call (median of 21 batches of 2000, then the median over rounds); `gpu:` rows are GPU time "
+             "between events. `shim_limits`: under libvgpu.so with a 99 % compute cap (the runtime's launches go "
+             "through the shim's launch path).", "",
+             "| call | none | shim_limits | added |", "|---|---|---|---|"]
+    for call, by_config in costs.items():
+        none = statistics.median(by_config["none"]) if by_config.get("none") else None
+        shim = statistics.median(by_config["shim_limits"]) if by_config.get("shim_limits") else None
+        added = f"{(shim / none - 1) * 100:+.1f} %" if none and shim else "—"
+        lines.append(f"| {call} | {none if none is None else f'{none:.1f}'} | "
+                     f"{shim if shim is None else f'{shim:.1f}'} | {added} |")
+    return lines + [""]
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     machine = (out / "machine.txt").read_text() if (out / "machine.txt").exists() else ""
     print("# Calibration run\n\n```\n" + machine.strip() + "\n```\n")
-    print("\n".join(probe_section(out) + overhead_section(out)))
+    print("\n".join(probe_section(out) + calls_section(out) + overhead_section(out)))
     return 0
 
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Calibration runs for fakecuda's device model and the shim's overhead on a real GPU (issue 6).
 #
-#   OUT=calib bash tests/gpu/calibrate.sh [probe|overhead|all]
+#   OUT=calib bash tests/gpu/calibrate.sh [probe|calls|overhead|all]
 #
 # probe: tests/gpu/slice_probe (built with nvcc, or taken from build/gpu-deps/slice_probe) alone and in pairs of
 #   processes: 1 ms, 100 us and 20 ms kernels, a full tenant beside a throttled one (duty 30 %), two throttled ones
 #   (70 % + 30 %). Each kernel reports the time it ran, the gaps in which its context was switched out, and what a
 #   CUDA event pair around it said (tests/gpu/slice_probe.cu). Analysed by tests/gpu/calibrate.py.
+# calls: the host cost of each driver call on the launch path, and of a launch, without the shim and under it with
+#   a 99 % compute cap (tests/gpu/call_costs.cu; 3 rounds, pinned to one CPU).
 # overhead: builds the shim and vgpu-tenant (Release), then interleaves short rounds of an empty-kernel launch loop
 #   (depth 64) and a launch+synchronize loop (depth 1), pinned to one CPU, under four configurations: no shim; the
 #   shim with no limits; the shim with a memory limit only; the shim with a memory limit and a 99 % compute cap.
@@ -58,14 +60,42 @@ if [[ $what == probe || $what == all ]]; then
     "--kernel-us 1000 --blocks 132 --seconds 3 --duty 0.3"
 fi
 
-if [[ $what == overhead || $what == all ]]; then
-  echo "== overhead"
-  build=/tmp/vgpu-calib-build
-  headers=()
+build=/tmp/vgpu-calib-build
+build_shim() {  # the shim and vgpu-tenant, Release, once
+  [[ -f $build/lib/libvgpu.so && -x $build/bin/vgpu-tenant ]] && return 0
+  local headers=()
   [[ -f $repo/build/gpu-deps/nvml-include/nvml.h ]] && headers=(-DNVML_INCLUDE_DIR="$repo/build/gpu-deps/nvml-include")
   { cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DVGPU_WERROR=OFF -DVGPU_BUILD_BENCH=OFF -DVGPU_PYTHON=OFF \
       -DVGPU_BUILD_TESTS=OFF "${headers[@]}" && cmake --build "$build" -j"$(nproc)" --target vgpu vgpu-tenant; } \
     >"$out/overhead-build.log" 2>&1 || { echo "build failed: $out/overhead-build.log"; exit 1; }
+}
+
+if [[ $what == calls || $what == all ]]; then
+  # What each driver call on the shim's launch path costs the host, without the shim and under it with a 99 % cap
+  # (the runtime's launches then go through the shim's launch path): tests/gpu/call_costs.cu.
+  echo "== calls"
+  build_shim
+  calls=$repo/build/gpu-deps/call_costs
+  if [[ ! -x $calls ]]; then
+    calls=$out/call_costs
+    nvcc -O2 -arch=sm_90 -o "$calls" "$repo/tests/gpu/call_costs.cu" -lcuda || exit 1
+  fi
+  cpu=$(( $(nproc) > 3 ? 3 : 0 ))
+  : >"$out/call_costs.jsonl"
+  for round in 0 1 2; do
+    for config in none shim_limits; do
+      env=(env -u LD_PRELOAD)
+      [[ $config == shim_limits ]] && env+=(LD_PRELOAD="$build/lib/libvgpu.so" CUDA_DEVICE_SM_LIMIT=99
+        GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/c-lim.cache")
+      "${env[@]}" taskset -c "$cpu" "$calls" | sed "s/^{/{\"round\":$round,\"config\":\"$config\",/" >>"$out/call_costs.jsonl"
+    done
+  done
+  echo "call cost lines: $(wc -l <"$out/call_costs.jsonl")"
+fi
+
+if [[ $what == overhead || $what == all ]]; then
+  echo "== overhead"
+  build_shim
   tenant=$build/bin/vgpu-tenant
   # What a clock read costs here (the shim reads CLOCK_MONOTONIC on every limited launch).
   printf '#include <stdio.h>\n#include <time.h>\nint main(void){struct timespec a,b,t;clock_gettime(CLOCK_MONOTONIC,&a);for(int i=0;i<1000000;i++)clock_gettime(CLOCK_MONOTONIC,&t);clock_gettime(CLOCK_MONOTONIC,&b);printf("%%.1f\\n",((b.tv_sec-a.tv_sec)*1e9+(b.tv_nsec-a.tv_nsec))/1e6);return 0;}\n' \
