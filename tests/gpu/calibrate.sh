@@ -8,7 +8,7 @@
 #   (70 % + 30 %). Each kernel reports the time it ran, the gaps in which its context was switched out, and what a
 #   CUDA event pair around it said (tests/gpu/slice_probe.cu). Analysed by tests/gpu/calibrate.py.
 # calls: the host cost of each driver call on the launch path, and of a launch, without the shim and under it with
-#   a 99 % compute cap (tests/gpu/call_costs.cu; 3 rounds, pinned to one CPU).
+#   a 99 % compute cap (tests/gpu/call_costs.cu; 6 rounds in alternating order, pinned to one CPU).
 # overhead: builds the shim and vgpu-tenant (Release), then interleaves short rounds of an empty-kernel launch loop
 #   (depth 64) and a launch+synchronize loop (depth 1), pinned to one CPU, under four configurations: no shim; the
 #   shim with no limits; the shim with a memory limit only; the shim with a memory limit and a 99 % compute cap.
@@ -82,8 +82,10 @@ if [[ $what == calls || $what == all ]]; then
   fi
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
   : >"$out/call_costs.jsonl"
-  for round in 0 1 2; do
-    for config in none shim_limits; do
+  for round in 0 1 2 3 4 5; do
+    order=(none shim_limits)
+    (( round % 2 )) && order=(shim_limits none)
+    for config in "${order[@]}"; do
       env=(env -u LD_PRELOAD)
       [[ $config == shim_limits ]] && env+=(LD_PRELOAD="$build/lib/libvgpu.so" CUDA_DEVICE_SM_LIMIT=99
         GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/c-lim.cache")

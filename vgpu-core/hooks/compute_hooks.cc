@@ -118,6 +118,7 @@ struct DeviceLimiter {
   std::atomic<std::uint64_t> held_blind_ns{0};    // `default`: when the container was last held for want of readings
   bool lend = false;
   std::uint64_t next_settle_ns = 0;  // under `mutex`: see kSettleEveryNs
+  std::atomic<bool> ready{false};    // `limiter` is set up: later launches need nothing else to find it
 };
 
 DeviceLimiter g_devices[policy::kMaxDevices];
@@ -128,6 +129,9 @@ std::once_flag g_device_once[policy::kMaxDevices];
 DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
   error = CUDA_SUCCESS;
   if (ordinal < 0 || ordinal >= policy::kMaxDevices) return nullptr;
+  // Set up once, on the first launch (the configuration does not change after start): every later launch takes
+  // this path, with no lock (RegionDevice takes the shim's).
+  if (g_devices[ordinal].ready.load(std::memory_order_acquire)) return &g_devices[ordinal];
   Shim& shim = TheShim();
   const std::uint32_t percent = shim.config.sm_limit_percent[static_cast<std::size_t>(ordinal)];
   const bool disabled = shim.config.policy == policy::ComputePolicy::disable;
@@ -152,6 +156,7 @@ DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
     config.lend_when_idle = shim.config.policy == policy::ComputePolicy::standard;
     d.lend = config.lend_when_idle;
     d.limiter = std::make_unique<policy::Limiter>(*cell, config);
+    d.ready.store(true, std::memory_order_release);
   });
   return d.limiter ? &d : nullptr;
 }
