@@ -91,6 +91,39 @@ def test_a_deep_queue_is_measured_in_windows_not_launch_by_launch(fake_gpu, tena
     assert shim_records <= launches / 2, f"{shim_records} records for {launches} launches: not measured in windows"
 
 
+def bursts(fake_gpu, work: str, idle: str) -> tuple[float, dict]:
+    """Runs vgpu-tenant in bursts (`work`: a phase spec) separated by idle pauses with no synchronize, for 4 s; its
+    share of the device by the trace, and its result line."""
+    trace_path = fake_gpu.enable_trace()
+    result = fake_gpu.tenant("--seconds", "4", "--phase", work, "--phase", f"idle={idle}", "--repeat", timeout=60)
+    assert result.returncode == 0, result.describe()
+    return kernel_shares(read_trace(trace_path), [result.pid]).share(result.pid), result.json
+
+
+def test_bursts_that_stop_without_waiting_are_held_to_the_cap(fake_gpu, tenant_available, shim_path):
+    """Bursts of queued 200 us kernels (6 ms of launching, 16 in flight), each followed by a 4 ms pause with no
+    synchronize: they want ~65 % of the GPU; capped at 30 % they get 30 %."""
+    contain(fake_gpu, shim_path, "bursts", 30)
+    share, line = bursts(fake_gpu, "kernels=200us,for=6ms,depth=16", "4ms")
+    print(f"\nbursts capped at 30 %: own {100 * line['busy_fraction']:.1f} %, device trace {100 * share:.1f} %")
+    assert abs(share - 0.30) <= 0.03, f"{100 * share:.1f} % of the device for a 30 % cap"
+
+
+def test_bursts_under_their_cap_are_not_charged_their_pauses(fake_gpu, tenant_available, shim_path):
+    """Bursts of queued 200 us kernels (1 ms of launching, 5 in flight), each followed by a 7 ms pause with no
+    synchronize, under a cap they do not reach (40 %): a burst's measurement window is still open when the process
+    stops launching, and is closed by the next burst's first launch, after the stream has drained; it is charged its
+    GPU time up to its last launch, or its estimates, never the pause. The process gets what it gets uncapped; a
+    window charged its pause would count the whole wall time as the process's and hold it far under that."""
+    natural, _ = bursts(fake_gpu, "kernels=200us,for=1ms,depth=5", "7ms")
+    contain(fake_gpu, shim_path, "bursts", 40)
+    share, line = bursts(fake_gpu, "kernels=200us,for=1ms,depth=5", "7ms")
+    print(f"\nbursts under a 40 % cap: uncapped {100 * natural:.1f} %, capped: own {100 * line['busy_fraction']:.1f} %, "
+          f"device trace {100 * share:.1f} %")
+    assert natural < 0.35, f"the workload wants {100 * natural:.1f} %: not under the cap, the test proves nothing"
+    assert abs(share - natural) <= 0.02, f"{100 * share:.1f} % capped against {100 * natural:.1f} % uncapped"
+
+
 KNOWN_GAP = ("kernels longer than a time slice are stretched by the other container's slices, and CUDA events "
              "count those slices: both containers are charged for them (docs/compute-limit.md, 'What is not held')")
 
