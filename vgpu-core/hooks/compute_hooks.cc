@@ -76,6 +76,9 @@ struct Pending {
   std::vector<policy::WindowLaunch> window;
   bool is_window = false;
   std::uint64_t idle_tail_ns = 0;
+  // A pair between whose events another thread launched onto the same stream: its kernel may lie between them, so
+  // the pair says how long both ran, not this kernel. Settled at the kernel's usual cost, not learned from.
+  bool shared = false;
 };
 
 // A stream's open measurement window, and the event that ended the last one (the next one's start while the
@@ -88,6 +91,12 @@ struct StreamState {
   CUevent start = nullptr;  // the open window's start; null: no window open
   std::vector<policy::WindowLaunch> launches;
   std::uint64_t estimated_ns = 0;
+  // Launches of the open window planned but not made yet (other threads may launch into the same stream): the window
+  // ends only once they are made, or a kernel would run after its end event, in no window. A close asked for
+  // meanwhile is left to the last of them. Read and written without d.mutex by the launching threads.
+  std::atomic<std::uint32_t> launching{0};
+  std::atomic<bool> close_when_done{false};
+  std::uint64_t planned = 0;  // launches planned on this stream so far (a pair compares it before and after)
 };
 
 struct KernelKeyHash {
@@ -225,6 +234,13 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
     // Not ready; or the query failed and the kernel's cost is unknown: asked again later (a launch that waits too
     // long settles the oldest at its estimate). A known kernel whose query fails is settled at its estimate.
     if (state == CUDA_ERROR_NOT_READY || (state != CUDA_SUCCESS && !known)) return;
+    if (p.shared && known) {
+      d.limiter->SettleUnmeasured(p.key, p.charged_ns, now);  // (a kernel never measured takes the pair: an over-charge)
+      ReturnEvent(d, p.context, p.start);
+      ReturnEvent(d, p.context, p.end);
+      d.pending.pop_front();
+      continue;
+    }
     std::optional<std::uint64_t> measured;
     float ms = 0;
     if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
@@ -348,6 +364,11 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
 // holds d.mutex; the current context is `state.context`.
 void CloseWindow(DeviceLimiter& d, CUstream stream, StreamState& state, std::uint64_t now, bool drained) {
   if (state.start == nullptr) return;
+  if (state.launching.load(std::memory_order_acquire) > 0) {
+    state.close_when_done.store(true, std::memory_order_release);  // the last launch in flight closes it
+    return;
+  }
+  state.close_when_done.store(false, std::memory_order_relaxed);
   Pending p{};
   p.is_window = true;
   p.window = std::move(state.launches);
@@ -392,7 +413,12 @@ void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bo
     d.extra_owners.erase(state.start);
     d.extra_owners.erase(state.mark);
   }
-  state = StreamState{};
+  state.context = nullptr;
+  state.busy_until_ns = state.last_launch_ns = state.estimated_ns = 0;
+  state.mark = state.start = nullptr;
+  state.launches.clear();
+  state.launching.store(0, std::memory_order_relaxed);
+  state.close_when_done.store(false, std::memory_order_relaxed);
 }
 
 enum class How { unmeasured, pair, window };
@@ -400,10 +426,12 @@ enum class How { unmeasured, pair, window };
 // How one launch is measured, decided under d.mutex just before it is made.
 struct Plan {
   How how = How::unmeasured;
+  StreamState* stream = nullptr;  // a window's stream state (stable: map nodes are erased only with their context)
   CUevent start = nullptr, end = nullptr;  // a pair's events
   bool unknown_cost = false;
   bool idle_stream = false;  // a pair on a stream the driver says is idle
   bool close_after = false;  // the launch fills its window: the window ends right after it
+  std::uint64_t sequence = 0;  // the stream's `planned` count with this launch
 };
 
 bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_ns);
@@ -446,12 +474,15 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   }
   const bool busy = state.busy_until_ns > at;
   state.busy_until_ns = std::max(state.busy_until_ns, at) + charged_ns;
+  plan.sequence = ++state.planned;
   if (queued) {
     plan.how = How::window;
     state.launches.push_back({key, charged_ns});
     state.estimated_ns += charged_ns;
     state.last_launch_ns = at;
     plan.close_after = state.launches.size() >= kWindowLaunches || state.estimated_ns >= kWindowNs;
+    plan.stream = &state;
+    state.launching.fetch_add(1, std::memory_order_acq_rel);
     return plan;
   }
   CloseWindow(d, stream, state, at, !busy);  // by the estimate, the process had stopped launching here a while
@@ -627,8 +658,14 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       (!plan.unknown_cost || Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS)) {
     plan.how = How::unmeasured;
   }
-  // A launch that joined a window, and does not fill it, is done: its charge is settled with the window.
-  if (result == CUDA_SUCCESS && plan.how == How::window && !plan.close_after) return result;
+  // A launch that joined a window, and does not fill it, is done: its charge is settled with the window (unless it
+  // is the last of several in flight and a close waits for it).
+  bool close_window = false;
+  if (plan.how == How::window) {
+    const bool last = plan.stream->launching.fetch_sub(1, std::memory_order_acq_rel) == 1;
+    close_window = plan.close_after || (last && plan.stream->close_when_done.load(std::memory_order_acquire));
+    if (result == CUDA_SUCCESS && !close_window) return result;
+  }
 
   std::lock_guard<std::mutex> guard(d->mutex);
   StreamState* state = nullptr;
@@ -652,11 +689,12 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     if (owed_nothing) d->limiter->Cancel(key, admission.charged_ns);
     ReturnEvent(*d, context, plan.start);
     ReturnEvent(*d, context, plan.end);
+    if (state != nullptr && close_window) CloseWindow(*d, stream, *state, at, false);
     return result;
   }
   if (plan.how == How::pair) {
-    d->pending.push_back(
-        {key, admission.charged_ns, plan.start, plan.end, context, record_from_ns, host_ns, {}, false, 0});
+    d->pending.push_back({key, admission.charged_ns, plan.start, plan.end, context, record_from_ns, host_ns, {}, false,
+                          0, state == nullptr || state->planned != plan.sequence});
     if (state != nullptr) {
       ReturnEvent(*d, context, state->mark);
       state->mark = plan.end;  // the next window starts here while the stream stays busy
@@ -666,8 +704,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     d->limiter->SettleUnmeasured(key, admission.charged_ns, at);
     ReturnEvent(*d, context, plan.start);
     ReturnEvent(*d, context, plan.end);
-  } else if (state != nullptr && plan.close_after) {
-    CloseWindow(*d, stream, *state, at, false);
+  } else if (state != nullptr && close_window) {
+    CloseWindow(*d, stream, *state, at, false);  // or leaves it to a launch still in flight
   }
   return result;
 }
