@@ -219,7 +219,8 @@ def test_threads_launching_into_one_stream_are_held_to_the_cap(fake_gpu, shim_pa
     run after the window's end event, in no window). A pair whose events another thread's launch fell between
     measures both kernels: it is settled at the kernel's usual cost, not learned from. Regression: counting such pairs
     held this process to 21.5–27.7 % (a kernel's mean learned from pairs that timed other threads' kernels too); the
-    shim before the windows gave it 100 %. Held to its 30 % by the device's trace."""
+    shim before the windows gave it 100 %. Held to its 30 % by the device's trace, within the run-to-run noise of a
+    kernel measured at random (+/- 3 points over a few seconds: tests/shim/compute_test.cc)."""
     trace_path = fake_gpu.enable_trace()
     contain(fake_gpu, shim_path, "threads", 30)
     report = fake_gpu.run_py("""
@@ -229,7 +230,7 @@ def test_threads_launching_into_one_stream_are_held_to_the_cap(fake_gpu, shim_pa
         _, context = cuda_context(0)
         _, function = load_spin_kernel()
         start_ns = time.monotonic_ns()
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 4.0
         launched = [0] * 4
 
         def worker(index):
@@ -253,7 +254,7 @@ def test_threads_launching_into_one_stream_are_held_to_the_cap(fake_gpu, shim_pa
     print(f"\nfour threads into one stream, capped at 30 %: {sum(line['launched'])} launches, device trace "
           f"{100 * share:.1f} %")
     assert min(line["launched"]) > 50, line
-    assert 0.27 <= share <= 0.33, f"{100 * share:.1f} % of the device for a 30 % cap"
+    assert 0.26 <= share <= 0.34, f"{100 * share:.1f} % of the device for a 30 % cap"
 
 
 def busy_between(events: list[dict], pid: int, start_ns: int, end_ns: int) -> float:

@@ -9,6 +9,10 @@
 //                                                  random alloc/free in threads; fd 3 started, fd 4 done, fd 5 go;
 //                                                  barrier: after fd 3, wait for EOF on fd 6 before the rounds
 //   observe   limit= [device=]                     (run without the shim) poll NVML until EOF on fd 5
+//   launch    threads= seconds= short_us= long_us= long_every=
+//                                                  threads launching one-block spin kernels into the legacy default
+//                                                  stream, long_us one launch in long_every (drawn), short_us else;
+//                                                  prints launched=, busy_ns= (their run times), elapsed_ns=
 //
 // Exit codes: 0 done, 2 bad arguments, 3 deadline passed, 4 unexpected CUDA/NVML error, 42 failclosed's own code.
 #include <cuda.h>
@@ -32,6 +36,8 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "vgpu_tenant/spin_ptx.h"
 
 namespace {
 
@@ -433,9 +439,67 @@ int Observe() {
 
 }  // namespace
 
+// Threads launching into one stream (the legacy default one) at once: the shim's launch path under concurrency.
+int Launch() {
+  if (const CUresult r = cuInit(0); r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuInit: %d\n", r);
+    return 4;
+  }
+  CUcontext context = nullptr;
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  CUresult r = RetainContext(0, Clock::now() + std::chrono::seconds(10), context);
+  if (r == CUDA_SUCCESS) r = cuModuleLoadData(&module, vgpu::tenant::kSpinPtx);
+  if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&function, module, "vgpu_spin");
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "setup: %d\n", r);
+    return 4;
+  }
+  const std::uint64_t short_ns = Arg("short_us", 30) * 1000, long_ns = Arg("long_us", 2000) * 1000;
+  const std::uint64_t long_every = std::max<std::uint64_t>(Arg("long_every", 8), 1);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(Arg("seconds", 2) * 1000);
+  std::atomic<std::uint64_t> launched{0}, busy_ns{0};
+  std::atomic<int> failure{CUDA_SUCCESS};
+  std::vector<std::thread> threads;
+  for (std::uint64_t t = 0; t < Arg("threads", 4); ++t) {
+    threads.emplace_back([&, t] {
+      if (const CUresult set = cuCtxSetCurrent(context); set != CUDA_SUCCESS) {
+        failure = set;
+        return;
+      }
+      std::uint64_t draw = 0x9e3779b97f4a7c15ull * (t + 1);
+      while (Clock::now() < deadline && failure.load() == CUDA_SUCCESS) {
+        draw ^= draw << 13;
+        draw ^= draw >> 7;
+        draw ^= draw << 17;
+        unsigned long long ns = draw % long_every == 0 ? long_ns : short_ns;
+        void* params[] = {&ns};
+        if (const CUresult launch = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr);
+            launch != CUDA_SUCCESS) {
+          failure = launch;
+          return;
+        }
+        ++launched;
+        busy_ns += ns;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  if (failure.load() != CUDA_SUCCESS || (r = cuCtxSynchronize()) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "launch: %d\n", failure.load() != CUDA_SUCCESS ? failure.load() : static_cast<int>(r));
+    return 4;
+  }
+  Print("launched", launched.load());
+  Print("busy_ns", busy_ns.load());
+  Print("elapsed_ns", static_cast<std::uint64_t>(
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe [key=value ...]\n");
+    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe|launch [key=value ...]\n");
     return 2;
   }
   for (int i = 2; i < argc; ++i) {
@@ -454,6 +518,7 @@ int main(int argc, char** argv) {
   else if (command == "fill") status = Fill();
   else if (command == "churn") status = Churn();
   else if (command == "observe") status = Observe();
+  else if (command == "launch") status = Launch();
   else std::fprintf(stderr, "shim_worker: unknown command %s\n", command.c_str());
   std::fflush(stdout);
   return status;

@@ -28,11 +28,6 @@ constexpr std::uint64_t kMeasureAtLeastOneIn = 64;
 // may be queued unmeasured (LimiterConfig::in_flight_max_ns), so that windows settle while more are queued.
 constexpr std::size_t kWindowLaunches = 256;
 constexpr std::uint64_t kWindowNs = 5'000'000;
-// A pair on an idle stream less the host's launch call: never counted below this (the kernel did run).
-constexpr std::uint64_t kLeastPairNs = 500;
-// What an event record takes the host at most (~1 us on the H100, tests/gpu/call_costs.cu); beyond it, the thread
-// was preempted in the call, and the excess is not the kernel's.
-constexpr std::uint64_t kRecordCallNs = 2'000;
 constexpr std::uint64_t kObserveOthersEveryNs = 100'000'000;
 constexpr std::uint64_t kCompletionPollNs = 200'000;
 // A launch asks the driver about measured launches at most this often (each cuEventQuery is a driver call, ~0.3 us
@@ -67,10 +62,6 @@ struct Pending {
   CUevent end;
   CUcontext context;
   std::uint64_t launched_ns;  // just before the launch call: the kernel cannot have started earlier
-  // A pair whose start event was recorded on an idle stream: the host's time from just before that record to the
-  // launch call's return. The GPU wrote the start at once and could not start the kernel before the call had
-  // submitted it, so that time is the host's, not the kernel's (3 to 5 us of a 5 us kernel's pair on the H100).
-  std::uint64_t host_ns = 0;
   // A window: its launches (key/charged_ns unused), and for one closed only once its stream had drained (the
   // process stopped launching), the host time from its last launch to its end record (see SettleCompleted).
   std::vector<policy::WindowLaunch> window;
@@ -244,8 +235,7 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
     std::optional<std::uint64_t> measured;
     float ms = 0;
     if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
-      const auto elapsed = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
-      measured = elapsed > p.host_ns + kLeastPairNs ? elapsed - p.host_ns : std::min(elapsed, kLeastPairNs);
+      measured = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
       d.measured.insert(p.key);
     } else if (!known) {
       // Complete, never measured, and its events will not say how long it ran: from its launch to now is at least
@@ -429,7 +419,6 @@ struct Plan {
   StreamState* stream = nullptr;  // a window's stream state (stable: map nodes are erased only with their context)
   CUevent start = nullptr, end = nullptr;  // a pair's events
   bool unknown_cost = false;
-  bool idle_stream = false;  // a pair on a stream the driver says is idle
   bool close_after = false;  // the launch fills its window: the window ends right after it
   std::uint64_t sequence = 0;  // the stream's `planned` count with this launch
 };
@@ -493,10 +482,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   if (SampleThisLaunch(d.sampling[function], charged_ns) || plan.unknown_cost) {
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
-    if (plan.start != nullptr && plan.end != nullptr) {
-      plan.how = How::pair;
-      plan.idle_stream = !busy && Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_SUCCESS;
-    }
+    if (plan.start != nullptr && plan.end != nullptr) plan.how = How::pair;
   }
   return plan;
 }
@@ -629,12 +615,11 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     plan = PlanLaunch(*d, key, function, stream, context, setup, admission.charged_ns, at);
   }
 
-  std::uint64_t host_ns = 0, record_from_ns = 0, record_to_ns = 0;
+  std::uint64_t launched_ns = 0;
   if (plan.how == How::pair) {
-    record_from_ns = NowNs();
+    launched_ns = NowNs();
     setup = Real::cuEventRecord(plan.start, stream);
     if (setup != CUDA_SUCCESS) plan.how = How::unmeasured;
-    record_to_ns = plan.idle_stream ? NowNs() : record_from_ns;
   }
   if (plan.unknown_cost && plan.how != How::pair) {
     // Its cost is unknown and this run could not be measured: settled at a guess, a kernel of any length would run
@@ -646,13 +631,6 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     return setup != CUDA_SUCCESS ? setup : CUDA_ERROR_UNKNOWN;
   }
   const CUresult result = launch();
-  if (plan.how == How::pair && plan.idle_stream) {
-    // On an idle stream the GPU wrote the start during the record call, and could not start the kernel before the
-    // launch call had submitted it: the launch call's time is the host's, not the kernel's; so is a record call
-    // that took longer than a record takes (the thread was preempted in it).
-    const std::uint64_t record_ns = record_to_ns - record_from_ns;
-    host_ns = NowNs() - record_to_ns + (record_ns > kRecordCallNs ? record_ns - kRecordCallNs : 0);
-  }
   // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
   if (plan.how == How::pair && result == CUDA_SUCCESS && Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS &&
       (!plan.unknown_cost || Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS)) {
@@ -693,8 +671,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     return result;
   }
   if (plan.how == How::pair) {
-    d->pending.push_back({key, admission.charged_ns, plan.start, plan.end, context, record_from_ns, host_ns, {}, false,
-                          0, state == nullptr || state->planned != plan.sequence});
+    d->pending.push_back({key, admission.charged_ns, plan.start, plan.end, context, launched_ns, {}, false, 0,
+                          state == nullptr || state->planned != plan.sequence});
     if (state != nullptr) {
       ReturnEvent(*d, context, state->mark);
       state->mark = plan.end;  // the next window starts here while the stream stays busy
