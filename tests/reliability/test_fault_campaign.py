@@ -147,7 +147,7 @@ CALLS: dict[str, Call] = {
     "cuArrayGetMemoryRequirements": _cuda("resolved", "-"),
     "cuEventCreate": _cuda("helper", "compute"),                  # kernels measured with events
     "cuStreamIsCapturing": _cuda("helper", "compute"),
-    "cuStreamQuery": _cuda("helper", "compute"),                  # a measured launch's stream idle: host time out
+    "cuStreamQuery": _cuda("helper", "compute"),                  # a window opens only on a busy stream
     "cuEventRecord": _cuda("helper", "compute"),
     "cuEventQuery": _cuda("helper", "compute"),
     "cuEventSynchronize": _cuda("resolved", "-"),
