@@ -271,9 +271,32 @@ CUresult CreateStreamCommon(CUstream* out, unsigned int flags, int priority) {
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
+// The calling thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode): global by default.
+static thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+// A "potentially unsafe" call (here: cuStreamQuery, cuEventQuery) made while a capture in global mode is under way
+// anywhere in the process, by a thread whose own mode is not relaxed: as the real driver does, the call fails and
+// invalidates those captures (their cuStreamEndCapture then fails). Caller holds d.mutex.
+static CUresult CheckUnsafeDuringCapture(Driver& d) {
+  if (t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  bool invalidated = false;
+  for (Stream* stream : d.streams) {
+    if (stream->capture != nullptr && stream->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+      stream->capture_invalidated = true;
+      invalidated = true;
+    }
+  }
+  return invalidated ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+namespace {
+
 CUresult StreamQuery(CUstream handle, bool per_thread) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
+  if (const CUresult r = CheckUnsafeDuringCapture(d); r != CUDA_SUCCESS) return r;
   ResolvedStream rs;
   if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
   state::MachineLock lock(*d.attachment);
@@ -991,6 +1014,7 @@ FAKECUDA_EXPORT CUresult cuEventQuery(CUevent handle) {
   FAKECUDA_ENTER("cuEventQuery");
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
+  if (const CUresult r = CheckUnsafeDuringCapture(d); r != CUDA_SUCCESS) return r;
   Event* e = Lookup<Event>(d, handle, Kind::event);
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (!e->recorded) return CUDA_SUCCESS;
@@ -1140,6 +1164,15 @@ FAKECUDA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptur
 extern "C" __attribute__((visibility("default"))) CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
   FAKECUDA_ENTER("cuStreamBeginCapture_v2_ptsz");
   return BeginCapture(stream, mode, true);
+}
+
+FAKECUDA_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  FAKECUDA_ENTER("cuThreadExchangeStreamCaptureMode");
+  if (mode == nullptr || static_cast<int>(*mode) < 0 || *mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::swap(*mode, t_capture_mode);
+  return CUDA_SUCCESS;
 }
 
 FAKECUDA_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {

@@ -212,6 +212,51 @@ def test_launches_into_a_capturing_stream_are_left_to_the_graph_launch(fake_gpu,
     assert line["seconds"] >= 0.45, line
 
 
+def test_a_graph_capture_in_global_mode_survives_a_capped_thread_beside_it(fake_gpu, shim_path):
+    """One thread captures a graph in CU_STREAM_CAPTURE_MODE_GLOBAL (PyTorch's default) while another thread of the
+    process launches under a compute cap. In global mode a "potentially unsafe" call (an event or stream query) from
+    any thread invalidates the capture, and the shim queries events to measure launches: it makes those calls with
+    its thread's capture mode relaxed. Regression: on the H100, 24 of 40 PyTorch graph captures failed beside a
+    capped thread (0 without the shim; tests/gpu/capture_probe.py); fakecuda models the rule for the queries."""
+    contain(fake_gpu, shim_path, "capture-global", 50)
+    report = fake_gpu.run_py("""
+        import threading, time
+        from cuda.bindings import driver
+        from clientlib import check, cuda_context, emit, launch_spin, load_spin_kernel
+        _, context = cuda_context(0)
+        _, function = load_spin_kernel()
+        stop = threading.Event()
+        launched = [0]
+
+        def busy():
+            check("cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
+            stream = check("cuStreamCreate", driver.cuStreamCreate(1))
+            while not stop.is_set():
+                launch_spin(function, 200_000, stream=stream)
+                launched[0] += 1
+
+        worker = threading.Thread(target=busy)
+        worker.start()
+        time.sleep(0.3)
+        capture_stream = check("cuStreamCreate", driver.cuStreamCreate(1))
+        results = []
+        for _ in range(10):
+            check("cuStreamBeginCapture", driver.cuStreamBeginCapture(
+                capture_stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+            launch_spin(function, 1_000_000, stream=capture_stream)
+            time.sleep(0.05)  # the other thread launches (and the shim measures) meanwhile
+            status, graph = driver.cuStreamEndCapture(capture_stream)
+            results.append(int(status))
+        stop.set()
+        worker.join()
+        check("cuCtxSynchronize", driver.cuCtxSynchronize())
+        emit({"end_capture": results, "launched": launched[0]})
+    """, timeout=60)
+    line = report.json
+    assert line["launched"] > 20, line
+    assert line["end_capture"] == [0] * 10, f"cuStreamEndCapture results {line['end_capture']}: captures invalidated"
+
+
 def test_threads_launching_into_one_stream_are_held_to_the_cap(fake_gpu, shim_path):
     """Four threads launch into the legacy default stream at once, each a kernel whose run time depends on its data
     (30 us, 2 ms one launch in eight): the stream's measurement windows are planned by one thread and ended by

@@ -148,6 +148,7 @@ CALLS: dict[str, Call] = {
     "cuEventCreate": _cuda("helper", "compute"),                  # kernels measured with events
     "cuStreamIsCapturing": _cuda("helper", "compute"),
     "cuStreamQuery": _cuda("helper", "compute"),                  # a window opens only on a busy stream
+    "cuThreadExchangeStreamCaptureMode": _cuda("helper", "compute"),  # the shim's queries in relaxed capture mode
     "cuEventRecord": _cuda("helper", "compute"),
     "cuEventQuery": _cuda("helper", "compute"),
     "cuEventSynchronize": _cuda("resolved", "-"),
@@ -161,7 +162,7 @@ CALLS: dict[str, Call] = {
 }
 
 # Helpers the compute-limited launch path calls on every launch (or on the first): faulted under a compute cap too.
-LAUNCH_HELPERS = ["cuStreamIsCapturing", "cuStreamQuery", "cuCtxGetDevice", "cuCtxGetCurrent", "cuDeviceGet", "cuDeviceGetUuid_v2",
+LAUNCH_HELPERS = ["cuStreamIsCapturing", "cuStreamQuery", "cuThreadExchangeStreamCaptureMode", "cuCtxGetDevice", "cuCtxGetCurrent", "cuDeviceGet", "cuDeviceGetUuid_v2",
                   "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime_v2"]
 # NVML getters fakecuda can spoil with garbage, as the shim reaches them (scenario of each).
 GARBAGE_GETTERS = {"nvmlDeviceGetMemoryInfo": "nvml-view", "nvmlDeviceGetMemoryInfo_v2": "nvml-view",

@@ -187,9 +187,32 @@ void ReturnEvent(DeviceLimiter& d, CUcontext context, CUevent event) {
 
 void HoldEvent(DeviceLimiter& d, CUevent event) { ++d.extra_owners[event]; }
 
+// The shim's own event queries and records run with the calling thread's stream capture mode relaxed, then put
+// back. While another thread captures a graph in CU_STREAM_CAPTURE_MODE_GLOBAL (PyTorch's default), a "potentially
+// unsafe" call from any thread in global mode fails and invalidates that capture: beside a thread launching under a
+// compute cap, 24 of 40 PyTorch graph captures failed on the H100, none without the shim (tests/gpu/capture_probe.py).
+class RelaxedCapture {
+ public:
+  RelaxedCapture() {
+    if (Real::cuThreadExchangeStreamCaptureMode == nullptr) return;
+    active_ = Real::cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (active_) Real::cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;  // after the first exchange: the mode to put back
+  bool active_ = false;
+};
+
 // Settles every measured launch that has completed (in order per device; a later one may wait for an earlier).
 // Caller holds d.mutex.
 void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
+  if (d.pending.empty() && d.abandoned.empty()) return;
+  RelaxedCapture relaxed;
   while (!d.abandoned.empty() && Real::cuEventQuery(d.abandoned.front().end) != CUDA_ERROR_NOT_READY) {
     ReturnEvent(d, d.abandoned.front().context, d.abandoned.front().start);
     ReturnEvent(d, d.abandoned.front().context, d.abandoned.front().end);
@@ -359,6 +382,7 @@ void CloseWindow(DeviceLimiter& d, CUstream stream, StreamState& state, std::uin
     return;
   }
   state.close_when_done.store(false, std::memory_order_relaxed);
+  RelaxedCapture relaxed;
   Pending p{};
   p.is_window = true;
   p.window = std::move(state.launches);
@@ -443,6 +467,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   }
   bool queued = !plan.unknown_cost && state.busy_until_ns > at + charged_ns / 2;
   if (queued && state.start == nullptr) {
+    RelaxedCapture relaxed;
     CUevent& mark = state.mark;
     queued = mark != nullptr ? Real::cuEventQuery(mark) == CUDA_ERROR_NOT_READY
                              : Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
@@ -480,6 +505,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   state.last_launch_ns = at;
   // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
   if (SampleThisLaunch(d.sampling[function], charged_ns) || plan.unknown_cost) {
+    RelaxedCapture relaxed;
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
     if (plan.start != nullptr && plan.end != nullptr) plan.how = How::pair;
@@ -617,6 +643,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
 
   std::uint64_t launched_ns = 0;
   if (plan.how == How::pair) {
+    RelaxedCapture relaxed;
     launched_ns = NowNs();
     setup = Real::cuEventRecord(plan.start, stream);
     if (setup != CUDA_SUCCESS) plan.how = How::unmeasured;
@@ -632,9 +659,12 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   }
   const CUresult result = launch();
   // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
-  if (plan.how == How::pair && result == CUDA_SUCCESS && Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS &&
-      (!plan.unknown_cost || Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS)) {
-    plan.how = How::unmeasured;
+  if (plan.how == How::pair && result == CUDA_SUCCESS) {
+    RelaxedCapture relaxed;
+    if (Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS &&
+        (!plan.unknown_cost || Real::cuEventRecord(plan.end, stream) != CUDA_SUCCESS)) {
+      plan.how = How::unmeasured;
+    }
   }
   // A launch that joined a window, and does not fill it, is done: its charge is settled with the window (unless it
   // is the last of several in flight and a close waits for it).

@@ -100,6 +100,7 @@
   X(cuEventCreate)           \
   X(cuStreamIsCapturing)     \
   X(cuStreamQuery)           \
+  X(cuThreadExchangeStreamCaptureMode) \
   X(cuEventRecord)           \
   X(cuEventQuery)            \
   X(cuEventSynchronize)      \
