@@ -1,4 +1,5 @@
 // Conformance: CUDA graphs from stream capture and explicit nodes; every replay runs its kernels and takes their time.
+#include <thread>
 #include <vector>
 
 #include "conformance_support.h"
@@ -117,6 +118,51 @@ TEST_F(GraphTest, SynchronizingACapturingStreamIsAnError) {
   CUgraph graph = nullptr;
   EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(stream_, &graph));
   EXPECT_EQ(graph, nullptr);
+}
+
+// A query is a "potentially unsafe" call: while a capture in CU_STREAM_CAPTURE_MODE_GLOBAL is under way, one from
+// any thread whose own mode is not relaxed fails and invalidates that capture (seen through PyTorch on an H100:
+// docs/gpu-runs/2026-11-22-capture-probe.md). A thread that exchanges its mode for relaxed may query.
+CUresult QueryFromAnotherThread(CUcontext context, CUevent event, bool relaxed) {
+  CUresult result = CUDA_ERROR_UNKNOWN;
+  std::thread other([&] {
+    if ((result = cuCtxSetCurrent(context)) != CUDA_SUCCESS) return;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (relaxed && (result = cuThreadExchangeStreamCaptureMode(&mode)) != CUDA_SUCCESS) return;
+    result = cuEventQuery(event);
+    if (relaxed) cuThreadExchangeStreamCaptureMode(&mode);
+  });
+  other.join();
+  return result;
+}
+
+TEST_F(GraphTest, AQueryFromAnotherThreadInvalidatesAGlobalCapture) {
+  CUevent done = nullptr;
+  ASSERT_CU_OK(cuEventCreate(&done, CU_EVENT_DEFAULT));
+  ASSERT_CU_OK(cuEventRecord(done, nullptr));
+  ASSERT_CU_OK(cuEventSynchronize(done));
+  ASSERT_CU_OK(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU_OK(LaunchSpin(stream_, 0));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, QueryFromAnotherThread(context_, done, false));
+  CUgraph graph = nullptr;
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(stream_, &graph));
+  EXPECT_EQ(graph, nullptr);
+  EXPECT_CU_OK(cuEventDestroy(done));
+}
+
+TEST_F(GraphTest, AThreadInRelaxedModeMayQueryDuringAGlobalCapture) {
+  CUevent done = nullptr;
+  ASSERT_CU_OK(cuEventCreate(&done, CU_EVENT_DEFAULT));
+  ASSERT_CU_OK(cuEventRecord(done, nullptr));
+  ASSERT_CU_OK(cuEventSynchronize(done));
+  ASSERT_CU_OK(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU_OK(LaunchSpin(stream_, 0));
+  EXPECT_CU_OK(QueryFromAnotherThread(context_, done, true));
+  CUgraph graph = nullptr;
+  ASSERT_CU_OK(cuStreamEndCapture(stream_, &graph));
+  EXPECT_NE(graph, nullptr);
+  EXPECT_CU_OK(cuGraphDestroy(graph));
+  EXPECT_CU_OK(cuEventDestroy(done));
 }
 
 TEST_F(GraphTest, EndCaptureWithoutBeginIsIllegalState) {
