@@ -28,6 +28,15 @@ class GraphTest : public SpinKernelTest {
     SpinKernelTest::TearDown();
   }
 
+  // A completed event to query, then a global-mode capture of one launch on stream_.
+  void BeginGlobalCaptureBesideACompletedEvent(CUevent& done) {
+    ASSERT_CU_OK(cuEventCreate(&done, CU_EVENT_DEFAULT));
+    ASSERT_CU_OK(cuEventRecord(done, nullptr));
+    ASSERT_CU_OK(cuEventSynchronize(done));
+    ASSERT_CU_OK(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    ASSERT_CU_OK(LaunchSpin(stream_, 0));
+  }
+
   CUstream stream_ = nullptr;
 };
 
@@ -138,11 +147,7 @@ CUresult QueryFromAnotherThread(CUcontext context, CUevent event, bool relaxed) 
 
 TEST_F(GraphTest, AQueryFromAnotherThreadInvalidatesAGlobalCapture) {
   CUevent done = nullptr;
-  ASSERT_CU_OK(cuEventCreate(&done, CU_EVENT_DEFAULT));
-  ASSERT_CU_OK(cuEventRecord(done, nullptr));
-  ASSERT_CU_OK(cuEventSynchronize(done));
-  ASSERT_CU_OK(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  ASSERT_CU_OK(LaunchSpin(stream_, 0));
+  ASSERT_NO_FATAL_FAILURE(BeginGlobalCaptureBesideACompletedEvent(done));
   EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, QueryFromAnotherThread(context_, done, false));
   CUgraph graph = nullptr;
   EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(stream_, &graph));
@@ -152,11 +157,7 @@ TEST_F(GraphTest, AQueryFromAnotherThreadInvalidatesAGlobalCapture) {
 
 TEST_F(GraphTest, AThreadInRelaxedModeMayQueryDuringAGlobalCapture) {
   CUevent done = nullptr;
-  ASSERT_CU_OK(cuEventCreate(&done, CU_EVENT_DEFAULT));
-  ASSERT_CU_OK(cuEventRecord(done, nullptr));
-  ASSERT_CU_OK(cuEventSynchronize(done));
-  ASSERT_CU_OK(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  ASSERT_CU_OK(LaunchSpin(stream_, 0));
+  ASSERT_NO_FATAL_FAILURE(BeginGlobalCaptureBesideACompletedEvent(done));
   EXPECT_CU_OK(QueryFromAnotherThread(context_, done, true));
   CUgraph graph = nullptr;
   ASSERT_CU_OK(cuStreamEndCapture(stream_, &graph));
