@@ -13,6 +13,14 @@
 //                                                  threads launching one-block spin kernels into the legacy default
 //                                                  stream, long_us one launch in long_every (drawn), short_us else;
 //                                                  prints launched=, busy_ns= (their run times), elapsed_ns=
+//   hostoom_start  limit=                          the shim's first call (cuInit) with every allocation of the shim
+//                                                  failing; then none failing: a context, and two allocations of
+//                                                  half of `limit` and 1 MiB (the second must be refused)
+//   mixed     threads= rounds= seed= limit= [oom_percent=0] [actions=01234567]
+//                                                  threads allocating (cuMemAlloc, cuMemAllocAsync, arrays), freeing
+//                                                  and launching, while oom_percent % of the shim's own allocations
+//                                                  fail (host_oom.h); then everything freed; prints every result that
+//                                                  was neither success nor out of memory, and the counts before/after
 //
 // Exit codes: 0 done, 2 bad arguments, 3 deadline passed, 4 unexpected CUDA/NVML error, 42 failclosed's own code.
 #include <cuda.h>
@@ -37,6 +45,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "host_oom.h"
 #include "vgpu_tenant/spin_ptx.h"
 
 namespace {
@@ -497,9 +506,187 @@ int Launch() {
   return 0;
 }
 
+// A call that may throw out of the shim (the shim before it caught its own exceptions): `threw` says it did.
+template <typename Call>
+CUresult Guarded(Call&& call, bool& threw) {
+  try {
+    return call();
+  } catch (...) {
+    threw = true;
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+// This process's memory on device 0 as the host's NVML lists it (the real NVML view, not the shim's).
+std::uint64_t DriverOwnBytes() {
+  nvmlDevice_t device = nullptr;
+  if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(0, &device) != NVML_SUCCESS) return 0;
+  nvmlProcessInfo_t processes[64];
+  unsigned int listed = 64;
+  if (nvmlDeviceGetComputeRunningProcesses_v3(device, &listed, processes) != NVML_SUCCESS) return 0;
+  for (unsigned int p = 0; p < listed && p < 64; ++p) {
+    if (static_cast<pid_t>(processes[p].pid) == getpid()) return processes[p].usedGpuMemory;
+  }
+  return 0;
+}
+
+int HostOomStart() {
+  using vgpu::shimtest::ArmHostOom;
+  if (!ArmHostOom(100, 1)) {
+    std::fprintf(stderr, "hostoom_start: libvgpu.so is not loaded\n");
+    return 2;
+  }
+  bool threw = false;
+  const CUresult first = Guarded([] { return cuInit(0); }, threw);
+  vgpu::shimtest::DisarmHostOom();
+  Print("start.threw", static_cast<int>(threw));
+  Print("start.result", static_cast<int>(first));
+  Print("start.injected", vgpu::shimtest::HostOomInjected());
+  Print("init", static_cast<int>(cuInit(0)));
+  CUcontext context = nullptr;
+  const CUresult ctx = RetainContext(0, Clock::now(), context);
+  Print("ctx", static_cast<int>(ctx));
+  if (ctx != CUDA_SUCCESS) return 4;
+  const std::uint64_t bytes = Arg("limit", 0) / 2 + (1u << 20);  // one fits beside the context, two do not
+  CUdeviceptr a = 0, b = 0;
+  Print("alloc1", static_cast<int>(cuMemAlloc_v2(&a, bytes)));
+  Print("alloc2", static_cast<int>(cuMemAlloc_v2(&b, bytes)));
+  return 0;
+}
+
+// What one churn thread holds: device memory of each kind it allocates.
+struct Held {
+  std::vector<CUdeviceptr> plain, pooled;
+  std::vector<CUarray> arrays;
+};
+
+int Mixed() {
+  if (const CUresult r = cuInit(0); r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuInit: %d\n", r);
+    return 4;
+  }
+  CUcontext context = nullptr;
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  CUresult r = RetainContext(0, Clock::now() + std::chrono::seconds(10), context);
+  if (r == CUDA_SUCCESS) r = cuModuleLoadData(&module, vgpu::tenant::kSpinPtx);
+  if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&function, module, "vgpu_spin");
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "setup: %d\n", r);
+    return 4;
+  }
+  std::size_t free_bytes = 0, total = 0;
+  cuMemGetInfo_v2(&free_bytes, &total);
+  const std::uint64_t used_before = total - free_bytes, own_before = DriverOwnBytes();
+  const std::uint64_t threads_n = Arg("threads", 4), rounds = Arg("rounds", 2000);
+  const std::uint64_t max_bytes = std::max<std::uint64_t>(Arg("limit", 1u << 30) / (4 * threads_n), 1 << 20);
+  // Which of the actions (0 alloc, 1 pool alloc, 2 array, 3-5 launch, 6 free, 7 pool free) run: all by default.
+  const std::string actions = Has("actions") ? g_args["actions"] : "01234567";
+  std::vector<Held> held(threads_n);
+  std::vector<CUstream> streams(threads_n);
+  std::atomic<std::uint64_t> oom{0}, ok{0}, unexpected{0}, threw{0};
+  std::mutex unexpected_mutex;
+  std::vector<std::string> unexpected_text;
+  const auto check = [&](const char* what, CUresult result, bool did_throw) {
+    if (did_throw) ++threw;
+    if (result == CUDA_SUCCESS) ++ok;
+    else if (result == CUDA_ERROR_OUT_OF_MEMORY) ++oom;
+    else {
+      ++unexpected;
+      std::lock_guard<std::mutex> guard(unexpected_mutex);
+      if (unexpected_text.size() < 20) unexpected_text.push_back(std::string(what) + "=" + std::to_string(result));
+    }
+    return result == CUDA_SUCCESS;
+  };
+  for (auto& stream : streams) cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+  if (!vgpu::shimtest::ArmHostOom(static_cast<unsigned>(Arg("oom_percent", 0)), Arg("seed", 1))) return 2;
+  std::vector<std::thread> threads;
+  for (std::uint64_t t = 0; t < threads_n; ++t) {
+    threads.emplace_back([&, t] {
+      cuCtxSetCurrent(context);
+      std::uint64_t draw = Arg("seed", 1) * 0x9e3779b97f4a7c15ull + t;
+      Held& mine = held[t];
+      for (std::uint64_t round = 0; round < rounds; ++round) {
+        const std::uint64_t action = SplitMix(draw) % 8;
+        const std::uint64_t bytes = 1 + SplitMix(draw) % max_bytes;
+        if (actions.find(static_cast<char>('0' + action)) == std::string::npos) continue;
+        bool did_throw = false;
+        if (action == 0) {
+          CUdeviceptr pointer = 0;
+          if (check("cuMemAlloc_v2", Guarded([&] { return cuMemAlloc_v2(&pointer, bytes); }, did_throw), did_throw)) {
+            mine.plain.push_back(pointer);
+          }
+        } else if (action == 1) {
+          CUdeviceptr pointer = 0;
+          if (check("cuMemAllocAsync",
+                    Guarded([&] { return cuMemAllocAsync(&pointer, bytes, streams[t]); }, did_throw), did_throw)) {
+            mine.pooled.push_back(pointer);
+          }
+        } else if (action == 2) {
+          CUDA_ARRAY_DESCRIPTOR desc{};
+          desc.Width = 1 + bytes % 4096;
+          desc.Height = 64;
+          desc.Format = CU_AD_FORMAT_FLOAT;
+          desc.NumChannels = 1;
+          CUarray array = nullptr;
+          if (check("cuArrayCreate_v2", Guarded([&] { return cuArrayCreate_v2(&array, &desc); }, did_throw),
+                    did_throw)) {
+            mine.arrays.push_back(array);
+          }
+        } else if (action <= 5) {
+          unsigned long long ns = 20'000;
+          void* params[] = {&ns};
+          // On the thread's own stream, or (one in three) the legacy default stream the threads share.
+          CUstream stream = action == 5 ? nullptr : streams[t];
+          check("cuLaunchKernel",
+                Guarded([&] { return cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr); },
+                        did_throw),
+                did_throw);
+        } else if (action == 6 && !mine.plain.empty()) {
+          const CUdeviceptr pointer = mine.plain.back();
+          mine.plain.pop_back();
+          check("cuMemFree_v2", Guarded([&] { return cuMemFree_v2(pointer); }, did_throw), did_throw);
+        } else if (action == 7 && !mine.pooled.empty()) {
+          const CUdeviceptr pointer = mine.pooled.back();
+          mine.pooled.pop_back();
+          check("cuMemFreeAsync", Guarded([&] { return cuMemFreeAsync(pointer, streams[t]); }, did_throw), did_throw);
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  vgpu::shimtest::DisarmHostOom();
+  // Everything back, with nothing failing any more.
+  std::uint64_t cleanup_failures = 0;
+  for (std::uint64_t t = 0; t < threads_n; ++t) {
+    for (CUdeviceptr pointer : held[t].plain) cleanup_failures += cuMemFree_v2(pointer) != CUDA_SUCCESS;
+    for (CUdeviceptr pointer : held[t].pooled) cleanup_failures += cuMemFreeAsync(pointer, streams[t]) != CUDA_SUCCESS;
+    for (CUarray array : held[t].arrays) cleanup_failures += cuArrayDestroy(array) != CUDA_SUCCESS;
+    cleanup_failures += cuStreamSynchronize(streams[t]) != CUDA_SUCCESS;
+  }
+  cleanup_failures += cuCtxSynchronize() != CUDA_SUCCESS;
+  CUmemoryPool pool = nullptr;
+  if (cuDeviceGetMemPool(&pool, 0) == CUDA_SUCCESS) cleanup_failures += cuMemPoolTrimTo(pool, 0) != CUDA_SUCCESS;
+  cuMemGetInfo_v2(&free_bytes, &total);
+  Print("ok", ok.load());
+  Print("oom", oom.load());
+  Print("threw", threw.load());
+  Print("unexpected", unexpected.load());
+  for (const auto& text : unexpected_text) Print("unexpected.call", text);
+  Print("injected", vgpu::shimtest::HostOomInjected());
+  Print("seen", vgpu::shimtest::HostOomSeen());
+  Print("cleanup_failures", cleanup_failures);
+  Print("used_before", used_before);
+  Print("used_after", static_cast<std::uint64_t>(total - free_bytes));
+  Print("own_before", own_before);
+  Print("own_after", DriverOwnBytes());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe|launch [key=value ...]\n");
+    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe|launch|hostoom_start|mixed "
+                         "[key=value ...]\n");
     return 2;
   }
   for (int i = 2; i < argc; ++i) {
@@ -519,6 +706,8 @@ int main(int argc, char** argv) {
   else if (command == "churn") status = Churn();
   else if (command == "observe") status = Observe();
   else if (command == "launch") status = Launch();
+  else if (command == "hostoom_start") status = HostOomStart();
+  else if (command == "mixed") status = Mixed();
   else std::fprintf(stderr, "shim_worker: unknown command %s\n", command.c_str());
   std::fflush(stdout);
   return status;

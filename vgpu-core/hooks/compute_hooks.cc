@@ -37,6 +37,7 @@ constexpr std::size_t kSettleBacklog = 16;
 constexpr std::uint64_t kMaxCompletionWaitNs = 200'000'000;
 // `default`: without a reading of the others' use for this long, the GPU is no longer known to be free.
 constexpr std::uint64_t kStaleReadingNs = 1'000'000'000;
+constexpr std::uint64_t kNvmlRetryNs = 1'000'000'000;  // `default`: NVML that failed to start is asked again
 // NVML sample timestamps further ahead of the wall clock than this are not readings but garbage.
 constexpr unsigned long long kFutureSampleUs = 1'000'000;
 
@@ -122,7 +123,9 @@ struct DeviceLimiter {
 };
 
 DeviceLimiter g_devices[policy::kMaxDevices];
-std::once_flag g_device_once[policy::kMaxDevices];
+// Guards setting a device's limiter up (not std::call_once: an exception -- the host out of memory -- must not cross
+// pthread_once, whose C frames the shim's own unwinder cannot pass; it aborted the process).
+std::mutex g_device_setup_mutex;
 
 // The limiter of a device; null where the device has no compute limit (`error` CUDA_SUCCESS) or where it has one
 // but cannot be named in the region (`error` the driver's error: the launch must then not run unadmitted).
@@ -140,7 +143,8 @@ DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
   if (device < 0) return nullptr;
   error = CUDA_SUCCESS;
   DeviceLimiter& d = g_devices[ordinal];
-  std::call_once(g_device_once[ordinal], [&] {
+  std::lock_guard<std::mutex> setup(g_device_setup_mutex);
+  if (!d.ready.load(std::memory_order_acquire)) {
     auto* cell = static_cast<policy::BudgetCell*>(shim.region->ComputeArea(device));
     const std::uint32_t share = percent == 0 ? 1000 : percent * 10;
     // The first process of the container to limit this device initializes the shared cell.
@@ -155,18 +159,17 @@ DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
     config.throttle = !disabled && percent != 0;
     config.lend_when_idle = shim.config.policy == policy::ComputePolicy::standard;
     d.lend = config.lend_when_idle;
-    d.limiter = std::make_unique<policy::Limiter>(*cell, config);
+    d.limiter = std::make_unique<policy::Limiter>(*cell, config);  // (out of host memory: nothing set, asked again)
     d.ready.store(true, std::memory_order_release);
-  });
-  return d.limiter ? &d : nullptr;
+  }
+  return &d;
 }
 
 CUresult TakeEvent(DeviceLimiter& d, CUcontext context, CUevent& event) {
   event = nullptr;
-  auto& pool = d.free_events[context];
-  if (!pool.empty()) {
-    event = pool.back();
-    pool.pop_back();
+  if (const auto it = d.free_events.find(context); it != d.free_events.end() && !it->second.empty()) {
+    event = it->second.back();
+    it->second.pop_back();
     return CUDA_SUCCESS;
   }
   if (Real::cuEventCreate == nullptr) return CUDA_ERROR_NOT_FOUND;
@@ -175,17 +178,22 @@ CUresult TakeEvent(DeviceLimiter& d, CUcontext context, CUevent& event) {
   return result;
 }
 
-// Gives up one owner's hold on an event: back to the pool once nobody holds it.
-void ReturnEvent(DeviceLimiter& d, CUcontext context, CUevent event) {
+// Gives up one owner's hold on an event: back to the pool once nobody holds it. Nothing on the launch path may
+// throw once a launch is made: when the host has no memory to pool it, the event is left to its context (destroyed
+// with it).
+void ReturnEvent(DeviceLimiter& d, CUcontext context, CUevent event) noexcept {
   if (event == nullptr) return;
   if (const auto it = d.extra_owners.find(event); it != d.extra_owners.end()) {
     if (--it->second == 0) d.extra_owners.erase(it);
     return;
   }
-  d.free_events[context].push_back(event);
+  (void)Recorded([&] { d.free_events[context].push_back(event); });
 }
 
-void HoldEvent(DeviceLimiter& d, CUevent event) { ++d.extra_owners[event]; }
+// One more owner of `event`; false (nothing held) when the host is out of memory.
+bool HoldEvent(DeviceLimiter& d, CUevent event) noexcept {
+  return Recorded([&] { ++d.extra_owners[event]; });
+}
 
 // The shim's own event queries and records run with the calling thread's stream capture mode relaxed, then put
 // back. While another thread captures a graph in CU_STREAM_CAPTURE_MODE_GLOBAL (PyTorch's default), a "potentially
@@ -342,13 +350,21 @@ double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy:
 // without d.mutex: NVML may take its time, and launching threads must not wait on it.
 // `period_start`: where the period the reading describes begins (monotonic ns).
 double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
-  static std::once_flag nvml_once;
-  static bool nvml_ready = false;
-  std::call_once(nvml_once, [] {
-    nvml_ready = ResolveRealNvml() && Real::nvmlDeviceGetHandleByUUID != nullptr &&
-                 Real::nvmlDeviceGetUtilizationRates != nullptr && Real::nvmlInit_v2() == NVML_SUCCESS;
-  });
-  if (!nvml_ready) return -1;
+  // NVML may fail to start at first (a driver still loading): asked again at most once a second, so that one failed
+  // nvmlInit does not end lending for the life of the process (until NVML answers, the container is held to its share).
+  static std::atomic<bool> nvml_ready{false};
+  if (!nvml_ready.load(std::memory_order_acquire)) {
+    static std::mutex nvml_mutex;
+    static std::uint64_t nvml_tried_ns = 0;
+    std::lock_guard<std::mutex> guard(nvml_mutex);
+    if (nvml_tried_ns != 0 && now < nvml_tried_ns + kNvmlRetryNs) return -1;
+    nvml_tried_ns = now;
+    if (!ResolveRealNvml() || Real::nvmlDeviceGetHandleByUUID == nullptr ||
+        Real::nvmlDeviceGetUtilizationRates == nullptr || Real::nvmlInit_v2() != NVML_SUCCESS) {
+      return -1;
+    }
+    nvml_ready.store(true, std::memory_order_release);
+  }
   CUdevice device = 0;
   CUuuid uuid{};
   if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) return -1;
@@ -404,10 +420,16 @@ void CloseWindow(DeviceLimiter& d, CUstream stream, StreamState& state, std::uin
   if (drained && Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_SUCCESS) {
     p.idle_tail_ns = std::max<std::uint64_t>(now > state.last_launch_ns ? now - state.last_launch_ns : 0, 1);
   }
-  d.pending.push_back(std::move(p));
+  if (!Recorded([&] { d.pending.push_back(std::move(p)); })) {  // (push_back: unchanged if it throws)
+    // Out of host memory: the window cannot wait for its end; settled as unmeasured launches now.
+    d.limiter->SettleWindow(p.window.data(), p.window.size(), std::nullopt, now);
+    ReturnEvent(d, p.context, p.start);
+    ReturnEvent(d, p.context, end);
+    return;
+  }
   ReturnEvent(d, state.context, state.mark);
-  state.mark = end;
-  HoldEvent(d, end);
+  // The end is also the next window's start while the stream stays busy (without memory to hold it twice: none).
+  state.mark = HoldEvent(d, end) ? end : nullptr;
 }
 
 // Closes every open window of `context` (the process is about to wait: its streams will drain meanwhile).
@@ -460,7 +482,15 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   Plan plan;
   plan.unknown_cost = !d.measured.contains(key);
   if (setup != CUDA_SUCCESS) return plan;
+  // Everything this plan may need from the heap, first: if the host is out of memory, nothing has changed yet (the
+  // caller cancels the admission and refuses the launch). Below this, nothing allocates.
   StreamState& state = d.streams[stream];
+  DeviceLimiter::Sampling& sampling = d.sampling[function];
+  d.free_events[context];
+  // (A window fills at kWindowLaunches, but threads planning into it together may pass that before it closes.)
+  if (state.launches.size() == state.launches.capacity() || state.launches.capacity() < kWindowLaunches) {
+    state.launches.reserve(std::max(kWindowLaunches, 2 * state.launches.size()));
+  }
   if (state.context != context) {
     DropStreamState(d, state, at, true);  // a stream handle of another context, reused
     state.context = context;
@@ -504,13 +534,27 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   state.mark = nullptr;
   state.last_launch_ns = at;
   // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
-  if (SampleThisLaunch(d.sampling[function], charged_ns) || plan.unknown_cost) {
+  if (SampleThisLaunch(sampling, charged_ns) || plan.unknown_cost) {
     RelaxedCapture relaxed;
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
     if (plan.start != nullptr && plan.end != nullptr) plan.how = How::pair;
   }
   return plan;
+}
+
+// PlanLaunch, or, when the host is out of memory (planning a first launch on a stream or of a kernel needs the heap;
+// PlanLaunch changes nothing before it has it), the admission cancelled: the launch is refused, nothing ran, nothing
+// is owed. Caller holds d.mutex.
+bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, const void* function, CUstream stream,
+                  CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at) {
+  try {
+    plan = PlanLaunch(d, key, function, stream, context, setup, charged_ns, at);
+    return true;
+  } catch (const std::bad_alloc&) {
+    d.limiter->Cancel(key, charged_ns);
+    return false;
+  }
 }
 
 // Which launches are measured (two event records each, a few microseconds on a real GPU): the first ones of each
@@ -603,8 +647,10 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       admission = d->limiter->Admit(key, now, bound);
       if (!admission.wait_for_completion) {
         if (admission.ready_at_ns <= now) {
-          plan = PlanLaunch(*d, key, function, stream, context, setup, admission.charged_ns, now);  // the common case
-          planned = true;
+          if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, now)) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+          }
+          planned = true;  // the common case
         } else if (setup == CUDA_SUCCESS) {
           // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
           CloseWindowsOf(*d, context, now);
@@ -625,7 +671,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       } else {
         d->limiter->SettleUnmeasured(oldest.key, oldest.charged_ns, now);
       }
-      d->abandoned.push_back(std::move(oldest));  // its events are reused only once they have completed
+      // Its events are reused only once they have completed (out of host memory: never, they are left).
+      (void)Recorded([&] { d->abandoned.push_back(std::move(oldest)); });
       waited_ns = 0;
       continue;
     }
@@ -638,7 +685,9 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (!planned) {
     SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
-    plan = PlanLaunch(*d, key, function, stream, context, setup, admission.charged_ns, at);
+    if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, at)) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   }
 
   std::uint64_t launched_ns = 0;
@@ -700,13 +749,18 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     if (state != nullptr && close_window) CloseWindow(*d, stream, *state, at, false);
     return result;
   }
+  if (plan.how == How::pair &&
+      !Recorded([&] {
+        d->pending.push_back({key, admission.charged_ns, plan.start, plan.end, context, launched_ns, {}, false, 0,
+                              state == nullptr || state->planned != plan.sequence});
+      })) {
+    plan.how = How::unmeasured;  // out of host memory: the kernel ran, settled as one that was not measured
+  }
   if (plan.how == How::pair) {
-    d->pending.push_back({key, admission.charged_ns, plan.start, plan.end, context, launched_ns, {}, false, 0,
-                          state == nullptr || state->planned != plan.sequence});
     if (state != nullptr) {
       ReturnEvent(*d, context, state->mark);
-      state->mark = plan.end;  // the next window starts here while the stream stays busy
-      HoldEvent(*d, plan.end);
+      // The next window starts here while the stream stays busy (without memory to hold the event twice: not).
+      state->mark = HoldEvent(*d, plan.end) ? plan.end : nullptr;
     }
   } else if (plan.how == How::unmeasured) {
     d->limiter->SettleUnmeasured(key, admission.charged_ns, at);
@@ -766,62 +820,62 @@ using namespace vgpu::hooks;
   } while (0)
 
 extern "C" VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                              unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
+                                              unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernel);
   return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, false,
                  [&] { return Real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
-}
+} VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                    unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params,
-                                                   void** extra) {
+                                                   void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernel_ptsz);
   return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, true,
                  [&] { return Real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
-}
+} VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                          unsigned by, unsigned bz, unsigned shared, CUstream stream,
-                                                         void** params) {
+                                                         void** params) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchCooperativeKernel);
   return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, false,
                  [&] { return Real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params); });
-}
+} VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                                               unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                                                              CUstream stream, void** params) {
+                                                              CUstream stream, void** params) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchCooperativeKernel_ptsz);
   return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, true,
                  [&] { return Real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params); });
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernelEx);
   if (config == nullptr) return Real::cuLaunchKernelEx(config, f, params, extra);
   return Limited(f,
                  ShapeOf(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                          config->blockDimZ, config->sharedMemBytes),
                  config->hStream, false, [&] { return Real::cuLaunchKernelEx(config, f, params, extra); });
-}
+} VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
-                                                     void** extra) {
+                                                     void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernelEx_ptsz);
   if (config == nullptr) return Real::cuLaunchKernelEx_ptsz(config, f, params, extra);
   return Limited(f,
                  ShapeOf(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                          config->blockDimZ, config->sharedMemBytes),
                  config->hStream, true, [&] { return Real::cuLaunchKernelEx_ptsz(config, f, params, extra); });
-}
+} VGPU_CUDA_CATCH
 
 // A graph launch is admitted and measured as one unit: its key is the executable graph.
-extern "C" VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
+extern "C" VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuGraphLaunch);
   return Limited(graph, 0, stream, false, [&] { return Real::cuGraphLaunch(graph, stream); });
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) {
+extern "C" VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuGraphLaunch_ptsz);
   return Limited(graph, 0, stream, true, [&] { return Real::cuGraphLaunch_ptsz(graph, stream); });
-}
+} VGPU_CUDA_CATCH

@@ -199,20 +199,20 @@ extern "C" VGPU_EXPORT VGPU_UNINSTRUMENTED void* dlsym(void* handle, const char*
 // The cuGetProcAddress route: ask the driver (so versions and flags are resolved exactly as it does), then hand
 // out our hook for the function it chose.
 extern "C" VGPU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
-                                                    CUdriverProcAddressQueryResult* status) {
+                                                    CUdriverProcAddressQueryResult* status) try {
   if (!ResolveReal() || Real::cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult result = Real::cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status);
   if (result == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
     if (void* hook = HookForRealAddress(*pfn); hook != nullptr) *pfn = hook;
   }
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {
+extern "C" VGPU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) try {
   if (!ResolveReal() || Real::cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult result = Real::cuGetProcAddress(symbol, pfn, cuda_version, flags);
   if (result == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
     if (void* hook = HookForRealAddress(*pfn); hook != nullptr) *pfn = hook;
   }
   return result;
-}
+} VGPU_CUDA_CATCH

@@ -2,6 +2,8 @@
 // reservation back if the driver fails; frees are matched; contexts are charged their overhead; the views
 // (cuMemGetInfo, cuDeviceTotalMem) show the slice.
 #include <algorithm>
+#include <iterator>
+#include <type_traits>
 #include <vector>
 
 #include "shim.h"
@@ -43,12 +45,15 @@ CUresult ChargedCall(int ordinal, std::uint64_t bytes, Call&& call) {
 // Drops everything the ledger holds for a context the driver has destroyed (its memory went with it).
 void ForgetContext(CUcontext context) {
   Shim& shim = TheShim();
-  std::vector<std::pair<int, std::uint64_t>> released;
+  std::uint64_t released[policy::kMaxDevices] = {};  // per ordinal; nothing allocated (this runs out of memory too)
+  const auto release = [&](int ordinal, std::uint64_t bytes) {
+    if (ordinal >= 0 && ordinal < policy::kMaxDevices) released[ordinal] += bytes;
+  };
   {
     std::lock_guard<std::mutex> guard(shim.mutex);
     for (auto it = shim.allocations.begin(); it != shim.allocations.end();) {
       if (it->second.context == context) {
-        released.emplace_back(it->second.ordinal, it->second.bytes);
+        release(it->second.ordinal, it->second.bytes);
         it = shim.allocations.erase(it);
       } else {
         ++it;
@@ -56,7 +61,7 @@ void ForgetContext(CUcontext context) {
     }
     for (auto it = shim.arrays.begin(); it != shim.arrays.end();) {
       if (it->second.context == context) {
-        released.emplace_back(it->second.ordinal, it->second.bytes);
+        release(it->second.ordinal, it->second.bytes);
         it = shim.arrays.erase(it);
       } else {
         ++it;
@@ -64,14 +69,30 @@ void ForgetContext(CUcontext context) {
     }
     for (auto it = shim.pools.begin(); it != shim.pools.end();) {
       if (it->second.context == context) {
-        released.emplace_back(it->second.ordinal, it->second.charged);
+        release(it->second.ordinal, it->second.charged);
         it = shim.pools.erase(it);
       } else {
         ++it;
       }
     }
   }
-  for (const auto& [ordinal, bytes] : released) Uncharge(ordinal, bytes);
+  for (int ordinal = 0; ordinal < policy::kMaxDevices; ++ordinal) Uncharge(ordinal, released[ordinal]);
+}
+
+// Remembers an allocation the driver made; false if the host is out of memory (then nothing is remembered).
+bool RecordAllocation(CUdeviceptr pointer, const Shim::Allocation& allocation) {
+  Shim& shim = TheShim();
+  std::lock_guard<std::mutex> guard(shim.mutex);
+  return Recorded([&] { shim.allocations[pointer] = allocation; });
+}
+
+// An allocation the driver made that the shim could not remember (out of host memory): freed again, so that the
+// caller's error means nothing happened; memory left unrecorded would stay charged, or be freed uncounted.
+CUresult UndoAllocation(CUdeviceptr* pointer, int ordinal, std::uint64_t charged) {
+  if (Real::cuMemFree_v2 != nullptr) Real::cuMemFree_v2(*pointer);
+  Uncharge(ordinal, charged);
+  *pointer = 0;
+  return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult AllocateTracked(CUdeviceptr* pointer, std::uint64_t charge, const std::function<CUresult()>& call) {
@@ -80,10 +101,8 @@ CUresult AllocateTracked(CUdeviceptr* pointer, std::uint64_t charge, const std::
   // No context: the driver says what is wrong. A device that cannot be told: refused, never allocated uncounted.
   if (ordinal < 0) return unknown != CUDA_SUCCESS ? unknown : call();
   const CUresult result = ChargedCall(ordinal, charge, call);
-  if (result == CUDA_SUCCESS && pointer != nullptr) {
-    Shim& shim = TheShim();
-    std::lock_guard<std::mutex> guard(shim.mutex);
-    shim.allocations[*pointer] = {ordinal, charge, CurrentContext()};
+  if (result == CUDA_SUCCESS && pointer != nullptr && !RecordAllocation(*pointer, {ordinal, charge, CurrentContext()})) {
+    return UndoAllocation(pointer, ordinal, charge);
   }
   return result;
 }
@@ -160,8 +179,15 @@ CUresult CreateContextCharged(CUcontext* context, CUdevice device, const std::fu
     std::uint64_t charged = estimate;
     MeasureContext(device, estimate, charged);
     Shim& shim = TheShim();
-    std::lock_guard<std::mutex> guard(shim.mutex);
-    shim.contexts[*context] = {device, charged};
+    std::unique_lock<std::mutex> guard(shim.mutex);
+    if (!Recorded([&] { shim.contexts[*context] = {device, charged}; })) {
+      guard.unlock();
+      // Out of host memory: destroyed again (see UndoAllocation); cuCtxDestroy also pops it from this thread.
+      if (Real::cuCtxDestroy_v2 != nullptr) Real::cuCtxDestroy_v2(*context);
+      Uncharge(device, charged);
+      *context = nullptr;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   }
   return result;
 }
@@ -277,47 +303,59 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
     }
     upfront = 0;
   }
-  const CUresult result = call();
-  cuuint64_t reserved = 0;
-  bool known = false;
-  std::uint64_t previous = 0;
+  bool pool_recorded = false;
   {
-    // The pool's size and the ledger's charge are read and updated together: another thread's settlement in
-    // between would otherwise be overwritten with a stale size.
+    // The pool's record exists before the driver is asked (out of host memory: nothing happened yet).
     std::lock_guard<std::mutex> guard(shim.mutex);
-    known = Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
-    auto& charge = shim.pools[pool];
+    pool_recorded = Recorded([&] { shim.pools.try_emplace(pool, Shim::PoolCharge{ordinal, nullptr, 0}); });
+  }
+  if (!pool_recorded) {
+    Uncharge(ordinal, upfront);  // (Uncharge takes shim.mutex)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  CUresult result = call();
+  const bool made = result == CUDA_SUCCESS && pointer != nullptr;  // the driver handed a block out
+  // Settled in one step with the pool's record, under shim.mutex (RegionDevice takes it: asked first). Invariant:
+  // the ledger holds, for a pool, its record's `charged` plus the upfront of each allocation from it still being
+  // made. Settling in several steps let another thread's settlement or ReconcilePools act on a `charged` not yet
+  // paid for (or overwrite one), and the ledger lost count: four threads allocating from one pool ended with the
+  // container counted below what it held (tests/shim/hostoom_test.cc).
+  const int device = RegionDevice(ordinal);
+  std::uint64_t limit = MemoryLimit(ordinal);
+  if (limit == 0) limit = UINT64_MAX;  // counted, not limited (as Charge)
+  bool over_cap = false, block_recorded = true;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    cuuint64_t reserved = 0;
+    const bool known = Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
+    auto& charge = shim.pools[pool];  // there (made above): a lookup
     charge.ordinal = ordinal;
     if (charge.context == nullptr) charge.context = CurrentContext();
-    previous = charge.charged;
-    if (known) charge.charged = reserved;
-    if (result == CUDA_SUCCESS && pointer != nullptr) shim.pool_blocks[*pointer] = pool;
-  }
-  if (!known) {
-    // Without the pool's size, count the request itself (never less than what was handed out).
-    if (result != CUDA_SUCCESS) Uncharge(ordinal, upfront);
-    else {
-      std::lock_guard<std::mutex> guard(shim.mutex);
-      shim.pools[pool].charged = previous + upfront;
-    }
-    return result;
-  }
-  // Settle: the ledger held `previous + upfront`; the pool holds `reserved`.
-  if (reserved < previous + upfront) {
-    Uncharge(ordinal, previous + upfront - reserved);
-  } else if (reserved > previous + upfront) {
-    const std::uint64_t extra = reserved - (previous + upfront);
-    if (!Charge(ordinal, extra)) {
-      // The pool grew past the cap (its granularity): undo the allocation rather than exceed the limit.
-      if (result == CUDA_SUCCESS && pointer != nullptr && Real::cuMemFreeAsync != nullptr) {
-        Real::cuMemFreeAsync(*pointer, stream);
-        if (Real::cuMemPoolTrimTo != nullptr) Real::cuMemPoolTrimTo(pool, 0);
+    const std::uint64_t held = charge.charged + upfront;  // what the ledger holds for the pool, this upfront in it
+    // The pool's size; without it, the request itself (never less than what was handed out).
+    std::uint64_t target = known ? reserved : made ? held : charge.charged;
+    if (target < held) {
+      if (device >= 0) shim.region->Release(device, held - target);
+    } else if (target > held && device >= 0) {
+      // The pool grew by more than was reserved (its granularity, or other threads' blocks served from this growth).
+      // Memory other pools hold but the driver has trimmed goes back first.
+      if (!shim.region->Reserve(device, target - held, limit) &&
+          !(ReconcilePoolsLocked() && shim.region->Reserve(device, target - held, limit))) {
+        over_cap = true;
+        target = held;  // settled below, once the block is undone and the pool trimmed
       }
-      std::lock_guard<std::mutex> guard(shim.mutex);
-      shim.pools[pool].charged = previous + upfront;
-      if (pointer != nullptr) shim.pool_blocks.erase(*pointer);  // undone: no block to remember
-      return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    charge.charged = target;
+    if (made && !over_cap) block_recorded = Recorded([&] { shim.pool_blocks[*pointer] = pool; });
+  }
+  if (over_cap || !block_recorded) {
+    // Past the cap: the allocation is undone rather than the limit exceeded. Out of host memory: the block cannot be
+    // followed, so it goes back too. Its memory returns to the pool, trimmed (past the cap) and reconciled.
+    if (made && Real::cuMemFreeAsync != nullptr) Real::cuMemFreeAsync(*pointer, stream);
+    if (over_cap && Real::cuMemPoolTrimTo != nullptr) Real::cuMemPoolTrimTo(pool, 0);
+    if (made) *pointer = 0;
+    ReconcilePools();
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
   return result;
 }
@@ -344,32 +382,23 @@ CUresult FreeToPool(CUdeviceptr pointer, CUstream stream, CUresult (*real)(CUdev
   if (CurrentMode() != Mode::limited) return real(pointer, stream);
   // As in cuMemFree: forget the record before the driver can hand the address to someone else.
   Shim& shim = TheShim();
-  bool ordinary = false, pooled = false;
-  Shim::Allocation allocation{};
-  CUmemoryPool pool = nullptr;
+  decltype(shim.pool_blocks)::node_type block;
+  decltype(shim.allocations)::node_type allocation;  // cuMemFreeAsync of cuMemAlloc'ed memory frees it too
   {
     std::lock_guard<std::mutex> guard(shim.mutex);
-    if (auto block = shim.pool_blocks.find(pointer); block != shim.pool_blocks.end()) {
-      pool = block->second;
-      pooled = true;
-      shim.pool_blocks.erase(block);
-    }
-    if (auto it = shim.allocations.find(pointer); it != shim.allocations.end()) {
-      allocation = it->second;  // cuMemFreeAsync of cuMemAlloc'ed memory frees it too
-      ordinary = true;
-      shim.allocations.erase(it);
-    }
+    block = shim.pool_blocks.extract(pointer);
+    allocation = shim.allocations.extract(pointer);
   }
   const CUresult result = real(pointer, stream);
   if (result != CUDA_SUCCESS) {
-    std::lock_guard<std::mutex> guard(shim.mutex);
-    if (pooled) shim.pool_blocks.emplace(pointer, pool);
-    if (ordinary) shim.allocations.emplace(pointer, allocation);
+    std::lock_guard<std::mutex> guard(shim.mutex);  // put back as nodes: nothing allocated
+    if (!block.empty()) shim.pool_blocks.insert(std::move(block));
+    if (!allocation.empty()) shim.allocations.insert(std::move(allocation));
     return result;
   }
-  if (ordinary) Uncharge(allocation.ordinal, allocation.bytes);
+  if (!allocation.empty()) Uncharge(allocation.mapped().ordinal, allocation.mapped().bytes);
   // A pool block went back to its pool, which keeps it until trimmed: reconciled when memory is needed.
-  if (pooled) BlockFreed(pool);
+  if (!block.empty()) BlockFreed(block.mapped());
   return result;
 }
 
@@ -399,29 +428,39 @@ CUresult CreateArrayCharged(Handle* out, std::uint64_t bytes, const std::functio
   const CUresult result = ChargedCall(ordinal, bytes, call);
   if (result == CUDA_SUCCESS && out != nullptr) {
     Shim& shim = TheShim();
-    std::lock_guard<std::mutex> guard(shim.mutex);
-    shim.arrays[reinterpret_cast<CUarray>(*out)] = {ordinal, bytes, CurrentContext()};
+    std::unique_lock<std::mutex> guard(shim.mutex);
+    if (!Recorded([&] { shim.arrays[reinterpret_cast<CUarray>(*out)] = {ordinal, bytes, CurrentContext()}; })) {
+      guard.unlock();
+      // Out of host memory: destroyed again (see UndoAllocation).
+      if constexpr (std::is_same_v<Handle, CUmipmappedArray>) {
+        if (Real::cuMipmappedArrayDestroy != nullptr) Real::cuMipmappedArrayDestroy(*out);
+      } else {
+        if (Real::cuArrayDestroy != nullptr) Real::cuArrayDestroy(*out);
+      }
+      Uncharge(ordinal, bytes);
+      *out = nullptr;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   }
   return result;
 }
 
 CUresult DestroyArrayCharged(CUarray array, const std::function<CUresult()>& call) {
   Shim& shim = TheShim();
-  Shim::Allocation allocation{-1, 0, nullptr};
+  // Forget first: the handle may be reused once destroyed. Taken out as a node, so that putting it back (the driver
+  // refused) allocates nothing.
+  decltype(shim.arrays)::node_type record;
   {
-    std::lock_guard<std::mutex> guard(shim.mutex);  // forget first: the handle may be reused once destroyed
-    if (auto it = shim.arrays.find(array); it != shim.arrays.end()) {
-      allocation = it->second;
-      shim.arrays.erase(it);
-    }
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    record = shim.arrays.extract(array);
   }
   const CUresult result = call();
   if (result != CUDA_SUCCESS) {
     std::lock_guard<std::mutex> guard(shim.mutex);
-    if (allocation.ordinal >= 0) shim.arrays.emplace(array, allocation);
+    if (!record.empty()) shim.arrays.insert(std::move(record));
     return result;
   }
-  if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
+  if (!record.empty()) Uncharge(record.mapped().ordinal, record.mapped().bytes);
   return result;
 }
 
@@ -454,15 +493,15 @@ using namespace vgpu::hooks;
     if (mode_ != Mode::limited) return Real::real(__VA_ARGS__);   \
   } while (0)
 
-extern "C" VGPU_EXPORT CUresult cuInit(unsigned int flags) {
+extern "C" VGPU_EXPORT CUresult cuInit(unsigned int flags) try {
   if (!ResolveReal()) return CUDA_ERROR_NOT_INITIALIZED;
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return Real::cuInit(flags);
-}
+} VGPU_CUDA_CATCH
 
 // ---- contexts -------------------------------------------------------------------------------------------
 
-extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDevicePrimaryCtxRetain, context, device);
   // Whether this retain creates the context, and its charge, must be one step against other retains/releases.
   std::lock_guard<std::mutex> serial(TheShim().primary_mutex);
@@ -486,59 +525,59 @@ extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUd
     }
   }
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxRelease_v2);
-}
-extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxRelease);
-}
-extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxReset_v2);
-}
-extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxReset);
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext* context, unsigned int flags, CUdevice device) {
+extern "C" VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext* context, unsigned int flags, CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v2, context, flags, device);
   return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v2(context, flags, device); });
-}
+} VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int count, unsigned int flags,
-                                               CUdevice device) {
+                                               CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v3, context, params, count, flags, device);
   return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v3(context, params, count, flags, device); });
-}
-extern "C" VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams* params, unsigned int flags, CUdevice device) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams* params, unsigned int flags, CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v4, context, params, flags, device);
   return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v4(context, params, flags, device); });
-}
-extern "C" VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return DestroyContext(context, Real::cuCtxDestroy_v2);
-}
-extern "C" VGPU_EXPORT CUresult cuCtxDestroy(CUcontext context) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuCtxDestroy(CUcontext context) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return DestroyContext(context, Real::cuCtxDestroy);
-}
+} VGPU_CUDA_CATCH
 
 // ---- allocation -----------------------------------------------------------------------------------------
 
-extern "C" VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
+extern "C" VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAlloc_v2, pointer, bytes);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAlloc_v2(pointer, bytes);
   return AllocateTracked(pointer, Rounded(bytes), [&] { return Real::cuMemAlloc_v2(pointer, bytes); });
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* pointer, size_t bytes, unsigned int flags) {
+extern "C" VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* pointer, size_t bytes, unsigned int flags) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocManaged, pointer, bytes, flags);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAllocManaged(pointer, bytes, flags);
   return AllocateTracked(pointer, Rounded(bytes), [&] { return Real::cuMemAllocManaged(pointer, bytes, flags); });
-}
+} VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t* pitch, size_t width, size_t height,
-                                                   unsigned int element_bytes) {
+                                                   unsigned int element_bytes) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocPitch_v2, pointer, pitch, width, height, element_bytes);
   if (pointer == nullptr || pitch == nullptr || width == 0 || height == 0) {
     return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes);
@@ -568,83 +607,78 @@ extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t*
     }
     charged = actual;
   }
-  Shim& shim = TheShim();
-  std::lock_guard<std::mutex> guard(shim.mutex);
-  shim.allocations[*pointer] = {ordinal, charged, CurrentContext()};
+  if (!RecordAllocation(*pointer, {ordinal, charged, CurrentContext()})) return UndoAllocation(pointer, ordinal, charged);
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
+extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemFree_v2, pointer);
   // The record goes first, the memory second: once the driver has freed it, another thread's allocation may be
   // given the same address, and its record must not be the one erased. An unknown pointer is the driver's
   // business: passed on untouched (HAMi-core#321).
+  // Records are taken out as nodes, so that putting one back (the driver refused) allocates nothing.
   Shim& shim = TheShim();
-  Shim::Allocation allocation{-1, 0, nullptr};
-  CUmemoryPool pool = nullptr;
+  decltype(shim.allocations)::node_type allocation;
+  decltype(shim.pool_blocks)::node_type block;
   {
     std::lock_guard<std::mutex> guard(shim.mutex);
-    if (auto it = shim.allocations.find(pointer); it != shim.allocations.end()) {
-      allocation = it->second;
-      shim.allocations.erase(it);
-    } else if (auto block = shim.pool_blocks.find(pointer); block != shim.pool_blocks.end()) {
-      pool = block->second;  // a stream-ordered block: back to its pool, reconciled with the pool's size
-      shim.pool_blocks.erase(block);
-    }
+    allocation = shim.allocations.extract(pointer);
+    // A stream-ordered block: back to its pool, reconciled with the pool's size.
+    if (allocation.empty()) block = shim.pool_blocks.extract(pointer);
   }
   const CUresult result = Real::cuMemFree_v2(pointer);
   if (result != CUDA_SUCCESS) {
     std::lock_guard<std::mutex> guard(shim.mutex);
-    if (allocation.ordinal >= 0) shim.allocations.emplace(pointer, allocation);
-    if (pool != nullptr) shim.pool_blocks.emplace(pointer, pool);
+    if (!allocation.empty()) shim.allocations.insert(std::move(allocation));
+    if (!block.empty()) shim.pool_blocks.insert(std::move(block));
     return result;
   }
-  if (allocation.ordinal >= 0) Uncharge(allocation.ordinal, allocation.bytes);
-  if (pool != nullptr) BlockFreed(pool);
+  if (!allocation.empty()) Uncharge(allocation.mapped().ordinal, allocation.mapped().bytes);
+  if (!block.empty()) BlockFreed(block.mapped());
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, CUstream stream) {
+extern "C" VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocAsync, pointer, bytes, stream);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAllocAsync(pointer, bytes, stream);
   return AllocateFromPool(pointer, bytes, nullptr, stream, [&] { return Real::cuMemAllocAsync(pointer, bytes, stream); });
-}
-extern "C" VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUstream stream) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocAsync_ptsz, pointer, bytes, stream);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAllocAsync_ptsz(pointer, bytes, stream);
   return AllocateFromPool(pointer, bytes, nullptr, stream, [&] { return Real::cuMemAllocAsync_ptsz(pointer, bytes, stream); });
-}
-extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool, CUstream stream) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool, CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocFromPoolAsync, pointer, bytes, pool, stream);
   if (pointer == nullptr || bytes == 0 || pool == nullptr) return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream);
   return AllocateFromPool(pointer, bytes, pool, stream, [&] { return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream); });
-}
+} VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool,
-                                                             CUstream stream) {
+                                                             CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocFromPoolAsync_ptsz, pointer, bytes, pool, stream);
   if (pointer == nullptr || bytes == 0 || pool == nullptr) {
     return Real::cuMemAllocFromPoolAsync_ptsz(pointer, bytes, pool, stream);
   }
   return AllocateFromPool(pointer, bytes, pool, stream,
                           [&] { return Real::cuMemAllocFromPoolAsync_ptsz(pointer, bytes, pool, stream); });
-}
-extern "C" VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return FreeToPool(pointer, stream, Real::cuMemFreeAsync);
-}
-extern "C" VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr pointer, CUstream stream) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr pointer, CUstream stream) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return FreeToPool(pointer, stream, Real::cuMemFreeAsync_ptsz);
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep_bytes) {
+extern "C" VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep_bytes) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemPoolTrimTo, pool, keep_bytes);
   const CUresult result = Real::cuMemPoolTrimTo(pool, keep_bytes);
   ReconcilePools();
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemPoolDestroy, pool);
   const CUresult result = Real::cuMemPoolDestroy(pool);
   if (result == CUDA_SUCCESS) {
@@ -652,12 +686,12 @@ extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     Shim::PoolCharge charge{-1, nullptr, 0};
     {
       std::lock_guard<std::mutex> guard(shim.mutex);
-      if (auto it = shim.pools.find(pool); it != shim.pools.end()) {
-        charge = it->second;
-        shim.pools.erase(it);
+      if (auto node = shim.pools.extract(pool); !node.empty()) {
+        charge = node.mapped();
         // Blocks still allocated from it keep the pool's memory in the driver until they are freed ("released
         // automatically once there are no more outstanding allocations"): the charge stays until then, under a
         // key no real handle can take (a non-canonical address), so that a new pool given the same handle is its own.
+        // The record is moved to that key as a node: nothing allocated.
         const auto retired = reinterpret_cast<CUmemoryPool>((std::uintptr_t{1} << 63) | (++shim.retired_pools << 1) | 1);
         bool outstanding = false;
         for (auto& [block, owner] : shim.pool_blocks) {
@@ -666,8 +700,9 @@ extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
           outstanding = true;
         }
         if (outstanding) {
-          charge.destroyed = true;
-          shim.pools[retired] = charge;
+          node.key() = retired;
+          node.mapped().destroyed = true;
+          shim.pools.insert(std::move(node));
           charge.ordinal = -1;  // nothing given back now
         }
       }
@@ -675,12 +710,12 @@ extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     if (charge.ordinal >= 0) Uncharge(charge.ordinal, charge.charged);
   }
   return result;
-}
+} VGPU_CUDA_CATCH
 
 // ---- VMM: charged to the device in the allocation's location; freed when released and unmapped -----------
 
 extern "C" VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes, const CUmemAllocationProp* prop,
-                                           unsigned long long flags) {
+                                           unsigned long long flags) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemCreate, handle, bytes, prop, flags);
   if (handle == nullptr || prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return Real::cuMemCreate(handle, bytes, prop, flags);  // host memory is not device memory: not charged
@@ -689,35 +724,46 @@ extern "C" VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle
   const CUresult result = ChargedCall(ordinal, bytes, [&] { return Real::cuMemCreate(handle, bytes, prop, flags); });
   if (result == CUDA_SUCCESS) {
     Shim& shim = TheShim();
-    std::lock_guard<std::mutex> guard(shim.mutex);
-    shim.vmm[*handle] = {ordinal, bytes, 1};
+    std::unique_lock<std::mutex> guard(shim.mutex);
+    if (!Recorded([&] { shim.vmm[*handle] = {ordinal, bytes, 1}; })) {
+      guard.unlock();
+      if (Real::cuMemRelease != nullptr) Real::cuMemRelease(*handle);  // out of host memory: see UndoAllocation
+      Uncharge(ordinal, bytes);
+      *handle = 0;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   }
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+extern "C" VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemRelease, handle);
   const CUresult result = Real::cuMemRelease(handle);
   if (result == CUDA_SUCCESS) DropVmmReference(handle);
   return result;
-}
+} VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemMap(CUdeviceptr pointer, size_t bytes, size_t offset, CUmemGenericAllocationHandle handle,
-                                        unsigned long long flags) {
+                                        unsigned long long flags) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemMap, pointer, bytes, offset, handle, flags);
   const CUresult result = Real::cuMemMap(pointer, bytes, offset, handle, flags);
   if (result == CUDA_SUCCESS) {
     Shim& shim = TheShim();
-    std::lock_guard<std::mutex> guard(shim.mutex);
+    std::unique_lock<std::mutex> guard(shim.mutex);
     if (auto it = shim.vmm.find(handle); it != shim.vmm.end()) {
+      if (!Recorded([&] { shim.vmm_mappings[pointer] = {handle, bytes}; })) {
+        guard.unlock();
+        // Out of host memory: unmapped again, so that the mapping never outlives its charge uncounted.
+        if (Real::cuMemUnmap != nullptr) Real::cuMemUnmap(pointer, bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
       ++it->second.references;
-      shim.vmm_mappings[pointer] = {handle, bytes};
     }
   }
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) {
+extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemUnmap, pointer, bytes);
   const CUresult result = Real::cuMemUnmap(pointer, bytes);
   if (result == CUDA_SUCCESS) {
@@ -725,6 +771,9 @@ extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) {
     std::vector<CUmemGenericAllocationHandle> unmapped;
     {
       std::lock_guard<std::mutex> guard(shim.mutex);
+      // Room for every handle first: running out of memory halfway would lose the references of those erased.
+      unmapped.reserve(static_cast<std::size_t>(std::distance(
+          shim.vmm_mappings.lower_bound(pointer), shim.vmm_mappings.lower_bound(pointer + bytes))));
       for (auto it = shim.vmm_mappings.lower_bound(pointer); it != shim.vmm_mappings.end() && it->first < pointer + bytes;) {
         unmapped.push_back(it->second.first);
         it = shim.vmm_mappings.erase(it);
@@ -733,9 +782,9 @@ extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) {
     for (CUmemGenericAllocationHandle handle : unmapped) DropVmmReference(handle);
   }
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* address) {
+extern "C" VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* address) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemRetainAllocationHandle, handle, address);
   const CUresult result = Real::cuMemRetainAllocationHandle(handle, address);
   if (result == CUDA_SUCCESS && handle != nullptr) {
@@ -745,11 +794,11 @@ extern "C" VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocati
     if (auto it = shim.vmm.find(*handle); it != shim.vmm.end()) ++it->second.references;
   }
   return result;
-}
+} VGPU_CUDA_CATCH
 
 // ---- arrays ---------------------------------------------------------------------------------------------
 
-extern "C" VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
+extern "C" VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArrayCreate_v2, array, desc);
   if (array == nullptr || desc == nullptr) return Real::cuArrayCreate_v2(array, desc);
   CUDA_ARRAY3D_DESCRIPTOR d3{};
@@ -758,34 +807,34 @@ extern "C" VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRA
   d3.Format = desc->Format;
   d3.NumChannels = desc->NumChannels;
   return CreateArrayCharged(array, ArrayBytes(d3, 1), [&] { return Real::cuArrayCreate_v2(array, desc); });
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+extern "C" VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArray3DCreate_v2, array, desc);
   if (array == nullptr || desc == nullptr) return Real::cuArray3DCreate_v2(array, desc);
   return CreateArrayCharged(array, ArrayBytes(*desc, 1), [&] { return Real::cuArray3DCreate_v2(array, desc); });
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuArrayDestroy(CUarray array) {
+extern "C" VGPU_EXPORT CUresult cuArrayDestroy(CUarray array) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArrayDestroy, array);
   return DestroyArrayCharged(array, [&] { return Real::cuArrayDestroy(array); });
-}
+} VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
-                                                       unsigned int levels) {
+                                                       unsigned int levels) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMipmappedArrayCreate, array, desc, levels);
   if (array == nullptr || desc == nullptr) return Real::cuMipmappedArrayCreate(array, desc, levels);
   return CreateArrayCharged(array, ArrayBytes(*desc, levels), [&] { return Real::cuMipmappedArrayCreate(array, desc, levels); });
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
+extern "C" VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMipmappedArrayDestroy, array);
   return DestroyArrayCharged(reinterpret_cast<CUarray>(array), [&] { return Real::cuMipmappedArrayDestroy(array); });
-}
+} VGPU_CUDA_CATCH
 
 // ---- the view -------------------------------------------------------------------------------------------
 
-extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemGetInfo_v2, free_bytes, total_bytes);
   // The driver decides what a missing context or two NULL outputs mean; one NULL output is skipped
   // (HAMi-core#333).
@@ -810,16 +859,16 @@ extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* tota
   if (total_bytes != nullptr) *total_bytes = total;
   if (free_bytes != nullptr) *free_bytes = free_view;
   return result;
-}
+} VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDeviceTotalMem_v2, bytes, device);
   const CUresult result = Real::cuDeviceTotalMem_v2(bytes, device);
   if (result != CUDA_SUCCESS || bytes == nullptr) return result;
   const std::uint64_t limit = MemoryLimit(device);
   if (limit != 0) *bytes = std::min<std::uint64_t>(limit, *bytes);  // a limit above the device is not a bigger GPU
   return result;
-}
+} VGPU_CUDA_CATCH
 
 // ---- the CUDA 2.x/3.0 ABI -------------------------------------------------------------------------------
 // 32-bit sizes, kept by the driver for ancient binaries. Under a limit it is refused rather than left as a way
@@ -835,19 +884,19 @@ extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice devi
     return Real::real(__VA_ARGS__);                         \
   } while (0)
 
-extern "C" VGPU_EXPORT CUresult cuMemAlloc(unsigned int* pointer, unsigned int bytes) {
+extern "C" VGPU_EXPORT CUresult cuMemAlloc(unsigned int* pointer, unsigned int bytes) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemAlloc, pointer, bytes);
-}
+} VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemAllocPitch(unsigned int* pointer, unsigned int* pitch, unsigned int width,
-                                                unsigned int height, unsigned int element_bytes) {
+                                                unsigned int height, unsigned int element_bytes) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemAllocPitch, pointer, pitch, width, height, element_bytes);
-}
-extern "C" VGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemGetInfo, free_bytes, total_bytes);
-}
-extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice device) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice device) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuDeviceTotalMem, bytes, device);
-}
-extern "C" VGPU_EXPORT CUresult cuCtxCreate(CUcontext* context, unsigned int flags, CUdevice device) {
+} VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuCtxCreate(CUcontext* context, unsigned int flags, CUdevice device) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuCtxCreate, context, flags, device);
-}
+} VGPU_CUDA_CATCH

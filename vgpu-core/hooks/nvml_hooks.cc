@@ -152,17 +152,17 @@ nvmlReturn_t InitCommon() {
 
 using namespace vgpu::hooks;
 
-extern "C" VGPU_EXPORT nvmlReturn_t nvmlInit_v2() {
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlInit_v2() try {
   if (const nvmlReturn_t r = InitCommon(); r != NVML_SUCCESS) return r;
   return Real::nvmlInit_v2 != nullptr ? Real::nvmlInit_v2() : NVML_ERROR_LIBRARY_NOT_FOUND;
-}
+} VGPU_NVML_CATCH
 
-extern "C" VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) try {
   if (const nvmlReturn_t r = InitCommon(); r != NVML_SUCCESS) return r;
   return Real::nvmlInitWithFlags != nullptr ? Real::nvmlInitWithFlags(flags) : NVML_ERROR_LIBRARY_NOT_FOUND;
-}
+} VGPU_NVML_CATCH
 
-extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) try {
   if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
   const Mode mode = CurrentMode();
   if (mode == Mode::failed) return kFailedClosedNvml;
@@ -181,9 +181,9 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
     memory->free = free_bytes;
   }
   return result;
-}
+} VGPU_NVML_CATCH
 
-extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) try {
   if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo_v2 == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
   const Mode mode = CurrentMode();
   if (mode == Mode::failed) return kFailedClosedNvml;
@@ -205,4 +205,4 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t devi
     memory->free = free_bytes;
   }
   return result;
-}
+} VGPU_NVML_CATCH

@@ -71,6 +71,43 @@ void Log(int level, const char* format, ...) {
 
 namespace {
 
+std::atomic<bool> g_exception_logged{false};
+
+// Which exception is in flight: out of memory or anything else (caller is inside a catch block).
+bool OutOfMemoryInFlight() noexcept {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+void LogFirstException(bool out_of_memory) noexcept {
+  if (g_exception_logged.exchange(true, std::memory_order_relaxed)) return;
+  // No Log(): it could be what failed. fprintf on a constant string allocates nothing of ours.
+  std::fprintf(stderr, "vgpu[%d]: %s inside a CUDA/NVML call: the call failed with an error, the process goes on "
+               "(further ones are not logged)\n", static_cast<int>(getpid()),
+               out_of_memory ? "out of host memory" : "an internal error");
+}
+
+}  // namespace
+
+CUresult CudaErrorOfException() noexcept {
+  const bool out_of_memory = OutOfMemoryInFlight();
+  LogFirstException(out_of_memory);
+  return out_of_memory ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
+}
+
+nvmlReturn_t NvmlErrorOfException() noexcept {
+  const bool out_of_memory = OutOfMemoryInFlight();
+  LogFirstException(out_of_memory);
+  return out_of_memory ? NVML_ERROR_MEMORY : NVML_ERROR_UNKNOWN;
+}
+
+namespace {
+
 // The configuration as it was when the process started: read in a constructor, before the program's own code runs,
 // so that a program cannot raise its limits by changing its environment before its first CUDA call (a setenv of
 // CUDA_DEVICE_MEMORY_LIMIT in Python before cuInit did exactly that: tests/python/test_bypass.py). Only the
@@ -89,7 +126,14 @@ CapturedConfig& Captured() {
 
 __attribute__((constructor)) void CaptureConfigurationAtStart() {
   CapturedConfig& captured = Captured();
-  captured.ok = policy::LoadConfig(captured.config, captured.error);
+  try {
+    captured.ok = policy::LoadConfig(captured.config, captured.error);
+  } catch (...) {
+    // Out of memory before main: no limit could be read, so none is known to be absent. The process fails closed
+    // at its first GPU call (a throw here would end the process while the loader runs us).
+    captured.ok = false;
+    captured.error.clear();
+  }
   captured.captured = true;
 }
 
@@ -102,6 +146,9 @@ bool StartConfig(policy::Config& config, std::string& error) {
   return captured.ok;
 }
 
+// The mode the process starts in: configuration, region, real functions (may throw std::bad_alloc).
+Mode StartMode(Shim& shim);
+
 }  // namespace
 
 Mode Initialize() {
@@ -110,12 +157,34 @@ Mode Initialize() {
   std::lock_guard<std::mutex> guard(shim.init_mutex);
   Mode mode = shim.mode.load(std::memory_order_acquire);
   if (mode != Mode::uninitialized) return mode;
-  t_initializing = true;
+  // Reset however this ends: a thread left "initializing" would reach the driver with no limit from then on.
+  struct Initializing {
+    Initializing() { t_initializing = true; }
+    ~Initializing() { t_initializing = false; }
+  };
+  try {
+    Initializing initializing;
+    mode = StartMode(shim);
+  } catch (...) {
+    // Out of host memory while starting: this call is refused (fail closed), and the next one starts again.
+    (void)CudaErrorOfException();
+    return Mode::failed;
+  }
+  shim.mode.store(mode, std::memory_order_release);
+  if (mode == Mode::limited) Log(3, "limits from %s, region %s", shim.config.source.c_str(), shim.config.region_path.c_str());
+  return mode;
+}
+
+namespace {
+
+Mode StartMode(Shim& shim) {
+  Mode mode = Mode::uninitialized;
   std::string error;
   if (!ResolveReal()) {
     // No driver at all: nothing to protect; hooks report what the missing driver would.
     mode = Mode::passthrough;
   } else if (!StartConfig(shim.config, error)) {
+    if (error.empty()) error = "vgpu: the configuration could not be read (out of host memory when the process started)";
     std::fprintf(stderr, "%s (pid %d); GPU access is refused (fail closed)\n", error.c_str(), static_cast<int>(getpid()));
     mode = Mode::failed;
   } else if (!shim.config.AnyLimit()) {
@@ -133,11 +202,10 @@ Mode Initialize() {
                                         [](std::uint32_t percent) { return percent != 0; });
     }
   }
-  t_initializing = false;
-  shim.mode.store(mode, std::memory_order_release);
-  if (mode == Mode::limited) Log(3, "limits from %s, region %s", shim.config.source.c_str(), shim.config.region_path.c_str());
   return mode;
 }
+
+}  // namespace
 
 std::uint64_t MemoryLimit(int ordinal) {
   if (ordinal < 0 || ordinal >= policy::kMaxDevices) return 0;
@@ -235,10 +303,14 @@ std::uint64_t UsedOnRegionDevice(int device) {
 }
 
 bool ReconcilePools() {
+  std::lock_guard<std::mutex> guard(TheShim().mutex);
+  return ReconcilePoolsLocked();
+}
+
+bool ReconcilePoolsLocked() {
   Shim& shim = TheShim();
   if (Real::cuMemPoolGetAttribute == nullptr) return false;
   bool gave_back = false;
-  std::lock_guard<std::mutex> guard(shim.mutex);
   for (auto& [pool, charge] : shim.pools) {
     if (charge.destroyed) continue;  // not a handle any more
     cuuint64_t reserved = 0;

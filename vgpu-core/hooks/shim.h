@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 
@@ -112,7 +113,32 @@ std::uint64_t UsedOnRegionDevice(int device);
 // Reconciles every stream-ordered pool's charge with the pool's reserved memory (pools grow and are trimmed
 // inside the driver). Returns true if anything was given back.
 bool ReconcilePools();
+bool ReconcilePoolsLocked();  // the same, the caller holding shim.mutex
 
 void Log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+// The host ran out of memory (or something else threw) inside a hook: no exception may leave the shim into its C
+// caller. Every exported hook is a function-try-block ending in VGPU_CUDA_CATCH / VGPU_NVML_CATCH, which turns the
+// exception into an error for this call (out of memory: CUDA_ERROR_OUT_OF_MEMORY, NVML_ERROR_MEMORY; anything else:
+// the UNKNOWN error) and logs the first one. The hooks themselves undo what the driver did before the failure (an
+// allocation made but not recorded is freed), so that the error means "nothing happened" (docs/shim.md, "Out of host
+// memory").
+CUresult CudaErrorOfException() noexcept;
+nvmlReturn_t NvmlErrorOfException() noexcept;
+#define VGPU_CUDA_CATCH \
+  catch (...) { return ::vgpu::hooks::CudaErrorOfException(); }
+#define VGPU_NVML_CATCH \
+  catch (...) { return ::vgpu::hooks::NvmlErrorOfException(); }
+
+// Runs `record` (which inserts into the shim's maps); false if the host is out of memory, nothing inserted.
+template <typename Record>
+bool Recorded(Record&& record) noexcept {
+  try {
+    record();
+    return true;
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+}
 
 }  // namespace vgpu::hooks
