@@ -16,6 +16,11 @@
 //   hostoom_start  limit=                          the shim's first call (cuInit) with every allocation of the shim
 //                                                  failing; then none failing: a context, and two allocations of
 //                                                  half of `limit` and 1 MiB (the second must be refused)
+//   process   limit=                           every piece of process-wide state the shim must leave alone
+//                                                  (umask, signal dispositions and mask, resource limits, working
+//                                                  folder, environment), read before and after a round of CUDA and
+//                                                  NVML calls (allocations, an over-limit one, launches); prints
+//                                                  each that changed, and reaches its own end (exit code 0)
 //   mixed     threads= rounds= seed= limit= [oom_percent=0] [actions=01234567]
 //                                                  threads allocating (cuMemAlloc, cuMemAllocAsync, arrays), freeing
 //                                                  and launching, while oom_percent % of the shim's own allocations
@@ -27,6 +32,9 @@
 #include <dlfcn.h>
 #include <nvml.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -554,6 +562,95 @@ int HostOomStart() {
   return 0;
 }
 
+// The process-wide state a library inside the process must not change.
+struct ProcessState {
+  mode_t umask_bits = 0;
+  struct sigaction actions[NSIG] = {};
+  sigset_t blocked{};
+  rlimit limits[RLIM_NLIMITS] = {};
+  std::string cwd;
+  std::vector<std::string> environment;
+};
+
+ProcessState ReadProcessState() {
+  ProcessState state;
+  state.umask_bits = umask(022);
+  umask(state.umask_bits);
+  for (int signal_number = 1; signal_number < NSIG; ++signal_number) sigaction(signal_number, nullptr, &state.actions[signal_number]);
+  pthread_sigmask(SIG_SETMASK, nullptr, &state.blocked);
+  for (int resource = 0; resource < RLIM_NLIMITS; ++resource) getrlimit(static_cast<__rlimit_resource>(resource), &state.limits[resource]);
+  char buffer[4096];
+  if (getcwd(buffer, sizeof buffer) != nullptr) state.cwd = buffer;
+  for (char** entry = environ; *entry != nullptr; ++entry) state.environment.emplace_back(*entry);
+  return state;
+}
+
+// Signal sets compared signal by signal (glibc's sigaction leaves the bytes past the kernel's mask undefined).
+bool SameSignals(const sigset_t& a, const sigset_t& b) {
+  for (int signal_number = 1; signal_number < NSIG; ++signal_number) {
+    if (sigismember(&a, signal_number) != sigismember(&b, signal_number)) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> Differences(const ProcessState& before, const ProcessState& after) {
+  std::vector<std::string> changed;
+  if (before.umask_bits != after.umask_bits) changed.push_back("umask");
+  for (int signal_number = 1; signal_number < NSIG; ++signal_number) {
+    const struct sigaction& a = before.actions[signal_number];
+    const struct sigaction& b = after.actions[signal_number];
+    if (reinterpret_cast<void*>(a.sa_handler) != reinterpret_cast<void*>(b.sa_handler) || a.sa_flags != b.sa_flags ||
+        !SameSignals(a.sa_mask, b.sa_mask)) {
+      changed.push_back("signal " + std::to_string(signal_number));
+    }
+  }
+  if (!SameSignals(before.blocked, after.blocked)) changed.push_back("signal mask");
+  for (int resource = 0; resource < RLIM_NLIMITS; ++resource) {
+    if (before.limits[resource].rlim_cur != after.limits[resource].rlim_cur ||
+        before.limits[resource].rlim_max != after.limits[resource].rlim_max) {
+      changed.push_back("rlimit " + std::to_string(resource));
+    }
+  }
+  if (before.cwd != after.cwd) changed.push_back("working folder");
+  if (before.environment != after.environment) changed.push_back("environment");
+  return changed;
+}
+
+int Process() {
+  const ProcessState before = ReadProcessState();
+  // A round of everything the shim hooks: start-up, memory (one allocation past the limit), launches, NVML.
+  const CUresult init = cuInit(0);
+  Print("init", static_cast<int>(init));
+  CUcontext context = nullptr;
+  if (init == CUDA_SUCCESS && RetainContext(0, Clock::now(), context) == CUDA_SUCCESS) {
+    CUdeviceptr small = 0, past = 0;
+    Print("alloc", static_cast<int>(cuMemAlloc_v2(&small, 1 << 20)));
+    Print("alloc_past_limit", static_cast<int>(cuMemAlloc_v2(&past, Arg("limit", 1u << 30) + (1u << 20))));
+    cuMemFree_v2(small);
+    CUmodule module = nullptr;
+    CUfunction function = nullptr;
+    if (cuModuleLoadData(&module, vgpu::tenant::kSpinPtx) == CUDA_SUCCESS &&
+        cuModuleGetFunction(&function, module, "vgpu_spin") == CUDA_SUCCESS) {
+      unsigned long long ns = 50'000;
+      void* params[] = {&ns};
+      std::uint64_t launched = 0;
+      for (int i = 0; i < 100; ++i) launched += cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr) == CUDA_SUCCESS;
+      Print("launched", launched);
+    }
+    cuCtxSynchronize();
+  }
+  if (nvmlInit_v2() == NVML_SUCCESS) {
+    nvmlDevice_t device = nullptr;
+    nvmlMemory_t memory{};
+    if (nvmlDeviceGetHandleByIndex_v2(0, &device) == NVML_SUCCESS) nvmlDeviceGetMemoryInfo(device, &memory);
+  }
+  const std::vector<std::string> changed = Differences(before, ReadProcessState());
+  Print("changed", static_cast<std::uint64_t>(changed.size()));
+  for (const auto& what : changed) Print("changed.what", what);
+  Print("reached_end", 1);
+  return 0;
+}
+
 // What one churn thread holds: device memory of each kind it allocates.
 struct Held {
   std::vector<CUdeviceptr> plain, pooled;
@@ -685,7 +782,7 @@ int Mixed() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe|launch|hostoom_start|mixed "
+    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe|launch|hostoom_start|mixed|process "
                          "[key=value ...]\n");
     return 2;
   }
@@ -708,6 +805,7 @@ int main(int argc, char** argv) {
   else if (command == "launch") status = Launch();
   else if (command == "hostoom_start") status = HostOomStart();
   else if (command == "mixed") status = Mixed();
+  else if (command == "process") status = Process();
   else std::fprintf(stderr, "shim_worker: unknown command %s\n", command.c_str());
   std::fflush(stdout);
   return status;
