@@ -483,10 +483,10 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   plan.unknown_cost = !d.measured.contains(key);
   if (setup != CUDA_SUCCESS) return plan;
   // Everything this plan may need from the heap, first: if the host is out of memory, nothing has changed yet (the
-  // caller cancels the admission and refuses the launch). Below this, nothing allocates.
+  // caller cancels the admission and refuses the launch). Below this, nothing throws (TakeEvent only looks the pool
+  // up; ReturnEvent and HoldEvent do without memory).
   StreamState& state = d.streams[stream];
   DeviceLimiter::Sampling& sampling = d.sampling[function];
-  d.free_events[context];
   // (A window fills at kWindowLaunches, but threads planning into it together may pass that before it closes.)
   if (state.launches.size() == state.launches.capacity() || state.launches.capacity() < kWindowLaunches) {
     state.launches.reserve(std::max(kWindowLaunches, 2 * state.launches.size()));
