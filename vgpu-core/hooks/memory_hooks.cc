@@ -345,6 +345,11 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
         target = held;  // settled below, once the block is undone and the pool trimmed
       }
     }
+    Log(4, "pool %p: %s %zu bytes, upfront %llu, charged %llu -> %llu (pool reserved %llu%s)%s; container %llu",
+        static_cast<void*>(pool), made ? "allocated" : "refused", bytes, static_cast<unsigned long long>(upfront),
+        static_cast<unsigned long long>(held - upfront), static_cast<unsigned long long>(target),
+        static_cast<unsigned long long>(reserved), known ? "" : ", unknown", over_cap ? ", past the cap" : "",
+        static_cast<unsigned long long>(device >= 0 ? shim.region->Used(device) : 0));
     charge.charged = target;
     if (made && !over_cap) block_recorded = Recorded([&] { shim.pool_blocks[*pointer] = pool; });
   }

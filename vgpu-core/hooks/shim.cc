@@ -316,6 +316,8 @@ bool ReconcilePoolsLocked() {
     cuuint64_t reserved = 0;
     if (Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS) continue;
     if (reserved < charge.charged) {
+      Log(4, "pool %p: reconciled, charged %llu -> %llu", static_cast<void*>(pool),
+          static_cast<unsigned long long>(charge.charged), static_cast<unsigned long long>(reserved));
       const int device = shim.region_device[charge.ordinal];
       if (device >= 0) shim.region->Release(device, charge.charged - reserved);
       charge.charged = reserved;
