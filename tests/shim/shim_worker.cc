@@ -672,24 +672,27 @@ int Mixed() {
     std::fprintf(stderr, "setup: %d\n", r);
     return 4;
   }
-  // The pool used once before the baseline: a real driver keeps ~2 MiB for a pool that has served an allocation,
-  // after every block is freed and the pool trimmed (H100, driver 580).
+  const std::uint64_t threads_n = Arg("threads", 4), rounds = Arg("rounds", 2000);
+  std::vector<CUstream> streams(threads_n);
+  for (auto& stream : streams) cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+  // The pool used once on each stream before the baseline: a real driver keeps ~2 MiB for a pool that has served
+  // allocations on several streams, after every block is freed and the pool trimmed (H100, driver 580).
   CUmemoryPool pool = nullptr;
   if (cuDeviceGetMemPool(&pool, 0) == CUDA_SUCCESS) {
-    CUdeviceptr warm = 0;
-    if (cuMemAllocAsync(&warm, 1 << 20, nullptr) == CUDA_SUCCESS) cuMemFreeAsync(warm, nullptr);
+    for (CUstream stream : streams) {
+      CUdeviceptr warm = 0;
+      if (cuMemAllocAsync(&warm, 1 << 20, stream) == CUDA_SUCCESS) cuMemFreeAsync(warm, stream);
+    }
     cuCtxSynchronize();
     cuMemPoolTrimTo(pool, 0);
   }
   std::size_t free_bytes = 0, total = 0;
   cuMemGetInfo_v2(&free_bytes, &total);
   const std::uint64_t used_before = total - free_bytes, own_before = DriverOwnBytes();
-  const std::uint64_t threads_n = Arg("threads", 4), rounds = Arg("rounds", 2000);
   const std::uint64_t max_bytes = std::max<std::uint64_t>(Arg("limit", 1u << 30) / (4 * threads_n), 1 << 20);
   // Which of the actions (0 alloc, 1 pool alloc, 2 array, 3-5 launch, 6 free, 7 pool free) run: all by default.
   const std::string actions = Has("actions") ? g_args["actions"] : "01234567";
   std::vector<Held> held(threads_n);
-  std::vector<CUstream> streams(threads_n);
   std::atomic<std::uint64_t> oom{0}, ok{0}, unexpected{0}, threw{0};
   std::mutex unexpected_mutex;
   std::vector<std::string> unexpected_text;
@@ -704,7 +707,6 @@ int Mixed() {
     }
     return result == CUDA_SUCCESS;
   };
-  for (auto& stream : streams) cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
   if (!vgpu::shimtest::ArmHostOom(static_cast<unsigned>(Arg("oom_percent", 0)), Arg("seed", 1))) return 2;
   std::vector<std::thread> threads;
   for (std::uint64_t t = 0; t < threads_n; ++t) {

@@ -326,31 +326,40 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
   bool over_cap = false, block_recorded = true;
   {
     std::lock_guard<std::mutex> guard(shim.mutex);
-    cuuint64_t reserved = 0;
-    const bool known = Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
     auto& charge = shim.pools[pool];  // there (made above): a lookup
     charge.ordinal = ordinal;
     if (charge.context == nullptr) charge.context = CurrentContext();
-    const std::uint64_t held = charge.charged + upfront;  // what the ledger holds for the pool, this upfront in it
-    // The pool's size; without it, the request itself (never less than what was handed out).
-    std::uint64_t target = known ? reserved : made ? held : charge.charged;
-    if (target < held) {
-      if (device >= 0) shim.region->Release(device, held - target);
-    } else if (target > held && device >= 0) {
-      // The pool grew by more than was reserved (its granularity, or other threads' blocks served from this growth).
-      // Memory other pools hold but the driver has trimmed goes back first.
-      if (!shim.region->Reserve(device, target - held, limit) &&
-          !(ReconcilePoolsLocked() && shim.region->Reserve(device, target - held, limit))) {
+    for (bool reconciled = false;;) {
+      cuuint64_t reserved = 0;
+      const bool known =
+          Real::cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS;
+      const std::uint64_t held = charge.charged + upfront;  // what the ledger holds for the pool, this upfront in it
+      // The pool's size; without it, the request itself (never less than what was handed out).
+      std::uint64_t target = known ? reserved : made ? held : charge.charged;
+      if (target < held) {
+        if (device >= 0) shim.region->Release(device, held - target);
+      } else if (target > held && device >= 0 && !shim.region->Reserve(device, target - held, limit)) {
+        // The pool grew by more than was reserved (its granularity, or other threads' blocks served from this
+        // growth), past the cap. Memory pools hold but the driver has trimmed goes back first, and then everything
+        // is read again: the reconciliation changes this pool's charge, and a trim since the size was read (another
+        // thread's, outside the lock) changes its size. (Settling on the old figures after a reconciliation charged
+        // the pool for memory it no longer held, and the ledger fell below what the container held: H100, four
+        // threads, 3 runs in 8.)
+        if (!reconciled && ReconcilePoolsLocked()) {
+          reconciled = true;
+          continue;
+        }
         over_cap = true;
         target = held;  // settled below, once the block is undone and the pool trimmed
       }
+      Log(4, "pool %p: %s %zu bytes, upfront %llu, charged %llu -> %llu (pool reserved %llu%s)%s; container %llu",
+          static_cast<void*>(pool), made ? "allocated" : "refused", bytes, static_cast<unsigned long long>(upfront),
+          static_cast<unsigned long long>(charge.charged), static_cast<unsigned long long>(target),
+          static_cast<unsigned long long>(reserved), known ? "" : ", unknown", over_cap ? ", past the cap" : "",
+          static_cast<unsigned long long>(device >= 0 ? shim.region->Used(device) : 0));
+      charge.charged = target;
+      break;
     }
-    Log(4, "pool %p: %s %zu bytes, upfront %llu, charged %llu -> %llu (pool reserved %llu%s)%s; container %llu",
-        static_cast<void*>(pool), made ? "allocated" : "refused", bytes, static_cast<unsigned long long>(upfront),
-        static_cast<unsigned long long>(held - upfront), static_cast<unsigned long long>(target),
-        static_cast<unsigned long long>(reserved), known ? "" : ", unknown", over_cap ? ", past the cap" : "",
-        static_cast<unsigned long long>(device >= 0 ? shim.region->Used(device) : 0));
-    charge.charged = target;
     if (made && !over_cap) block_recorded = Recorded([&] { shim.pool_blocks[*pointer] = pool; });
   }
   if (over_cap || !block_recorded) {
