@@ -210,6 +210,10 @@ class FakeGpu:
     def start_tenant(self, *args: str) -> BackgroundProcess:
         return self._start([str(self.tenant_path), *map(str, args)], "vgpu-tenant")
 
+    def run(self, program: str | Path, *args: str, timeout: float = 60, check: bool = True) -> ClientResult:
+        """Runs any program to completion in this machine's environment (the shim tests' worker, say)."""
+        return self._run([str(program), *map(str, args)], Path(program).name, timeout, check)
+
     def _run(self, argv: list[str], what: str, timeout: float, check: bool) -> ClientResult:
         process = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
