@@ -456,22 +456,28 @@ int Observe() {
 
 }  // namespace
 
-// Threads launching into one stream (the legacy default one) at once: the shim's launch path under concurrency.
-int Launch() {
+// cuInit, device 0's primary context current, vgpu-tenant's spin kernel loaded; false (said on stderr) if not.
+bool SetUpSpinKernel(CUcontext& context, CUfunction& function) {
   if (const CUresult r = cuInit(0); r != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuInit: %d\n", r);
-    return 4;
+    return false;
   }
-  CUcontext context = nullptr;
   CUmodule module = nullptr;
-  CUfunction function = nullptr;
   CUresult r = RetainContext(0, Clock::now() + std::chrono::seconds(10), context);
   if (r == CUDA_SUCCESS) r = cuModuleLoadData(&module, vgpu::tenant::kSpinPtx);
   if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&function, module, "vgpu_spin");
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr, "setup: %d\n", r);
-    return 4;
+    return false;
   }
+  return true;
+}
+
+// Threads launching into one stream (the legacy default one) at once: the shim's launch path under concurrency.
+int Launch() {
+  CUcontext context = nullptr;
+  CUfunction function = nullptr;
+  if (!SetUpSpinKernel(context, function)) return 4;
   const std::uint64_t short_ns = Arg("short_us", 30) * 1000, long_ns = Arg("long_us", 2000) * 1000;
   const std::uint64_t long_every = std::max<std::uint64_t>(Arg("long_every", 8), 1);
   const auto start = Clock::now();
@@ -503,6 +509,7 @@ int Launch() {
     });
   }
   for (auto& thread : threads) thread.join();
+  CUresult r = CUDA_SUCCESS;
   if (failure.load() != CUDA_SUCCESS || (r = cuCtxSynchronize()) != CUDA_SUCCESS) {
     std::fprintf(stderr, "launch: %d\n", failure.load() != CUDA_SUCCESS ? failure.load() : static_cast<int>(r));
     return 4;
@@ -658,20 +665,9 @@ struct Held {
 };
 
 int Mixed() {
-  if (const CUresult r = cuInit(0); r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuInit: %d\n", r);
-    return 4;
-  }
   CUcontext context = nullptr;
-  CUmodule module = nullptr;
   CUfunction function = nullptr;
-  CUresult r = RetainContext(0, Clock::now() + std::chrono::seconds(10), context);
-  if (r == CUDA_SUCCESS) r = cuModuleLoadData(&module, vgpu::tenant::kSpinPtx);
-  if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&function, module, "vgpu_spin");
-  if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "setup: %d\n", r);
-    return 4;
-  }
+  if (!SetUpSpinKernel(context, function)) return 4;
   const std::uint64_t threads_n = Arg("threads", 4), rounds = Arg("rounds", 2000);
   std::vector<CUstream> streams(threads_n);
   for (auto& stream : streams) cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
