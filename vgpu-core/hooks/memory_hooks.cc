@@ -352,11 +352,13 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
         over_cap = true;
         target = held;  // settled below, once the block is undone and the pool trimmed
       }
-      Log(4, "pool %p: %s %zu bytes, upfront %llu, charged %llu -> %llu (pool reserved %llu%s)%s; container %llu",
-          static_cast<void*>(pool), made ? "allocated" : "refused", bytes, static_cast<unsigned long long>(upfront),
-          static_cast<unsigned long long>(charge.charged), static_cast<unsigned long long>(target),
-          static_cast<unsigned long long>(reserved), known ? "" : ", unknown", over_cap ? ", past the cap" : "",
-          static_cast<unsigned long long>(device >= 0 ? shim.region->Used(device) : 0));
+      if (shim.config.log_level >= 4) {  // (the container's figure is read only for the log)
+        Log(4, "pool %p: %s %zu bytes, upfront %llu, charged %llu -> %llu (pool reserved %llu%s)%s; container %llu",
+            static_cast<void*>(pool), made ? "allocated" : "refused", bytes, static_cast<unsigned long long>(upfront),
+            static_cast<unsigned long long>(charge.charged), static_cast<unsigned long long>(target),
+            static_cast<unsigned long long>(reserved), known ? "" : ", unknown", over_cap ? ", past the cap" : "",
+            static_cast<unsigned long long>(device >= 0 ? shim.region->Used(device) : 0));
+      }
       charge.charged = target;
       break;
     }
@@ -369,7 +371,7 @@ CUresult AllocateFromPool(CUdeviceptr* pointer, std::size_t bytes, CUmemoryPool 
     if (over_cap && Real::cuMemPoolTrimTo != nullptr) Real::cuMemPoolTrimTo(pool, 0);
     if (made) *pointer = 0;
     ReconcilePools();
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return made ? CUDA_ERROR_OUT_OF_MEMORY : result;  // (the driver refused it anyway: its error)
   }
   return result;
 }
