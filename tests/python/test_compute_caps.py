@@ -348,14 +348,15 @@ def test_default_policy_lends_once_nvml_starts_answering(fake_gpu, tenant_availa
     contain(fake_gpu, shim_path, "late-nvml", 30)
     fake_gpu.env["GPU_CORE_UTILIZATION_POLICY"] = "default"
     fake_gpu.env["FAKECUDA_FAULTS"] = "nvmlInit_v2:error=NVML_ERROR_DRIVER_NOT_LOADED:count=2"
-    result = fake_gpu.tenant("--seconds", "5", "--kernel-us", "1000", timeout=60)
+    result = fake_gpu.tenant("--seconds", "6", "--kernel-us", "1000", timeout=60)
     assert result.returncode == 0, result.describe()
     events = read_trace(trace_path)
     start, end = kernel_span(events, result.pid)
     first_second = busy_between(events, result.pid, start, start + 1_000_000_000)
-    from_third_second = busy_between(events, result.pid, start + 2_500_000_000, end)
+    # NVML answers at the latest at the third attempt, ~2.1 s in (attempts are a second apart): judged from 3 s on.
+    from_third_second = busy_between(events, result.pid, start + 3_000_000_000, end)
     print(f"\ndefault policy, nvmlInit failing twice: {100 * first_second:.1f} % in the first second, "
-          f"{100 * from_third_second:.1f} % from 2.5 s on")
+          f"{100 * from_third_second:.1f} % from 3 s on")
     assert first_second <= 0.40, first_second  # held while blind (the first failed start of NVML)
     assert from_third_second >= 0.90, from_third_second
 

@@ -12,10 +12,11 @@ namespace vgpu::shimtest {
 namespace {
 
 // Four threads launch kernels whose run time depends on their data (30 us, 2 ms one launch in eight) into the legacy
-// default stream under a 30 % cap. The process is held to its cap: over 3 s the share varies by +/- 3 points from run to
-// run (launches onto an idle stream are measured at random, the others settled at the mean of those: right on average,
-// not launch by launch; 12 runs here gave 26.3-36.8 %, mean 30.1), so the bounds are 35 % above (the shim before the
-// measurement windows gave 100 %) and, below, what a slow machine explains (sanitizers slow the host).
+// default stream under a 30 % cap. The process is held to its cap: over 3 s the share varies by about 3 points (one
+// standard deviation) from run to run (launches onto an idle stream are measured at random, the others settled at the
+// mean of those: right on average, not launch by launch; 12 runs here gave 26.3-36.8 %, mean 30.1; 35.7 % under TSan in
+// CI, 35.8 % once on the H100), so the bound above is 40 % (over three deviations; the shim before the measurement
+// windows gave 100 %) and, below, what a slow machine explains (sanitizers slow the host).
 TEST(Compute, ThreadsLaunchingIntoOneStreamAreHeldToTheCap) {
   auto env = ShimEnv("threads", "");
   env["CUDA_DEVICE_SM_LIMIT"] = "30";
@@ -28,7 +29,7 @@ TEST(Compute, ThreadsLaunchingIntoOneStreamAreHeldToTheCap) {
   std::printf("four threads into one stream at a 30 %% cap: %llu launches, %.1f %% of the time\n",
               static_cast<unsigned long long>(Number(values, "launched")), 100 * share);
   EXPECT_GT(Number(values, "launched"), 100u);
-  EXPECT_LE(share, 0.35) << "the threads' kernels held the device " << 100 * share << " % of the time";
+  EXPECT_LE(share, 0.40) << "the threads' kernels held the device " << 100 * share << " % of the time";
   EXPECT_GE(share, 0.15) << "the threads' kernels held the device " << 100 * share << " % of the time";
 }
 
