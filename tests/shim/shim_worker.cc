@@ -21,8 +21,9 @@
 //                                                  folder, environment), read before and after a round of CUDA and
 //                                                  NVML calls (allocations, an over-limit one, launches); prints
 //                                                  each that changed, and reaches its own end (exit code 0)
-//   mixed     threads= rounds= seed= limit= [oom_percent=0] [actions=01234567]
-//                                                  threads allocating (cuMemAlloc, cuMemAllocAsync, arrays), freeing
+//   mixed     threads= rounds= seed= limit= [oom_percent=0] [actions=0123456789]
+//                                                  threads allocating (cuMemAlloc, cuMemAllocAsync, arrays, VMM,
+//                                                  pitch), freeing
 //                                                  and launching, while oom_percent % of the shim's own allocations
 //                                                  fail (host_oom.h); then everything freed; prints every result that
 //                                                  was neither success nor out of memory, and the counts before/after
@@ -686,8 +687,9 @@ int Mixed() {
   cuMemGetInfo_v2(&free_bytes, &total);
   const std::uint64_t used_before = total - free_bytes, own_before = DriverOwnBytes();
   const std::uint64_t max_bytes = std::max<std::uint64_t>(Arg("limit", 1u << 30) / (4 * threads_n), 1 << 20);
-  // Which of the actions (0 alloc, 1 pool alloc, 2 array, 3-5 launch, 6 free, 7 pool free) run: all by default.
-  const std::string actions = Has("actions") ? g_args["actions"] : "01234567";
+  // Which of the actions (0 alloc, 1 pool alloc, 2 array, 3-5 launch, 6 free, 7 pool free, 8 VMM round trip, 9 pitch
+  // alloc) run: all by default.
+  const std::string actions = Has("actions") ? g_args["actions"] : "0123456789";
   std::vector<Held> held(threads_n);
   std::atomic<std::uint64_t> oom{0}, ok{0}, unexpected{0}, threw{0};
   std::mutex unexpected_mutex;
@@ -711,7 +713,7 @@ int Mixed() {
       std::uint64_t draw = Arg("seed", 1) * 0x9e3779b97f4a7c15ull + t;
       Held& mine = held[t];
       for (std::uint64_t round = 0; round < rounds; ++round) {
-        const std::uint64_t action = SplitMix(draw) % 8;
+        const std::uint64_t action = SplitMix(draw) % 10;
         const std::uint64_t bytes = 1 + SplitMix(draw) % max_bytes;
         if (actions.find(static_cast<char>('0' + action)) == std::string::npos) continue;
         bool did_throw = false;
@@ -754,6 +756,40 @@ int Mixed() {
           const CUdeviceptr pointer = mine.pooled.back();
           mine.pooled.pop_back();
           check("cuMemFreeAsync", Guarded([&] { return cuMemFreeAsync(pointer, streams[t]); }, did_throw), did_throw);
+        } else if (action == 8) {
+          // VMM, one round trip: physical memory created, mapped into reserved addresses, unmapped, released.
+          CUmemAllocationProp prop{};
+          prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+          prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+          prop.location.id = 0;
+          std::size_t granularity = 0;
+          if (cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+              granularity == 0) {
+            continue;
+          }
+          const std::size_t size = (bytes + granularity - 1) / granularity * granularity;
+          CUmemGenericAllocationHandle handle = 0;
+          if (check("cuMemCreate", Guarded([&] { return cuMemCreate(&handle, size, &prop, 0); }, did_throw),
+                    did_throw)) {
+            CUdeviceptr address = 0;
+            if (cuMemAddressReserve(&address, size, 0, 0, 0) == CUDA_SUCCESS) {
+              if (check("cuMemMap", Guarded([&] { return cuMemMap(address, size, 0, handle, 0); }, did_throw),
+                        did_throw)) {
+                check("cuMemUnmap", Guarded([&] { return cuMemUnmap(address, size); }, did_throw), did_throw);
+              }
+              cuMemAddressFree(address, size);
+            }
+            check("cuMemRelease", Guarded([&] { return cuMemRelease(handle); }, did_throw), did_throw);
+          }
+        } else if (action == 9) {
+          CUdeviceptr pointer = 0;
+          std::size_t pitch = 0;
+          if (check("cuMemAllocPitch_v2",
+                    Guarded([&] { return cuMemAllocPitch_v2(&pointer, &pitch, 1 + bytes % 8192, 1 + bytes / 8192 % 256, 4); },
+                            did_throw),
+                    did_throw)) {
+            mine.plain.push_back(pointer);
+          }
         }
       }
     });

@@ -783,19 +783,23 @@ extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) tr
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemUnmap, pointer, bytes);
   const CUresult result = Real::cuMemUnmap(pointer, bytes);
   if (result == CUDA_SUCCESS) {
+    // The mappings go, and with each a reference to its handle (the memory is given back with the last one). Nothing
+    // here allocates: an unmap the driver made must be followed even with the host out of memory (collecting the
+    // handles in a vector first lost their references when it could not grow: the memory stayed charged).
     Shim& shim = TheShim();
-    std::vector<CUmemGenericAllocationHandle> unmapped;
+    std::uint64_t released[vgpu::policy::kMaxDevices] = {};
     {
       std::lock_guard<std::mutex> guard(shim.mutex);
-      // Room for every handle first: running out of memory halfway would lose the references of those erased.
-      unmapped.reserve(static_cast<std::size_t>(std::distance(
-          shim.vmm_mappings.lower_bound(pointer), shim.vmm_mappings.lower_bound(pointer + bytes))));
       for (auto it = shim.vmm_mappings.lower_bound(pointer); it != shim.vmm_mappings.end() && it->first < pointer + bytes;) {
-        unmapped.push_back(it->second.first);
+        if (auto vmm = shim.vmm.find(it->second.first); vmm != shim.vmm.end() && --vmm->second.references <= 0) {
+          const int ordinal = vmm->second.ordinal;  // -1: host memory, never charged
+          if (ordinal >= 0 && ordinal < vgpu::policy::kMaxDevices) released[ordinal] += vmm->second.bytes;
+          shim.vmm.erase(vmm);
+        }
         it = shim.vmm_mappings.erase(it);
       }
     }
-    for (CUmemGenericAllocationHandle handle : unmapped) DropVmmReference(handle);
+    for (int ordinal = 0; ordinal < vgpu::policy::kMaxDevices; ++ordinal) Uncharge(ordinal, released[ordinal]);
   }
   return result;
 } VGPU_CUDA_CATCH
