@@ -1,6 +1,6 @@
 """The host out of memory inside the shim (docs/shim.md, "Out of host memory"): the shim tests' worker
 (tests/shim/shim_worker.cc, `mixed`) runs four threads that allocate (cuMemAlloc, cuMemAllocAsync, arrays, pitched,
-VMM), free and launch under a memory and a compute cap while one in five of the shim's own allocations fails (its malloc,
+VMM, contexts), read NVML, free and launch under a memory and a compute cap while one in five of the shim's own allocations fails (its malloc,
 tests/shim/host_oom.cc); then frees everything. Every call must answer success or out of memory, no exception may
 leave the shim, and the container's count and the driver's view of the process must come back where they started.
 A second part: threads allocating from one stream-ordered pool with the pool calls slowed down (the race found on

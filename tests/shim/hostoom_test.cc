@@ -44,7 +44,8 @@ TEST(HostOom, AnAllocationFailureWhileTheShimStartsLeavesItClosedNotOpen) {
       << "two allocations of 3/4 of the limit both went through: the process runs without its memory cap";
 }
 
-// Four threads allocate (cuMemAlloc, cuMemAllocAsync, arrays, pitched, VMM create/map/unmap/release), free and launch
+// Four threads allocate (cuMemAlloc, cuMemAllocAsync, arrays, pitched, VMM create/map/unmap/release, contexts), read
+// NVML, free and launch
 // under a memory and a compute cap while one in five of the shim's own allocations fails. Every call answers success
 // or out of memory; none throws; and once everything is freed, the container's count and the driver's view of the
 // process are back where they started: an allocation the shim could not record was given back, never left charged

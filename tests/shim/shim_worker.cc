@@ -21,9 +21,9 @@
 //                                                  folder, environment), read before and after a round of CUDA and
 //                                                  NVML calls (allocations, an over-limit one, launches); prints
 //                                                  each that changed, and reaches its own end (exit code 0)
-//   mixed     threads= rounds= seed= limit= [oom_percent=0] [actions=0123456789]
+//   mixed     threads= rounds= seed= limit= [oom_percent=0] [actions=0123456789ab]
 //                                                  threads allocating (cuMemAlloc, cuMemAllocAsync, arrays, VMM,
-//                                                  pitch), freeing
+//                                                  pitch, contexts), reading NVML, freeing
 //                                                  and launching, while oom_percent % of the shim's own allocations
 //                                                  fail (host_oom.h); then everything freed; prints every result that
 //                                                  was neither success nor out of memory, and the counts before/after
@@ -688,8 +688,8 @@ int Mixed() {
   const std::uint64_t used_before = total - free_bytes, own_before = DriverOwnBytes();
   const std::uint64_t max_bytes = std::max<std::uint64_t>(Arg("limit", 1u << 30) / (4 * threads_n), 1 << 20);
   // Which of the actions (0 alloc, 1 pool alloc, 2 array, 3-5 launch, 6 free, 7 pool free, 8 VMM round trip, 9 pitch
-  // alloc) run: all by default.
-  const std::string actions = Has("actions") ? g_args["actions"] : "0123456789";
+  // alloc, a context round trip, b NVML memory view) run: all by default.
+  const std::string actions = Has("actions") ? g_args["actions"] : "0123456789ab";
   std::vector<Held> held(threads_n);
   std::atomic<std::uint64_t> oom{0}, ok{0}, unexpected{0}, threw{0};
   std::mutex unexpected_mutex;
@@ -713,9 +713,9 @@ int Mixed() {
       std::uint64_t draw = Arg("seed", 1) * 0x9e3779b97f4a7c15ull + t;
       Held& mine = held[t];
       for (std::uint64_t round = 0; round < rounds; ++round) {
-        const std::uint64_t action = SplitMix(draw) % 10;
+        const std::uint64_t action = SplitMix(draw) % 12;
         const std::uint64_t bytes = 1 + SplitMix(draw) % max_bytes;
-        if (actions.find(static_cast<char>('0' + action)) == std::string::npos) continue;
+        if (actions.find("0123456789ab"[action]) == std::string::npos) continue;
         bool did_throw = false;
         if (action == 0) {
           CUdeviceptr pointer = 0;
@@ -780,6 +780,24 @@ int Mixed() {
               cuMemAddressFree(address, size);
             }
             check("cuMemRelease", Guarded([&] { return cuMemRelease(handle); }, did_throw), did_throw);
+          }
+        } else if (action == 10) {
+          // An explicit context, one round trip (created current on this thread; destroying it pops it).
+          CUcontext created = nullptr;
+          if (check("cuCtxCreate", Guarded([&] { return cuCtxCreate(&created, nullptr, 0, 0); }, did_throw),
+                    did_throw)) {
+            check("cuCtxDestroy", Guarded([&] { return cuCtxDestroy(created); }, did_throw), did_throw);
+            cuCtxSetCurrent(context);
+          }
+        } else if (action == 11) {
+          // NVML's views through the shim (they change nothing, and must not throw either).
+          nvmlDevice_t device = nullptr;
+          if (nvmlInit_v2() == NVML_SUCCESS && nvmlDeviceGetHandleByIndex_v2(0, &device) == NVML_SUCCESS) {
+            nvmlMemory_t memory{};
+            const nvmlReturn_t r = nvmlDeviceGetMemoryInfo(device, &memory);
+            check("nvmlDeviceGetMemoryInfo",
+                  r == NVML_SUCCESS ? CUDA_SUCCESS : r == NVML_ERROR_MEMORY ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN,
+                  false);
           }
         } else if (action == 9) {
           CUdeviceptr pointer = 0;
