@@ -41,13 +41,12 @@ TEST(HostOom, AnAllocationFailureWhileTheShimStartsLeavesItClosedNotOpen) {
   EXPECT_EQ(Number(values, "init"), static_cast<std::uint64_t>(CUDA_SUCCESS)) << "the shim did not start again";
   EXPECT_EQ(Number(values, "alloc1"), static_cast<std::uint64_t>(CUDA_SUCCESS));
   EXPECT_EQ(Number(values, "alloc2"), static_cast<std::uint64_t>(CUDA_ERROR_OUT_OF_MEMORY))
-      << "two allocations of 3/4 of the limit both went through: the process runs without its memory cap";
+      << "two allocations of half the limit (and 1 MiB) both went through: the process runs without its memory cap";
 }
 
 // Four threads allocate (cuMemAlloc, cuMemAllocAsync, arrays, pitched, VMM create/map/unmap/release, contexts), read
-// NVML, free and launch
-// under a memory and a compute cap while one in five of the shim's own allocations fails. Every call answers success
-// or out of memory; none throws; and once everything is freed, the container's count and the driver's view of the
+// NVML, free and launch under a memory and a compute cap while one in five of the shim's own allocations fails. Every
+// call answers success or out of memory; none throws; and once everything is freed, the container's count and the driver's view of the
 // process are back where they started: an allocation the shim could not record was given back, never left charged
 // or uncounted. (It found cuMemUnmap collecting the unmapped handles in a vector after the driver had unmapped: when
 // the vector could not grow, their references were lost and the memory stayed charged, 0.3-1.5 GB per run.)
