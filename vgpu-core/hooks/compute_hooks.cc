@@ -482,11 +482,10 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   Plan plan;
   plan.unknown_cost = !d.measured.contains(key);
   if (setup != CUDA_SUCCESS) return plan;
-  // Everything this plan may need from the heap, first: if the host is out of memory, nothing has changed yet (the
-  // caller cancels the admission and refuses the launch). Below this, nothing throws (TakeEvent only looks the pool
-  // up; ReturnEvent and HoldEvent do without memory).
+  // What this plan needs from the heap comes before it changes anything: if the host is out of memory, the caller
+  // cancels the admission and refuses the launch. Past the lookups, nothing throws (TakeEvent only looks the pool up;
+  // ReturnEvent and HoldEvent do without memory).
   StreamState& state = d.streams[stream];
-  DeviceLimiter::Sampling& sampling = d.sampling[function];
   // (A window fills at kWindowLaunches, but threads planning into it together may pass that before it closes.)
   if (state.launches.size() == state.launches.capacity() || state.launches.capacity() < kWindowLaunches) {
     state.launches.reserve(std::max(kWindowLaunches, 2 * state.launches.size()));
@@ -516,6 +515,9 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
       }
     }
   }
+  // A launch outside a window is sampled (the function's record: looked up only here, off the window path, and before
+  // this launch changes the stream's state).
+  DeviceLimiter::Sampling* sampling = queued ? nullptr : &d.sampling[function];
   const bool busy = state.busy_until_ns > at;
   state.busy_until_ns = std::max(state.busy_until_ns, at) + charged_ns;
   plan.sequence = ++state.planned;
@@ -534,7 +536,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   state.mark = nullptr;
   state.last_launch_ns = at;
   // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
-  if (SampleThisLaunch(sampling, charged_ns) || plan.unknown_cost) {
+  if (SampleThisLaunch(*sampling, charged_ns) || plan.unknown_cost) {
     RelaxedCapture relaxed;
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
