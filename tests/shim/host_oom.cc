@@ -1,7 +1,6 @@
 // See host_oom.h.
 #include "host_oom.h"
 
-#include <dlfcn.h>
 #include <link.h>
 
 #include <atomic>
