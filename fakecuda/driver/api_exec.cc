@@ -1156,6 +1156,18 @@ CUresult GraphLaunch(CUgraphExec handle, CUstream stream, bool per_thread) {
 
 }  // namespace
 
+// The CUDA 10.0 entry points (cuda.h no longer declares them; the driver still exports them): no mode, a global one.
+#undef cuStreamBeginCapture  // cuda.h maps the name to its newest version; this defines the older symbol
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamBeginCapture(CUstream stream) {
+  FAKECUDA_ENTER("cuStreamBeginCapture");
+  return BeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamBeginCapture_ptsz(CUstream stream) {
+  FAKECUDA_ENTER("cuStreamBeginCapture_ptsz");
+  return BeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
+}
+
 FAKECUDA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
   FAKECUDA_ENTER("cuStreamBeginCapture_v2");
   return BeginCapture(stream, mode, false);

@@ -8,11 +8,11 @@
 #   (70 % + 30 %). Each kernel reports the time it ran, the gaps in which its context was switched out, and what a
 #   CUDA event pair around it said (tests/gpu/slice_probe.cu). Analysed by tests/gpu/calibrate.py.
 # calls: the host cost of each driver call on the launch path, and of a launch, without the shim and under it with
-#   a 99 % compute cap (tests/gpu/call_costs.cu; 6 rounds in alternating order, pinned to one CPU).
+#   a 99 % compute cap (tests/gpu/call_costs.cu; 8 rounds in alternating order, pinned to one CPU).
 # overhead: builds the shim and vgpu-tenant (Release), then interleaves short rounds of an empty-kernel launch loop
 #   (depth 64) and a launch+synchronize loop (depth 1), pinned to one CPU, under four configurations: no shim; the
 #   shim with no limits; the shim with a memory limit only; the shim with a memory limit and a 99 % compute cap.
-#   12 rounds each, ABCD order rotated per round, so a slow minute of the host hits every configuration.
+#   16 rounds each, ABCD order rotated per round, so a slow minute of the host hits every configuration.
 # Skips (exit 0) where no GPU answers.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -82,7 +82,7 @@ if [[ $what == calls || $what == all ]]; then
   fi
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
   : >"$out/call_costs.jsonl"
-  for round in 0 1 2 3 4 5; do
+  for round in 0 1 2 3 4 5 6 7; do
     order=(none shim_limits)
     (( round % 2 )) && order=(shim_limits none)
     for config in "${order[@]}"; do
@@ -118,7 +118,7 @@ if [[ $what == overhead || $what == all ]]; then
     "${env[@]}" taskset -c "$cpu" "$tenant" "$@"
   }
   : >"$out/overhead.jsonl"
-  for round in $(seq 0 11); do
+  for round in $(seq 0 15); do
     for k in 0 1 2 3; do
       config=${configs[$(( (k + round) % 4 ))]}
       rate=$(run_config "$config" --seconds 1 --kernel-us 1 --depth 64 | tail -n 1)

@@ -102,6 +102,28 @@ int main() {
            cuEventRecord(b, stream);
            cuStreamSynchronize(stream);
          }));
+  // The host's time inside one launch call while the queue stays short (16 launches, then drained, untimed): what the
+  // launch path costs the caller, whether or not the GPU keeps up. Each call is timed on its own (two clock reads,
+  // the same with and without the shim).
+  {
+    std::vector<double> means;
+    for (int b = -1; b < 21; ++b) {
+      double total = 0;
+      int calls = 0;
+      for (int r = 0; r < 125; ++r) {
+        for (int i = 0; i < 16; ++i) {
+          const double t0 = NowNs();
+          empty_kernel<<<1, 1, 0, stream>>>();
+          total += NowNs() - t0;
+          ++calls;
+        }
+        drain();
+      }
+      if (b >= 0) means.push_back(total / calls);
+    }
+    std::nth_element(means.begin(), means.begin() + 10, means.end());
+    Report("launch call(16 deep, host)", means[10]);
+  }
   // GPU side: an event pair around one empty kernel on an idle stream, and around 32 queued back to back.
   std::vector<float> alone, queued;
   for (int i = 0; i < 200; ++i) {

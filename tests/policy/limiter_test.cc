@@ -80,6 +80,38 @@ TEST(Limiter, AThrottledProcessRunsInBurstsOfThePace) {
   EXPECT_EQ(second.ready_at_ns, (600 * kUs + 125 * kUs) * 1000 / 20);
 }
 
+// Launches that find budget refill the shared cell at most every 50 us (two exchanges on the region fewer per launch);
+// a launch that finds none refills first, so that its wait is what a refill at every launch would give; and the
+// deferred refill lets the budget hold at most 50 us x share more than the burst.
+TEST(Limiter, TheSharedRefillIsDeferredOnlyWhileTheBudgetLasts) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 500, 20 * kMs, 0);  // 50 %: the burst holds 10 ms
+  LimiterConfig config = Share(500);
+  config.pace_ns = 0;
+  Limiter limiter(cell, config);
+  const Admission learn = limiter.Admit(kKernel, 0);
+  limiter.Settle(kKernel, learn.charged_ns, 2 * kMs, 0);  // a 2 ms kernel: 8 ms left
+  for (std::uint64_t t = 1 * kUs; t < 50 * kUs; t += 10 * kUs) {
+    const Admission a = limiter.Admit(kKernel, t);  // 2 ms each: 6, 4, 2, 0, -2 ms
+    if (t < 40 * kUs) {
+      EXPECT_EQ(a.ready_at_ns, t) << "at " << t;
+      EXPECT_EQ(cell.refilled_at_ns, 0u) << "a launch that finds budget refilled at " << t;
+    } else {
+      // In debt: refilled first (41 us at 50 % pays 20.5 us of the 2 ms), then waits for the rest at 50 %.
+      EXPECT_EQ(cell.refilled_at_ns, t);
+      // (The process's own count starts 1 ns later than the cell: 2 ns more of wait.)
+      EXPECT_NEAR(static_cast<double>(a.ready_at_ns), static_cast<double>(t + (2 * kMs - t / 2) * 2), 2.0);
+    }
+  }
+  // Past 50 us a launch with budget refills too; after an hour idle the budget is at most 25 us over the burst.
+  BudgetCell full{};
+  Limiter::InitCell(full, 500, 20 * kMs, 0);
+  Limiter idle(full, Share(500));
+  for (std::uint64_t t = 3600'000 * kMs; t < 3600'000 * kMs + 49 * kUs; t += kUs) idle.Admit(kKernel, t);
+  EXPECT_EQ(full.refilled_at_ns, 3600'000 * kMs);
+  EXPECT_LE(full.budget_ns, static_cast<std::int64_t>(10 * kMs + 25 * kUs));
+}
+
 TEST(Limiter, TheBudgetNeverHoldsMoreThanTheBurst) {
   BudgetCell cell{};
   Limiter::InitCell(cell, 500, 20 * kMs, 0);

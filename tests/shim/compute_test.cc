@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "shim_support.h"
 
@@ -31,6 +32,46 @@ TEST(Compute, ThreadsLaunchingIntoOneStreamAreHeldToTheCap) {
   EXPECT_GT(Number(values, "launched"), 100u);
   EXPECT_LE(share, 0.40) << "the threads' kernels held the device " << 100 * share << " % of the time";
   EXPECT_GE(share, 0.15) << "the threads' kernels held the device " << 100 * share << " % of the time";
+}
+
+// The shim asks the driver whether a launch's stream is capturing only while a capture may be in progress (it counts
+// the captures begun and ended: docs/compute-limit.md, "The launch path"). A capture begun through any of the driver's
+// entry points must be seen. Over fakecuda its cuEventRecord fails here, so a launch the shim admitted would be
+// refused (a kernel of unknown cost that cannot be measured is not run), while a launch into a capturing stream is the
+// graph's and succeeds; and once the captures have ended, launches no longer ask (fakecuda's cuStreamIsCapturing
+// takes 5 ms here: 40 launches that each asked would take 200 ms). On a real driver (tests/gpu/shim_suites.sh) the
+// faults do not exist: the captures must still hold their three kernels.
+TEST(Compute, CapturesBegunThroughEveryEntryPointAreSeenByLaunches) {
+  auto env = ShimEnv("capture", "");
+  env["CUDA_DEVICE_SM_LIMIT"] = "50";
+  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  env["FAKECUDA_FAULTS"] = "cuEventRecord:error=CUDA_ERROR_LAUNCH_FAILED;cuStreamIsCapturing:delay_us=5000";
+  Child worker = RunWorker({"capture", "after=40"}, env, std::chrono::seconds(60));
+  ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
+  const auto values = worker.Values();
+  const bool fake = RunningOnFakecuda();
+  std::vector<std::string> ways = {"v1", "v1_ptsz", "v2", "v2_ptsz"};
+  if (fake) {
+    // fakecuda does not capture into an existing graph: the begin fails, and the count must come down again.
+    EXPECT_EQ(Number(values, "to_graph.begin"), static_cast<std::uint64_t>(CUDA_ERROR_NOT_SUPPORTED));
+    EXPECT_EQ(Number(values, "to_graph_ptsz.begin"), static_cast<std::uint64_t>(CUDA_ERROR_NOT_SUPPORTED));
+  } else {
+    ways.insert(ways.end(), {"to_graph", "to_graph_ptsz"});
+  }
+  for (const std::string& name : ways) {
+    EXPECT_EQ(Number(values, name + ".begin"), 0u) << name;
+    EXPECT_EQ(Number(values, name + ".launched"), 3u)
+        << name << ": launches into the capturing stream were admitted (error " << Number(values, name + ".launch_error")
+        << ")";
+    EXPECT_EQ(Number(values, name + ".end"), 0u) << name;
+    EXPECT_EQ(Number(values, name + ".nodes"), 3u) << name;
+  }
+  if (!fake) return;
+  // Outside a capture the shim admits and cannot measure: refused (the test can see an admitted launch).
+  EXPECT_EQ(Number(values, "outside.result"), static_cast<std::uint64_t>(CUDA_ERROR_LAUNCH_FAILED));
+  const double outside_ms = static_cast<double>(Number(values, "outside_ns")) / 1e6;
+  std::printf("40 launches after the captures ended: %.1f ms\n", outside_ms);
+  EXPECT_LT(outside_ms, 100.0) << "launches still ask whether their stream is capturing";
 }
 
 }  // namespace

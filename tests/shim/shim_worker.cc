@@ -47,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -522,6 +523,83 @@ int Launch() {
   return 0;
 }
 
+// Stream captures begun through each of the driver's capture entry points (shim.Compute.CapturesBegunThroughEveryEntryPointAreSeenByLaunches).
+// Per way: the begin's result, how many of three launches into the capturing stream succeeded and the error of one
+// that did not, the end's result and the captured graph's node count. Then `after` launches into a stream no capture
+// involves: their last result and how long they took.
+int Capture() {
+  CUcontext context = nullptr;
+  CUfunction function = nullptr;
+  if (!SetUpSpinKernel(context, function)) return 4;
+  struct Way {
+    std::string name;
+    std::function<CUresult(CUstream)> begin;
+    std::function<CUresult(CUstream, CUgraph*)> end;
+  };
+  using BeginV1 = CUresult (*)(CUstream);
+  using BeginV2 = CUresult (*)(CUstream, CUstreamCaptureMode);
+  using BeginToGraph = CUresult (*)(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,
+                                    CUstreamCaptureMode);
+  using End = CUresult (*)(CUstream, CUgraph*);
+  // The older and per-thread entry points are not declared by cuda.h under their own names: found as exported.
+  const auto find = [](const char* name) { return dlsym(RTLD_DEFAULT, name); };
+  const auto end = reinterpret_cast<End>(find("cuStreamEndCapture"));
+  const auto end_ptsz = reinterpret_cast<End>(find("cuStreamEndCapture_ptsz"));
+  const auto to_graph = [&](const char* name) {
+    return [begin = reinterpret_cast<BeginToGraph>(find(name))](CUstream stream) {
+      CUgraph graph = nullptr;
+      if (cuGraphCreate(&graph, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+      return begin(stream, graph, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    };
+  };
+  const std::vector<Way> ways = {
+      {"v1", [b = reinterpret_cast<BeginV1>(find("cuStreamBeginCapture"))](CUstream s) { return b(s); }, end},
+      {"v1_ptsz", [b = reinterpret_cast<BeginV1>(find("cuStreamBeginCapture_ptsz"))](CUstream s) { return b(s); },
+       end_ptsz},
+      {"v2", [b = reinterpret_cast<BeginV2>(find("cuStreamBeginCapture_v2"))](
+                 CUstream s) { return b(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }, end},
+      {"v2_ptsz", [b = reinterpret_cast<BeginV2>(find("cuStreamBeginCapture_v2_ptsz"))](
+                      CUstream s) { return b(s, CU_STREAM_CAPTURE_MODE_RELAXED); }, end_ptsz},
+      {"to_graph", to_graph("cuStreamBeginCaptureToGraph"), end},
+      {"to_graph_ptsz", to_graph("cuStreamBeginCaptureToGraph_ptsz"), end_ptsz},
+  };
+  unsigned long long ns = 1'000'000;
+  void* params[] = {&ns};
+  for (const Way& way : ways) {
+    CUstream stream = nullptr;
+    if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 4;
+    const CUresult begun = way.begin(stream);
+    Print(way.name + ".begin", static_cast<int>(begun));
+    if (begun == CUDA_SUCCESS) {
+      int succeeded = 0;
+      CUresult error = CUDA_SUCCESS;
+      for (int i = 0; i < 3; ++i) {
+        const CUresult r = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr);
+        if (r == CUDA_SUCCESS) ++succeeded; else error = r;
+      }
+      Print(way.name + ".launched", succeeded);
+      Print(way.name + ".launch_error", static_cast<int>(error));
+      CUgraph graph = nullptr;
+      Print(way.name + ".end", static_cast<int>(way.end(stream, &graph)));
+      std::size_t nodes = 0;
+      if (graph != nullptr && cuGraphGetNodes(graph, nullptr, &nodes) == CUDA_SUCCESS) Print(way.name + ".nodes", nodes);
+      if (graph != nullptr) cuGraphDestroy(graph);
+    }
+    cuStreamDestroy(stream);
+  }
+  CUstream plain = nullptr;
+  if (cuStreamCreate(&plain, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 4;
+  const auto start = Clock::now();
+  CUresult outside = CUDA_SUCCESS;
+  for (std::uint64_t i = 0; i < Arg("after", 20); ++i) {
+    outside = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, plain, params, nullptr);
+  }
+  Print("outside.result", static_cast<int>(outside));
+  Print("outside_ns", static_cast<std::uint64_t>(
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
+  return 0;
+}
+
 // A call that may throw out of the shim (the shim before it caught its own exceptions): `threw` says it did.
 template <typename Call>
 CUresult Guarded(Call&& call, bool& threw) {
@@ -869,6 +947,7 @@ int main(int argc, char** argv) {
   else if (command == "hostoom_start") status = HostOomStart();
   else if (command == "mixed") status = Mixed();
   else if (command == "process") status = Process();
+  else if (command == "capture") status = Capture();
   else std::fprintf(stderr, "shim_worker: unknown command %s\n", command.c_str());
   std::fflush(stdout);
   return status;

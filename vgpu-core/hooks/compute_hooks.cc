@@ -127,6 +127,27 @@ DeviceLimiter g_devices[policy::kMaxDevices];
 // pthread_once, whose C frames the shim's own unwinder cannot pass; it aborted the process).
 std::mutex g_device_setup_mutex;
 
+// Stream captures the process may have in progress (docs/compute-limit.md, "The launch path"). While there are none,
+// no stream is capturing and a launch needs no capture check (cuStreamIsCapturing: a driver call on every launch).
+// Raised before a capture begins, so that a launch racing with the begin checks; lowered only once the driver says
+// the stream it ended is no longer capturing. Too high is only slower; it never reads zero during a capture that
+// began through the driver's exported capture entry points, every one of which the shim hooks.
+std::atomic<std::int64_t> g_captures{0};
+
+// Whether the process sees one device (then a current context is on ordinal 0, with no cuCtxGetDevice per launch).
+// The count is fixed for the life of the process (CUDA_VISIBLE_DEVICES is read when the driver starts).
+bool OneDevice() {
+  static std::atomic<int> count{-1};
+  int known = count.load(std::memory_order_relaxed);
+  if (known < 0) {
+    int n = 0;
+    if (Real::cuDeviceGetCount == nullptr || Real::cuDeviceGetCount(&n) != CUDA_SUCCESS) return false;  // asked again
+    count.store(n, std::memory_order_relaxed);
+    known = n;
+  }
+  return known == 1;
+}
+
 // The limiter of a device; null where the device has no compute limit (`error` CUDA_SUCCESS) or where it has one
 // but cannot be named in the region (`error` the driver's error: the launch must then not run unadmitted).
 DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
@@ -589,22 +610,30 @@ template <typename Launch>
 CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, bool per_thread, Launch&& launch) {
   Shim& shim = TheShim();
   if (CurrentMode() != Mode::limited || !shim.compute_limits) return launch();
+  // (A _ptsz entry point's null stream is the per-thread stream: asked about and recorded on as such.)
+  if (per_thread && stream == nullptr) stream = CU_STREAM_PER_THREAD;
   // A launch into a stream being captured records a graph node, it runs nothing now: it is admitted when the
-  // graph is launched. Nothing may be queried or recorded meanwhile (that would invalidate the capture).
-  CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (Real::cuStreamIsCapturing != nullptr && Real::cuStreamIsCapturing(stream, &capturing) == CUDA_SUCCESS &&
-      capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
-    return launch();
+  // graph is launched. Nothing may be queried or recorded meanwhile (that would invalidate the capture). Asked
+  // only while some capture may be in progress (g_captures).
+  if (g_captures.load(std::memory_order_acquire) != 0) {  // (below zero: a capture ended that began unseen)
+    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (Real::cuStreamIsCapturing != nullptr && Real::cuStreamIsCapturing(stream, &capturing) == CUDA_SUCCESS &&
+        capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return launch();
+    }
   }
+  // The events live in the current context (pooled per context, destroyed with it): without it, nothing is measured.
+  CUcontext context = nullptr;
+  CUresult setup = Real::cuCtxGetCurrent != nullptr ? Real::cuCtxGetCurrent(&context) : CUDA_ERROR_NOT_FOUND;
+  if (setup == CUDA_SUCCESS && context == nullptr) setup = CUDA_ERROR_INVALID_CONTEXT;
   // A launch whose device cannot be told, or cannot be named in the region, is refused with the driver's error:
   // run unadmitted, it would escape the cap. (No current context at all: the driver refuses the launch itself.)
   CUresult unknown = CUDA_SUCCESS;
-  const int ordinal = CurrentOrdinal(unknown);
+  const int ordinal = setup == CUDA_SUCCESS && OneDevice() ? 0 : CurrentOrdinal(unknown);
   if (ordinal < 0) return unknown != CUDA_SUCCESS ? unknown : launch();
   DeviceLimiter* d = LimiterFor(ordinal, unknown);
   if (d == nullptr) return unknown != CUDA_SUCCESS ? unknown : launch();
   const policy::KernelKey key{function, shape};
-  if (per_thread && stream == nullptr) stream = CU_STREAM_PER_THREAD;
   std::uint64_t now = NowNs();
   if (d->lend && now >= d->last_observed_ns + kObserveOthersEveryNs) {
     d->last_observed_ns = now;  // a benign race: at worst two threads read NVML in the same period
@@ -624,10 +653,6 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       d->limiter->ObserveOthers(1.0, now);
     }
   }
-  // The events live in the current context (pooled per context, destroyed with it): without it, nothing is measured.
-  CUcontext context = nullptr;
-  CUresult setup = Real::cuCtxGetCurrent(&context);
-  if (setup == CUDA_SUCCESS && context == nullptr) setup = CUDA_ERROR_INVALID_CONTEXT;
   policy::Admission admission;
   Plan plan;
   bool planned = false;
@@ -880,4 +905,89 @@ extern "C" VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream
 extern "C" VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuGraphLaunch_ptsz);
   return Limited(graph, 0, stream, true, [&] { return Real::cuGraphLaunch_ptsz(graph, stream); });
+} VGPU_CUDA_CATCH
+
+// ---- stream capture: counted, so that launches need no capture check while nothing is captured (g_captures) ----
+
+namespace {
+
+// Whether the driver says `stream` is capturing (an invalidated capture too: it still has to be ended). A query that
+// fails counts as capturing: the count then stays up, which is only slower.
+bool Capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (Real::cuStreamIsCapturing == nullptr || Real::cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS) return true;
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+template <typename Begin>
+CUresult CountedBegin(Begin&& begin) {
+  g_captures.fetch_add(1, std::memory_order_acq_rel);
+  const CUresult result = begin();
+  if (result != CUDA_SUCCESS) g_captures.fetch_sub(1, std::memory_order_acq_rel);
+  return result;
+}
+
+// `stream` as the driver names it for the non-_ptsz query (a _ptsz call's null stream is the per-thread stream).
+template <typename End>
+CUresult CountedEnd(CUstream stream, End&& end) {
+  const bool was = Capturing(stream);
+  const CUresult result = end();
+  if (was && !Capturing(stream)) g_captures.fetch_sub(1, std::memory_order_acq_rel);
+  return result;
+}
+
+}  // namespace
+
+#define VGPU_CAPTURE_FUNCTION_CHECK(real)                   \
+  do {                                                      \
+    if (Real::real == nullptr) ResolveReal();               \
+    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND; \
+  } while (0)
+
+// (The CUDA 10.0 entry points, without a mode: a global-mode capture.)
+extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture(CUstream stream) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture);
+  return CountedBegin([&] { return Real::cuStreamBeginCapture(stream); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture_ptsz);
+  return CountedBegin([&] { return Real::cuStreamBeginCapture_ptsz(stream); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture_v2);
+  return CountedBegin([&] { return Real::cuStreamBeginCapture_v2(stream, mode); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture_v2_ptsz);
+  return CountedBegin([&] { return Real::cuStreamBeginCapture_v2_ptsz(stream, mode); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode* dependencies,
+                                                           const CUgraphEdgeData* edges, size_t count,
+                                                           CUstreamCaptureMode mode) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCaptureToGraph);
+  return CountedBegin([&] { return Real::cuStreamBeginCaptureToGraph(stream, graph, dependencies, edges, count, mode); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
+                                                                const CUgraphNode* dependencies,
+                                                                const CUgraphEdgeData* edges, size_t count,
+                                                                CUstreamCaptureMode mode) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCaptureToGraph_ptsz);
+  return CountedBegin(
+      [&] { return Real::cuStreamBeginCaptureToGraph_ptsz(stream, graph, dependencies, edges, count, mode); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamEndCapture);
+  return CountedEnd(stream, [&] { return Real::cuStreamEndCapture(stream, graph); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) try {
+  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamEndCapture_ptsz);
+  return CountedEnd(stream == nullptr ? CU_STREAM_PER_THREAD : stream,
+                    [&] { return Real::cuStreamEndCapture_ptsz(stream, graph); });
 } VGPU_CUDA_CATCH

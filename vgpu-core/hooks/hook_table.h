@@ -65,6 +65,15 @@
   X(cuLaunchCooperativeKernel_ptsz)                                                           \
   X(cuGraphLaunch)                                                                            \
   X(cuGraphLaunch_ptsz)                                                                       \
+  /* stream capture: counted, so that launches need no capture check while nothing is captured */\
+  X(cuStreamBeginCapture)                                                                     \
+  X(cuStreamBeginCapture_ptsz)                                                                \
+  X(cuStreamBeginCapture_v2)                                                                  \
+  X(cuStreamBeginCapture_v2_ptsz)                                                             \
+  X(cuStreamBeginCaptureToGraph)                                                              \
+  X(cuStreamBeginCaptureToGraph_ptsz)                                                         \
+  X(cuStreamEndCapture)                                                                       \
+  X(cuStreamEndCapture_ptsz)                                                                  \
   /* the view */                                                                              \
   X(cuMemGetInfo_v2)                                                                          \
   X(cuDeviceTotalMem_v2)                                                                      \

@@ -10,6 +10,8 @@ namespace {
 
 constexpr std::uint64_t kAbsurdNs = 60'000'000'000ull;  // a "measurement" over a minute is garbage
 constexpr std::uint64_t kMaxRefillGapNs = 3'600'000'000'000ull;
+// How often launches that find budget refill the shared cell (Admit).
+constexpr std::uint64_t kRefillEveryNs = 50'000;
 
 template <typename T>
 std::atomic_ref<T> Atomic(T& field) {
@@ -122,10 +124,18 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_
   admission.charged_ns = estimate;
   admission.ready_at_ns = now_ns;
   if (!config_.throttle) return admission;
-  Refill(now_ns);
-  const std::int64_t after =
+  // The shared refill (two exchanges on the region) is made at most every kRefillEveryNs by launches that find
+  // budget; a launch that finds none refills first, so the debt it waits for is exact. Deferred, the refill meets
+  // the burst's cap later: the budget may then hold up to kRefillEveryNs x share more than the burst, no more.
+  const bool refill_due = now_ns >= Atomic(cell_.refilled_at_ns).load(std::memory_order_relaxed) + kRefillEveryNs;
+  if (refill_due) Refill(now_ns);
+  std::int64_t after =
       Atomic(cell_.budget_ns).fetch_sub(static_cast<std::int64_t>(estimate), std::memory_order_acq_rel) -
       static_cast<std::int64_t>(estimate);
+  if (after < 0 && !refill_due) {
+    Refill(now_ns);
+    after = Atomic(cell_.budget_ns).load(std::memory_order_acquire);
+  }
   if (after < 0) {
     // In debt: wait until the refill has paid it back, and the pace more (the launches after this one then go back
     // to back). Precise: a deadline, not a nap.
