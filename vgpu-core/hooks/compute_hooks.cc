@@ -499,9 +499,9 @@ bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_
 // GPU. Any other launch closes the stream's window, and gets a pair of its own if sampled; a kernel never measured
 // gets a pair every time. Caller holds d.mutex; updates the stream's estimate of its queue.
 Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* function, CUstream stream,
-                CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at) {
+                CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at, bool unknown_cost) {
   Plan plan;
-  plan.unknown_cost = !d.measured.contains(key);
+  plan.unknown_cost = unknown_cost;
   if (setup != CUDA_SUCCESS) return plan;
   // What this plan needs from the heap comes before it changes anything: if the host is out of memory, the caller
   // cancels the admission and refuses the launch. Past the lookups, nothing throws (TakeEvent only looks the pool up;
@@ -570,9 +570,9 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
 // PlanLaunch changes nothing before it has it), the admission cancelled: the launch is refused, nothing ran, nothing
 // is owed. Caller holds d.mutex.
 bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, const void* function, CUstream stream,
-                  CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at) {
+                  CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at, bool unknown_cost) {
   try {
-    plan = PlanLaunch(d, key, function, stream, context, setup, charged_ns, at);
+    plan = PlanLaunch(d, key, function, stream, context, setup, charged_ns, at, unknown_cost);
     return true;
   } catch (const std::bad_alloc&) {
     d.limiter->Cancel(key, charged_ns);
@@ -656,6 +656,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   policy::Admission admission;
   Plan plan;
   bool planned = false;
+  bool unknown_cost = true;  // the kernel's events have never measured it
   std::uint64_t waited_ns = 0;
   for (;;) {
     std::unique_lock<std::mutex> guard(d->mutex);
@@ -668,13 +669,15 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     const bool bound = !(d->pending.empty() && waited_ns >= kMaxCompletionWaitNs);
     // A kernel its events have never measured runs one launch at a time: its runs are then timed from the host
     // closely (launch to completion, polled), never across a queue of others.
-    const bool serial = !d->measured.contains(key) &&
-                        std::any_of(d->pending.begin(), d->pending.end(), [&](const Pending& p) { return p.key == key; });
+    // (Measured kernels only ever join the set: a launch planned later may read `unknown` from before a wait.)
+    unknown_cost = !d->measured.contains(key);
+    const bool serial =
+        unknown_cost && std::any_of(d->pending.begin(), d->pending.end(), [&](const Pending& p) { return p.key == key; });
     if (!serial) {
       admission = d->limiter->Admit(key, now, bound);
       if (!admission.wait_for_completion) {
         if (admission.ready_at_ns <= now) {
-          if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, now)) {
+          if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, now, unknown_cost)) {
             return CUDA_ERROR_OUT_OF_MEMORY;
           }
           planned = true;  // the common case
@@ -712,7 +715,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (!planned) {
     SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
-    if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, at)) {
+    if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, at, unknown_cost)) {
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -751,6 +754,12 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     if (result == CUDA_SUCCESS && !close_window) return result;
   }
 
+  if (result == CUDA_SUCCESS && plan.how == How::unmeasured && plan.start == nullptr && plan.end == nullptr) {
+    // The common case on a drained stream: settled at what such a launch costs, nothing else to do.
+    std::lock_guard<std::mutex> guard(d->mutex);
+    d->limiter->SettleUnmeasured(key, admission.charged_ns, at);
+    return result;
+  }
   std::lock_guard<std::mutex> guard(d->mutex);
   StreamState* state = nullptr;
   if (const auto it = d->streams.find(stream); it != d->streams.end() && it->second.context == context) {

@@ -230,15 +230,22 @@ std::uint64_t Limiter::UnmeasuredCost(const KernelKey& key, std::uint64_t charge
   return it->second.longer_sum / std::min<std::uint32_t>(it->second.count, 64);
 }
 
+// (On every launch that is not measured: Forget, UnmeasuredCost and BusyOf in one lookup of the kernel's record.)
 void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns) {
-  Forget(key, charged_ns);
-  const std::uint64_t accounted = UnmeasuredCost(key, charged_ns);
-  if (config_.throttle) {
-    Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted),
-                                      std::memory_order_acq_rel);
+  in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
+  std::uint64_t accounted = charged_ns, busy = charged_ns;
+  if (const auto it = costs_.find(key); it != costs_.end()) {
+    Cost& cost = it->second;
+    if (cost.unknown_in_flight > 0) --cost.unknown_in_flight;
+    if (cost.count > 0) {
+      accounted = cost.longer_sum / std::min<std::uint32_t>(cost.count, 64);
+      busy = std::min(accounted, cost.estimate_ns);
+    }
   }
-  AdjustOwn(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted));
-  AddBusy(cell_, now_ns, BusyOf(key, accounted));
+  const auto delta = static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted);
+  if (config_.throttle && delta != 0) Atomic(cell_.budget_ns).fetch_add(delta, std::memory_order_acq_rel);
+  AdjustOwn(delta);
+  AddBusy(cell_, now_ns, busy);
 }
 
 void Limiter::SettleWindow(const WindowLaunch* launches, std::size_t count, std::optional<std::uint64_t> measured_ns,
