@@ -154,26 +154,31 @@ def calls_section(out: Path) -> list[str]:
         return []
     costs: dict[str, dict[str, list[float]]] = {}
     by_round: dict[str, dict[int, dict[str, float]]] = {}
+    configs: list[str] = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
         costs.setdefault(row["call"], {}).setdefault(row["config"], []).append(row["ns"])
         by_round.setdefault(row["call"], {}).setdefault(row.get("round", 0), {})[row["config"]] = row["ns"]
+        if row["config"] != "none" and row["config"] not in configs:
+            configs.append(row["config"])
     lines = ["## Driver calls on the launch path (tests/gpu/call_costs.cu, one CPU)", "",
              "Host ns per call (median of 21 batches of 2000, then the median over rounds); `gpu:` rows are GPU time "
-             "between events. `shim_limits`: under libvgpu.so with a 99 % compute cap (the runtime's launches go "
-             "through the shim's launch path).", "",
-             "| call | none | shim_limits | added | added per round: median (p10 .. p90) |", "|---|---|---|---|---|"]
+             "between events. Other than `none`, each configuration is a build of libvgpu.so with a 99 % compute cap "
+             "(the runtime's launches go through the shim's launch path); `shim_limits` is this tree's. Added: per "
+             "round, the configuration over the same round's `none`; the median over rounds (p10 .. p90).", "",
+             "| call | none | " + " | ".join(f"{c} | added" for c in configs) + " |",
+             "|---|---|" + "---|---|" * len(configs)]
     for call, by_config in costs.items():
         none = statistics.median(by_config["none"]) if by_config.get("none") else None
-        shim = statistics.median(by_config["shim_limits"]) if by_config.get("shim_limits") else None
-        added = f"{(shim / none - 1) * 100:+.1f} %" if none and shim else "—"
-        # The same round's two runs, one after the other: a slow minute of the host hits both.
-        ratios = sorted(r["shim_limits"] / r["none"] - 1 for r in by_round[call].values()
-                        if r.get("none") and r.get("shim_limits"))
-        per_round = (f"{statistics.median(ratios) * 100:+.1f} % ({ratios[int(0.1 * (len(ratios) - 1))] * 100:+.1f} .. "
+        cells = []
+        for config in configs:
+            shim = statistics.median(by_config[config]) if by_config.get(config) else None
+            # The same round's runs, one after the other: a slow minute of the host hits both.
+            ratios = sorted(r[config] / r["none"] - 1 for r in by_round[call].values() if r.get("none") and r.get(config))
+            added = (f"{statistics.median(ratios) * 100:+.1f} % ({ratios[int(0.1 * (len(ratios) - 1))] * 100:+.1f} .. "
                      f"{ratios[int(0.9 * (len(ratios) - 1))] * 100:+.1f})" if ratios else "—")
-        lines.append(f"| {call} | {none if none is None else f'{none:.1f}'} | "
-                     f"{shim if shim is None else f'{shim:.1f}'} | {added} | {per_round} |")
+            cells.append(f"{shim if shim is None else f'{shim:.1f}'} | {added}")
+        lines.append(f"| {call} | {none if none is None else f'{none:.1f}'} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 

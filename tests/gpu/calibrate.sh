@@ -81,14 +81,22 @@ if [[ $what == calls || $what == all ]]; then
     nvcc -O2 -arch=sm_90 -o "$calls" "$repo/tests/gpu/call_costs.cu" -lcuda || exit 1
   fi
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
+  # VGPU_CALIB_SHIMS="NAME=PATH ...": more builds of libvgpu.so to compare in the same rounds (e.g. an older commit's,
+  # built elsewhere and carried): each is a configuration of its own, with the same 99 % cap.
+  declare -A shims=([shim_limits]="$build/lib/libvgpu.so")
+  names=(none shim_limits)
+  for spec in ${VGPU_CALIB_SHIMS:-}; do
+    shims[${spec%%=*}]=${spec#*=}
+    names+=("${spec%%=*}")
+  done
   : >"$out/call_costs.jsonl"
   for round in 0 1 2 3 4 5 6 7; do
-    order=(none shim_limits)
-    (( round % 2 )) && order=(shim_limits none)
+    order=()  # rotated per round, so that a slow minute of the host hits every configuration
+    for k in "${!names[@]}"; do order+=("${names[$(( (k + round) % ${#names[@]} ))]}"); done
     for config in "${order[@]}"; do
       env=(env -u LD_PRELOAD)
-      [[ $config == shim_limits ]] && env+=(LD_PRELOAD="$build/lib/libvgpu.so" CUDA_DEVICE_SM_LIMIT=99
-        GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/c-lim.cache")
+      [[ $config != none ]] && env+=(LD_PRELOAD="${shims[$config]}" CUDA_DEVICE_SM_LIMIT=99
+        GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/c-$config.cache")
       "${env[@]}" taskset -c "$cpu" "$calls" | sed "s/^{/{\"round\":$round,\"config\":\"$config\",/" >>"$out/call_costs.jsonl"
     done
   done
