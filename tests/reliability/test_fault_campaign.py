@@ -123,6 +123,15 @@ CALLS: dict[str, Call] = {
     "cuLaunchCooperativeKernel_ptsz": _cuda("hook", "launch"),
     "cuGraphLaunch": _cuda("hook", "launch"),
     "cuGraphLaunch_ptsz": _cuda("hook", "launch"),
+    # stream captures: counted, so that launches ask nothing while none is in progress
+    "cuStreamBeginCapture": _cuda("hook", "launch"),
+    "cuStreamBeginCapture_ptsz": _cuda("hook", "launch"),
+    "cuStreamBeginCapture_v2": _cuda("hook", "launch"),
+    "cuStreamBeginCapture_v2_ptsz": _cuda("hook", "launch"),
+    "cuStreamBeginCaptureToGraph": _cuda("hook", "launch"),
+    "cuStreamBeginCaptureToGraph_ptsz": _cuda("hook", "launch"),
+    "cuStreamEndCapture": _cuda("hook", "launch"),
+    "cuStreamEndCapture_ptsz": _cuda("hook", "launch"),
     "cuMemAlloc": _cuda("legacy", "legacy"),
     "cuMemAllocPitch": _cuda("legacy", "legacy"),
     "cuMemGetInfo": _cuda("legacy", "legacy"),
@@ -505,10 +514,29 @@ def launch_scenario():
     argument = ctypes.addressof(params)
     ok, stream = call("cuStreamCreate", cu.cuStreamCreate(0))
     # A graph of one kernel, captured from the stream.
-    cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
-    call("cuLaunchKernel", cu.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, argument, 0))
-    graph = cu.cuStreamEndCapture(stream)[1]
-    executable = cu.cuGraphInstantiate(graph, 0)[1]
+    executable = None
+    if call("cuStreamBeginCapture_v2",
+            cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))[0]:
+        call("cuLaunchKernel", cu.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, argument, 0))
+        ok, graph = call("cuStreamEndCapture", cu.cuStreamEndCapture(stream))
+        executable = cu.cuGraphInstantiate(graph, 0)[1] if ok else None
+    # Every other capture entry point, each on a stream of its own holding one launch (fakecuda does not capture into
+    # an existing graph: the ToGraph ones answer 801).
+    for begin, end, extra in (("cuStreamBeginCapture", "cuStreamEndCapture", ()),
+                              ("cuStreamBeginCapture_ptsz", "cuStreamEndCapture_ptsz", ()),
+                              ("cuStreamBeginCapture_v2_ptsz", "cuStreamEndCapture_ptsz", (ctypes.c_int(2),)),
+                              ("cuStreamBeginCaptureToGraph", "cuStreamEndCapture", "graph"),
+                              ("cuStreamBeginCaptureToGraph_ptsz", "cuStreamEndCapture_ptsz", "graph")):
+        ok_stream, other = cu.cuStreamCreate(0)
+        if extra == "graph":
+            target = cu.cuGraphCreate(0)[1]
+            extra = (ctypes.c_void_p(int(target)), ctypes.c_void_p(None), ctypes.c_void_p(None), ctypes.c_size_t(0),
+                     ctypes.c_int(2))
+        if raw(begin, ctypes.c_void_p(int(other)), *extra):
+            call("cuLaunchKernel", cu.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, other, argument, 0))
+            captured = ctypes.c_void_p()
+            raw(end, ctypes.c_void_p(int(other)), ctypes.byref(captured))
+        cu.cuStreamDestroy(other)
     config = cu.CUlaunchConfig()
     config.gridDimX = config.gridDimY = config.gridDimZ = 1
     config.blockDimX, config.blockDimY, config.blockDimZ = 32, 1, 1
@@ -524,8 +552,9 @@ def launch_scenario():
         call("cuLaunchCooperativeKernel", cu.cuLaunchCooperativeKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, argument))
         raw("cuLaunchCooperativeKernel_ptsz", function_pointer, 1, 1, 1, 32, 1, 1, 0, ctypes.c_void_p(None),
             ctypes.c_void_p(argument))
-        call("cuGraphLaunch", cu.cuGraphLaunch(executable, stream))
-        raw("cuGraphLaunch_ptsz", ctypes.c_void_p(int(executable)), ctypes.c_void_p(None))
+        if executable is not None:
+            call("cuGraphLaunch", cu.cuGraphLaunch(executable, stream))
+            raw("cuGraphLaunch_ptsz", ctypes.c_void_p(int(executable)), ctypes.c_void_p(None))
     cu.cuCtxSynchronize()
     emit({"phase": "done", "results": results})
 
@@ -624,6 +653,12 @@ def compute_scenario():
     params = (ctypes.c_void_p * 1)(ctypes.addressof(ns))
     argument = ctypes.addressof(params)
     ok, stream = call("cuStreamCreate", cu.cuStreamCreate(0))
+    # A capture in progress on another stream (relaxed: nothing here may invalidate it) for the whole run: the shim
+    # then asks, on every launch, whether the launch's stream is capturing (while none is, it asks nothing).
+    capture_stream = None
+    if os.environ.get("CAMPAIGN_CAPTURE"):
+        capture_stream = cu.cuStreamCreate(0)[1]
+        cu.cuStreamBeginCapture(capture_stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
     start_ns = time.monotonic_ns()  # CLOCK_MONOTONIC, as fakecuda's trace
     end_ns = start_ns + int(float(os.environ.get("CAMPAIGN_SECONDS", "1.2")) * 1e9)
     launched = refused_in_a_row = 0
@@ -635,8 +670,10 @@ def compute_scenario():
             else:
                 refused_in_a_row += 1
         call("cuStreamSynchronize", cu.cuStreamSynchronize(stream))
-    emit({"phase": "done", "results": results, "launched": launched, "start_ns": start_ns,
-          "end_ns": time.monotonic_ns()})
+    end_ns = time.monotonic_ns()
+    if capture_stream is not None:
+        cu.cuStreamEndCapture(capture_stream)
+    emit({"phase": "done", "results": results, "launched": launched, "start_ns": start_ns, "end_ns": end_ns})
 
 
 INJECTED = int(os.environ.get("CAMPAIGN_INJECTED_CODE", "-1"))
@@ -1081,6 +1118,12 @@ def test_the_compute_cap_holds_with_faults_on_admission_and_measurement(fake_gpu
     del fake_gpu.env["CUDA_DEVICE_MEMORY_LIMIT"]
     fake_gpu.env.update({"CUDA_DEVICE_SM_LIMIT": "30", "GPU_CORE_UTILIZATION_POLICY": "force",
                          "CAMPAIGN_SECONDS": "1.2"})
+    # The launch path asks whether a stream is capturing only while a capture is in progress, and which device a
+    # context is on only where the process sees several.
+    if name == "cuStreamIsCapturing":
+        fake_gpu.env["CAMPAIGN_CAPTURE"] = "1"
+    if name == "cuCtxGetDevice":
+        fake_gpu.env["FAKECUDA_DEVICES"] = "2*h100-80gb"
     error, code = CUDA_ERROR, CUDA_ERROR_CODE
     if kind.startswith("never-ready"):
         error, code = "CUDA_ERROR_NOT_READY", 600
