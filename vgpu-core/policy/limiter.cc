@@ -208,7 +208,11 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
 // wants the GPU" would then read true exactly when someone does (a lender that never gave the GPU back, live).
 std::uint64_t Limiter::BusyOf(const KernelKey& key, std::uint64_t accounted_ns) const {
   const auto it = costs_.find(key);
-  return it != costs_.end() && it->second.count > 0 ? std::min(accounted_ns, it->second.estimate_ns) : accounted_ns;
+  return BusyOf(it != costs_.end() ? &it->second : nullptr, accounted_ns);
+}
+
+std::uint64_t Limiter::BusyOf(const Cost* cost, std::uint64_t accounted_ns) {
+  return cost != nullptr && cost->count > 0 ? std::min(accounted_ns, cost->estimate_ns) : accounted_ns;
 }
 
 void Limiter::Cancel(const KernelKey& key, std::uint64_t charged_ns) {
@@ -226,22 +230,24 @@ void Limiter::Cancel(const KernelKey& key, std::uint64_t charged_ns) {
 // counts the host's time (docs/compute-limit.md, "Measurement windows").
 std::uint64_t Limiter::UnmeasuredCost(const KernelKey& key, std::uint64_t charged_ns) const {
   const auto it = costs_.find(key);
-  if (it == costs_.end() || it->second.count == 0) return charged_ns;
-  return it->second.longer_sum / std::min<std::uint32_t>(it->second.count, 64);
+  return MeanOf(it != costs_.end() ? &it->second : nullptr, charged_ns);
 }
 
-// (On every launch that is not measured: Forget, UnmeasuredCost and BusyOf in one lookup of the kernel's record.)
+std::uint64_t Limiter::MeanOf(const Cost* cost, std::uint64_t charged_ns) {
+  if (cost == nullptr || cost->count == 0) return charged_ns;
+  return cost->longer_sum / std::min<std::uint32_t>(cost->count, 64);
+}
+
+// (On every launch that is not measured: what Forget, UnmeasuredCost and BusyOf do, with one lookup of the record.)
 void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns) {
   in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
-  std::uint64_t accounted = charged_ns, busy = charged_ns;
+  Cost* cost = nullptr;
   if (const auto it = costs_.find(key); it != costs_.end()) {
-    Cost& cost = it->second;
-    if (cost.unknown_in_flight > 0) --cost.unknown_in_flight;
-    if (cost.count > 0) {
-      accounted = cost.longer_sum / std::min<std::uint32_t>(cost.count, 64);
-      busy = std::min(accounted, cost.estimate_ns);
-    }
+    cost = &it->second;
+    if (cost->unknown_in_flight > 0) --cost->unknown_in_flight;
   }
+  const std::uint64_t accounted = MeanOf(cost, charged_ns);
+  const std::uint64_t busy = BusyOf(cost, accounted);
   const auto delta = static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted);
   if (config_.throttle && delta != 0) Atomic(cell_.budget_ns).fetch_add(delta, std::memory_order_acq_rel);
   AdjustOwn(delta);

@@ -130,6 +130,9 @@ class Limiter {
   };
 
   std::uint64_t BusyOf(const KernelKey& key, std::uint64_t accounted_ns) const;
+  // The same, from a kernel's record (null: never seen), for callers that have looked it up already.
+  static std::uint64_t MeanOf(const Cost* cost, std::uint64_t charged_ns);
+  static std::uint64_t BusyOf(const Cost* cost, std::uint64_t accounted_ns);
 
   BudgetCell& cell_;
   LimiterConfig config_;
