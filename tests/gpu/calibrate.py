@@ -182,11 +182,28 @@ def calls_section(out: Path) -> list[str]:
     return lines + [""]
 
 
+def inproc_section(out: Path) -> list[str]:
+    path = out / "launch_ab.jsonl"
+    if not path.exists():
+        return []
+    lines = ["## The launch path inside one process (tests/gpu/launch_ab.cc, one CPU)", "",
+             "41 pairs of batches, through the hook and straight into the driver's cuLaunchKernel, alternating; host ns "
+             "per launch (medians) and the median over pairs of hooked / driver - 1 (p10 .. p90). `none`: no shim, "
+             "both paths the driver's (the A/A check). `shim_limits`: libvgpu.so with a 99 % compute cap.", "",
+             "| run | pattern | hooked ns | driver ns | added |", "|---|---|---|---|---|"]
+    for number, line in enumerate(path.read_text().splitlines()):
+        row = json.loads(line)
+        lines.append(f"| {number // 2 + 1}: {row['config']} | {row['pattern']} | {row['hooked_ns']:.1f} | "
+                     f"{row['driver_ns']:.1f} | {row['added'] * 100:+.1f} % ({row['added_p10'] * 100:+.1f} .. "
+                     f"{row['added_p90'] * 100:+.1f}) |")
+    return lines + [""]
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     machine = (out / "machine.txt").read_text() if (out / "machine.txt").exists() else ""
     print("# Calibration run\n\n```\n" + machine.strip() + "\n```\n")
-    print("\n".join(probe_section(out) + calls_section(out) + overhead_section(out)))
+    print("\n".join(probe_section(out) + calls_section(out) + inproc_section(out) + overhead_section(out)))
     return 0
 
 

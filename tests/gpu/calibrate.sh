@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Calibration runs for fakecuda's device model and the shim's overhead on a real GPU (issue 6).
 #
-#   OUT=calib bash tests/gpu/calibrate.sh [probe|calls|overhead|all]
+#   OUT=calib bash tests/gpu/calibrate.sh [probe|calls|inproc|overhead|all]
 #
 # probe: tests/gpu/slice_probe (built with nvcc, or taken from build/gpu-deps/slice_probe) alone and in pairs of
 #   processes: 1 ms, 100 us and 20 ms kernels, a full tenant beside a throttled one (duty 30 %), two throttled ones
@@ -9,6 +9,8 @@
 #   CUDA event pair around it said (tests/gpu/slice_probe.cu). Analysed by tests/gpu/calibrate.py.
 # calls: the host cost of each driver call on the launch path, and of a launch, without the shim and under it with
 #   a 99 % compute cap (tests/gpu/call_costs.cu; 8 rounds in alternating order, pinned to one CPU).
+# inproc: the launch path's cost inside one process, batches through the hook and straight into the driver alternating
+#   (tests/gpu/launch_ab.cc), with and without the shim (the latter: both paths the driver's, an A/A check).
 # overhead: builds the shim and vgpu-tenant (Release), then interleaves short rounds of an empty-kernel launch loop
 #   (depth 64) and a launch+synchronize loop (depth 1), pinned to one CPU, under four configurations: no shim; the
 #   shim with no limits; the shim with a memory limit only; the shim with a memory limit and a 99 % compute cap.
@@ -101,6 +103,25 @@ if [[ $what == calls || $what == all ]]; then
     done
   done
   echo "call cost lines: $(wc -l <"$out/call_costs.jsonl")"
+fi
+
+if [[ $what == inproc || $what == all ]]; then
+  # The launch path's cost inside one process: batches through the shim's hook and straight into the driver's own
+  # cuLaunchKernel alternate (tests/gpu/launch_ab.cc). Without the shim both paths are the driver's: the A/A check.
+  echo "== inproc"
+  build_shim
+  ab=$out/launch_ab
+  g++ -O2 -std=c++20 -I/usr/local/cuda/include "$repo/tests/gpu/launch_ab.cc" -o "$ab" -L/usr/local/cuda/lib64/stubs -lcuda >"$out/launch_ab-build.log" 2>&1 \
+    || { echo "launch_ab did not build: $out/launch_ab-build.log"; exit 1; }
+  cpu=$(( $(nproc) > 3 ? 3 : 0 ))
+  : >"$out/launch_ab.jsonl"
+  for config in none shim_limits none shim_limits; do
+    env=(env -u LD_PRELOAD)
+    [[ $config == shim_limits ]] && env+=(LD_PRELOAD="$build/lib/libvgpu.so" CUDA_DEVICE_SM_LIMIT=99
+      GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/ab.cache")
+    "${env[@]}" taskset -c "$cpu" "$ab" "$repo/sim/tenant/spin.ptx" | sed "s/^{/{\"config\":\"$config\",/" >>"$out/launch_ab.jsonl"
+  done
+  cat "$out/launch_ab.jsonl"
 fi
 
 if [[ $what == overhead || $what == all ]]; then

@@ -1,0 +1,178 @@
+// What the shim's launch path costs, measured inside one process (issue 6, overhead). Between processes and rounds
+// the GPU machine's host drifts by more than the cost sought (docs/results-gpu.md, "Sixth run"); here batches of
+// launches through the shim's hook and straight into the driver's own cuLaunchKernel alternate in one process, so
+// the drift mostly cancels in each pair of batches. The driver's function is found past the hooks the way a raw
+// driver user would (docs/threat-model.md): libcuda.so.1's load address plus the symbol's value in its .dynsym.
+//
+//   g++ -O2 -std=c++20 -I/usr/local/cuda/include tests/gpu/launch_ab.cc -o launch_ab -lcuda
+//   LD_PRELOAD=libvgpu.so CUDA_DEVICE_SM_LIMIT=99 GPU_CORE_UTILIZATION_POLICY=force ./launch_ab sim/tenant/spin.ptx
+//
+// Prints one JSON line per pattern: the median host ns per launch through each path, and the median over pairs of
+// batches of (hooked / driver - 1), with p10 and p90. Patterns: "16 deep" (16 launches timed one by one, then a
+// synchronize, untimed) and "launch+sync" (a launch and a synchronize, timed together). Runs over fakecuda too.
+#include <cuda.h>
+#include <elf.h>
+#include <link.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace {
+
+using LaunchFunction = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    CUstream, void**, void**);
+
+double NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
+
+// The driver's own cuLaunchKernel, or null (with a line on stderr saying why).
+LaunchFunction DriverLaunch() {
+  struct Loaded {
+    std::string path;
+    ElfW(Addr) base = 0;
+  } loaded;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* found = static_cast<Loaded*>(data);
+        if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "/libcuda.so") == nullptr) return 0;
+        found->path = info->dlpi_name;
+        found->base = info->dlpi_addr;
+        return 1;
+      },
+      &loaded);
+  if (loaded.path.empty()) {
+    std::fprintf(stderr, "launch_ab: libcuda.so.1 is not loaded\n");
+    return nullptr;
+  }
+  std::ifstream file(loaded.path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (bytes.size() < sizeof(ElfW(Ehdr))) {
+    std::fprintf(stderr, "launch_ab: cannot read %s\n", loaded.path.c_str());
+    return nullptr;
+  }
+  const auto* header = reinterpret_cast<const ElfW(Ehdr)*>(bytes.data());
+  const auto* sections = reinterpret_cast<const ElfW(Shdr)*>(bytes.data() + header->e_shoff);
+  for (int i = 0; i < header->e_shnum; ++i) {
+    if (sections[i].sh_type != SHT_DYNSYM) continue;
+    const auto* symbols = reinterpret_cast<const ElfW(Sym)*>(bytes.data() + sections[i].sh_offset);
+    const char* names = bytes.data() + sections[sections[i].sh_link].sh_offset;
+    for (std::size_t k = 0; k < sections[i].sh_size / sizeof(ElfW(Sym)); ++k) {
+      if (symbols[k].st_value != 0 && std::strcmp(names + symbols[k].st_name, "cuLaunchKernel") == 0) {
+        return reinterpret_cast<LaunchFunction>(loaded.base + symbols[k].st_value);
+      }
+    }
+  }
+  std::fprintf(stderr, "launch_ab: no cuLaunchKernel in %s's .dynsym\n", loaded.path.c_str());
+  return nullptr;
+}
+
+struct Spread {
+  double median, p10, p90;
+};
+
+Spread Of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const auto at = [&](double q) { return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))]; };
+  return {at(0.5), at(0.1), at(0.9)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: launch_ab SPIN_PTX (the vgpu_spin kernel, e.g. sim/tenant/spin.ptx)\n");
+    return 2;
+  }
+  std::ifstream ptx_file(argv[1]);
+  const std::string ptx((std::istreambuf_iterator<char>(ptx_file)), std::istreambuf_iterator<char>());
+  if (ptx.empty()) {
+    std::fprintf(stderr, "launch_ab: cannot read the PTX file %s\n", argv[1]);
+    return 2;
+  }
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  CUstream stream = nullptr;
+  CUresult r = cuInit(0);
+  if (r == CUDA_SUCCESS) r = cuDeviceGet(&device, 0);
+  if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&context, device);
+  if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(context);
+  if (r == CUDA_SUCCESS) r = cuModuleLoadData(&module, ptx.c_str());
+  if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&function, module, "vgpu_spin");
+  if (r == CUDA_SUCCESS) r = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "launch_ab: set-up failed: %d\n", static_cast<int>(r));
+    return 1;
+  }
+  const LaunchFunction hooked = &cuLaunchKernel;  // through the PLT: the shim's hook under LD_PRELOAD
+  const LaunchFunction driver = DriverLaunch();
+  if (driver == nullptr) return 1;
+  unsigned long long ns = 0;  // the spin kernel returns at once
+  void* params[] = {&ns};
+  CUresult failed = CUDA_SUCCESS;
+  const auto launch = [&](LaunchFunction f) {
+    if (const CUresult result = f(function, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr); result != CUDA_SUCCESS) {
+      failed = result;
+    }
+  };
+  // One batch: host ns per launch.
+  const auto sixteen_deep = [&](LaunchFunction f) {
+    double total = 0;
+    for (int round = 0; round < 64; ++round) {
+      for (int i = 0; i < 16; ++i) {
+        const double t0 = NowNs();
+        launch(f);
+        total += NowNs() - t0;
+      }
+      cuStreamSynchronize(stream);
+    }
+    return total / (64 * 16);
+  };
+  const auto launch_sync = [&](LaunchFunction f) {
+    const double t0 = NowNs();
+    for (int i = 0; i < 512; ++i) {
+      launch(f);
+      cuStreamSynchronize(stream);
+    }
+    return (NowNs() - t0) / 512;
+  };
+  const auto measure = [&](const char* name, auto&& batch) {
+    batch(hooked);  // warm-up: the shim's first launches of a kernel are each measured
+    batch(driver);
+    std::vector<double> through_shim, straight, ratios;
+    for (int pair = 0; pair < 41; ++pair) {
+      double a = 0, b = 0;
+      if (pair % 2 == 0) {
+        a = batch(hooked);
+        b = batch(driver);
+      } else {
+        b = batch(driver);
+        a = batch(hooked);
+      }
+      through_shim.push_back(a);
+      straight.push_back(b);
+      ratios.push_back(a / b - 1);
+    }
+    const Spread added = Of(ratios);
+    std::printf("{\"pattern\":\"%s\",\"hooked_ns\":%.1f,\"driver_ns\":%.1f,\"added\":%.4f,\"added_p10\":%.4f,"
+                "\"added_p90\":%.4f,\"pairs\":%zu}\n",
+                name, Of(through_shim).median, Of(straight).median, added.median, added.p10, added.p90, ratios.size());
+  };
+  measure("16 deep", sixteen_deep);
+  measure("launch+sync", launch_sync);
+  if (failed != CUDA_SUCCESS) {
+    std::fprintf(stderr, "launch_ab: a launch failed: %d\n", static_cast<int>(failed));
+    return 1;
+  }
+  return 0;
+}
