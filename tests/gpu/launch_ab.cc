@@ -9,7 +9,9 @@
 //
 // Prints one JSON line per pattern: the median host ns per launch through each path, and the median over pairs of
 // batches of (hooked / driver - 1), with p10 and p90. Patterns: "16 deep" (16 launches timed one by one, then a
-// synchronize, untimed) and "launch+sync" (a launch and a synchronize, timed together). Runs over fakecuda too.
+// synchronize, untimed) and "launch+sync" (a launch and a synchronize, timed together). Then one line per kind of
+// single call ("calls"): p50, p90, p99 and mean ns through each path -- the 16-deep launches by their position after
+// the synchronize, and launch+sync's launch call and synchronize apart. Runs over fakecuda too.
 #include <cuda.h>
 #include <elf.h>
 #include <link.h>
@@ -125,30 +127,47 @@ int main(int argc, char** argv) {
       failed = result;
     }
   };
+  // Single calls, kept per path for their distribution (where the added time goes: on every launch, or on a few).
+  struct Calls {
+    std::vector<double> at[16];  // 16 deep: by position after the synchronize
+    std::vector<double> launch, sync;  // launch+sync: the launch call and the synchronize, each timed
+  };
+  Calls through_hook, into_driver;
+  const auto calls_of = [&](LaunchFunction f) -> Calls& { return f == hooked ? through_hook : into_driver; };
   // One batch: host ns per launch.
   const auto sixteen_deep = [&](LaunchFunction f) {
+    Calls& calls = calls_of(f);
     double total = 0;
     for (int round = 0; round < 64; ++round) {
       for (int i = 0; i < 16; ++i) {
         const double t0 = NowNs();
         launch(f);
-        total += NowNs() - t0;
+        const double took = NowNs() - t0;
+        total += took;
+        calls.at[i].push_back(took);
       }
       cuStreamSynchronize(stream);
     }
     return total / (64 * 16);
   };
   const auto launch_sync = [&](LaunchFunction f) {
+    Calls& calls = calls_of(f);
     const double t0 = NowNs();
     for (int i = 0; i < 512; ++i) {
+      const double a = NowNs();
       launch(f);
+      const double b = NowNs();
       cuStreamSynchronize(stream);
+      calls.launch.push_back(b - a);
+      calls.sync.push_back(NowNs() - b);
     }
     return (NowNs() - t0) / 512;
   };
   const auto measure = [&](const char* name, auto&& batch) {
     batch(hooked);  // warm-up: the shim's first launches of a kernel are each measured
     batch(driver);
+    through_hook = Calls{};
+    into_driver = Calls{};
     std::vector<double> through_shim, straight, ratios;
     for (int pair = 0; pair < 41; ++pair) {
       double a = 0, b = 0;
@@ -168,8 +187,29 @@ int main(int argc, char** argv) {
                 "\"added_p90\":%.4f,\"pairs\":%zu}\n",
                 name, Of(through_shim).median, Of(straight).median, added.median, added.p10, added.p90, ratios.size());
   };
+  // The single calls' distributions: p50 / p90 / p99 / mean per path (a median that moves is a cost on every call; a
+  // mean that moves alone, a cost on a few).
+  const auto quantiles = [](std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    double sum = 0;
+    for (double v : values) sum += v;
+    const auto at = [&](double q) { return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))]; };
+    char text[160];
+    std::snprintf(text, sizeof text, "[%.1f,%.1f,%.1f,%.1f]", at(0.5), at(0.9), at(0.99), sum / static_cast<double>(values.size()));
+    return std::string(text);
+  };
+  const auto print_calls = [&](const char* name, const char* part, auto&& pick) {
+    std::printf("{\"pattern\":\"%s\",\"calls\":\"%s\",\"hooked\":%s,\"driver\":%s}\n", name, part,
+                quantiles(pick(through_hook)).c_str(), quantiles(pick(into_driver)).c_str());
+  };
   measure("16 deep", sixteen_deep);
+  for (int i = 0; i < 16; ++i) {
+    const std::string part = "launch " + std::to_string(i + 1) + " of 16";
+    print_calls("16 deep", part.c_str(), [&](Calls& c) { return c.at[i]; });
+  }
   measure("launch+sync", launch_sync);
+  print_calls("launch+sync", "launch", [](Calls& c) { return c.launch; });
+  print_calls("launch+sync", "synchronize", [](Calls& c) { return c.sync; });
   if (failed != CUDA_SUCCESS) {
     std::fprintf(stderr, "launch_ab: a launch failed: %d\n", static_cast<int>(failed));
     return 1;
