@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -90,10 +91,19 @@ Spread Of(std::vector<double> values) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: launch_ab SPIN_PTX (the vgpu_spin kernel, e.g. sim/tenant/spin.ptx)\n");
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: launch_ab SPIN_PTX [EVICT_KIB] (the vgpu_spin kernel, e.g. sim/tenant/spin.ptx; EVICT_KIB: "
+                         "before each timed launch, untimed, write this many KiB, as a real driver's launch does)\n");
     return 2;
   }
+  // Over fakecuda a launch touches little memory, so whatever the shim's launch path reads stays in the nearest caches;
+  // a real driver's launch (~3 us) displaces it. Writing a buffer between launches stands in for that.
+  std::vector<unsigned char> evict(argc == 3 ? std::strtoul(argv[2], nullptr, 10) * 1024 : 0);
+  unsigned char evict_seed = 0;
+  const auto displace = [&] {
+    ++evict_seed;
+    for (std::size_t i = 0; i < evict.size(); i += 64) evict[i] = static_cast<unsigned char>(evict_seed + i);
+  };
   std::ifstream ptx_file(argv[1]);
   const std::string ptx((std::istreambuf_iterator<char>(ptx_file)), std::istreambuf_iterator<char>());
   if (ptx.empty()) {
@@ -140,6 +150,7 @@ int main(int argc, char** argv) {
     double total = 0;
     for (int round = 0; round < 64; ++round) {
       for (int i = 0; i < 16; ++i) {
+        displace();
         const double t0 = NowNs();
         launch(f);
         const double took = NowNs() - t0;
@@ -152,8 +163,12 @@ int main(int argc, char** argv) {
   };
   const auto launch_sync = [&](LaunchFunction f) {
     Calls& calls = calls_of(f);
-    const double t0 = NowNs();
+    double t0 = NowNs();
+    double displacing = 0;
     for (int i = 0; i < 512; ++i) {
+      const double d0 = NowNs();
+      displace();
+      displacing += NowNs() - d0;
       const double a = NowNs();
       launch(f);
       const double b = NowNs();
@@ -161,7 +176,7 @@ int main(int argc, char** argv) {
       calls.launch.push_back(b - a);
       calls.sync.push_back(NowNs() - b);
     }
-    return (NowNs() - t0) / 512;
+    return (NowNs() - t0 - displacing) / 512;
   };
   const auto measure = [&](const char* name, auto&& batch) {
     batch(hooked);  // warm-up: the shim's first launches of a kernel are each measured

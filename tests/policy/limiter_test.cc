@@ -394,5 +394,83 @@ TEST(Limiter, AKernelNeverMeasuredHasOneLaunchInFlight) {
   EXPECT_FALSE(limiter.Admit(kKernel, 60 * kMs).wait_for_completion) << "measured now: the usual bound applies";
 }
 
+TEST(Limiter, AKernelNeverMeasuredHasOneLaunchInFlightEvenUnthrottled) {
+  // `disable` measures too: a second launch of a kernel of unknown cost would be timed across the first.
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 500, 20 * kMs, 0);
+  LimiterConfig config = Share(500);
+  config.throttle = false;
+  Limiter limiter(cell, config);
+  const Admission first = limiter.Admit(kKernel, 0);
+  EXPECT_FALSE(first.wait_for_completion);
+  EXPECT_FALSE(first.known);
+  EXPECT_TRUE(limiter.Admit(kKernel, 0).wait_for_completion);
+  limiter.Settle(kKernel, first.charged_ns, 30 * kMs, 30 * kMs);
+  const Admission next = limiter.Admit(kKernel, 30 * kMs);
+  EXPECT_FALSE(next.wait_for_completion);
+  EXPECT_TRUE(next.known);
+  EXPECT_TRUE(limiter.Known(kKernel));
+}
+
+TEST(Limiter, AdmissionsCountTheKernelsLaunchesForTheCallersSampling) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 500, 20 * kMs, 0);
+  Limiter limiter(cell, Share(500));
+  const KernelKey other{reinterpret_cast<const void*>(0x1000), 43};  // same function, another shape
+  for (std::uint32_t i = 0; i < 5; ++i) {
+    const Admission a = limiter.Admit(kKernel, 0);
+    EXPECT_EQ(a.launches, i);
+    limiter.Settle(kKernel, a.charged_ns, 10 * kUs, 0);
+  }
+  EXPECT_EQ(limiter.Admit(other, 0).launches, 0u) << "counted per function and shape";
+  EXPECT_EQ(limiter.Admit(kKernel, 0).launches, 5u);
+}
+
+// The shim settles an unmeasured launch in its admission's critical section, before the driver has the launch; when
+// the driver refuses it, Refund must leave the budget as if it had never been admitted.
+TEST(Limiter, AnUnmeasuredLaunchSettledBeforeItRunsIsRefundedWhenRefused) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  LimiterConfig config = Share(300);
+  config.defer_busy = true;
+  Limiter limiter(cell, config);
+  for (int i = 0; i < 16; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 200 * kUs, 0);
+  limiter.FlushBusy();
+  const std::int64_t budget = cell.budget_ns;
+  const std::uint32_t busy = cell.busy_ns[0];
+  const Admission a = limiter.Admit(kKernel, 0);
+  const std::uint64_t accounted = limiter.SettleUnmeasured(kKernel, a.charged_ns, 0);
+  EXPECT_EQ(accounted, 200 * kUs);
+  EXPECT_EQ(budget - cell.budget_ns, static_cast<std::int64_t>(accounted));
+  limiter.Refund(kKernel, accounted);
+  limiter.FlushBusy();
+  EXPECT_EQ(cell.budget_ns, budget) << "nothing ran, nothing is owed";
+  EXPECT_EQ(cell.busy_ns[0], busy) << "and no busy time is published for it";
+  EXPECT_EQ(limiter.in_flight_ns(), 0u);
+}
+
+// Deferred busy time (the shim's unmeasured launches): held per 10 ms bucket and added when the next bucket begins or
+// at a flush, into the bucket it belongs to.
+TEST(Limiter, DeferredBusyTimeReachesItsBucketAtTheNextBucketOrAFlush) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 500, 20 * kMs, 0);
+  LimiterConfig config = Share(500);
+  config.defer_busy = true;
+  Limiter limiter(cell, config);
+  for (int i = 0; i < 16; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 100 * kUs, 1 * kMs);
+  const std::uint32_t measured = cell.busy_ns[0];
+  EXPECT_EQ(measured, 1600 * kUs) << "measured runs are published at once";
+  for (int i = 0; i < 10; ++i) limiter.SettleUnmeasured(kKernel, limiter.Admit(kKernel, 2 * kMs).charged_ns, 2 * kMs);
+  EXPECT_EQ(cell.busy_ns[0], measured) << "held";
+  limiter.SettleUnmeasured(kKernel, limiter.Admit(kKernel, 12 * kMs).charged_ns, 12 * kMs);
+  EXPECT_EQ(cell.busy_ns[0], measured + 1000 * kUs) << "the next bucket began: the first one's share is added to it";
+  EXPECT_EQ(cell.busy_ns[1], 0u);
+  limiter.FlushBusy();
+  EXPECT_EQ(cell.busy_ns[1], 100 * kUs);
+  EXPECT_EQ(cell.busy_ns[0], measured + 1000 * kUs);
+  limiter.FlushBusy();
+  EXPECT_EQ(cell.busy_ns[1], 100 * kUs) << "a flush adds nothing twice";
+}
+
 }  // namespace
 }  // namespace vgpu::policy

@@ -91,35 +91,26 @@ struct StreamState {
   std::uint64_t planned = 0;  // launches planned on this stream so far (a pair compares it before and after)
 };
 
-struct KernelKeyHash {
-  std::size_t operator()(const policy::KernelKey& key) const {
-    return std::hash<const void*>()(key.function) ^ (key.shape * 0x9e3779b97f4a7c15ull);
-  }
-};
-
-// One per device ordinal this process launches on.
+// One per device ordinal this process launches on. What every limited launch reads comes first (a launch's cost on
+// a real GPU's host is mostly the cache lines it reads: the driver's own launch has displaced them).
 struct DeviceLimiter {
+  std::atomic<bool> ready{false};    // `limiter` is set up: later launches need nothing else to find it
+  bool lend = false;
   std::mutex mutex;  // process-local; never held while sleeping or while the driver waits
   std::unique_ptr<policy::Limiter> limiter;
+  std::uint64_t next_settle_ns = 0;  // under `mutex`: see kSettleEveryNs
+  // The stream launched on last and its state (under `mutex`; map nodes are erased only with their context).
+  CUstream last_stream = nullptr;
+  StreamState* last_state = nullptr;
+  std::atomic<std::uint64_t> last_observed_ns{0};
   std::deque<Pending> pending;
   std::deque<Pending> abandoned;  // settled at their estimate while still running: events held until done
   std::unordered_map<CUcontext, std::vector<CUevent>> free_events;
   // Events held by more than one owner (a window's end that is also its stream's mark): the owners beyond the first.
   std::unordered_map<CUevent, std::uint32_t> extra_owners;
   std::unordered_map<CUstream, StreamState> streams;
-  struct Sampling {
-    std::uint32_t launches = 0;
-  };
-  std::unordered_map<const void*, Sampling> sampling;  // per function: which launches are measured
-  // Kernels whose events have measured them at least once. Until then a kernel's cost is unknown: each launch is
-  // measured, and one that cannot be is not made (docs/compute-limit.md).
-  std::unordered_set<policy::KernelKey, KernelKeyHash> measured;
-  std::atomic<std::uint64_t> last_observed_ns{0};
   std::atomic<std::uint64_t> last_reading_ns{0};  // `default`: the last time OthersBusy gave a reading
   std::atomic<std::uint64_t> held_blind_ns{0};    // `default`: when the container was last held for want of readings
-  bool lend = false;
-  std::uint64_t next_settle_ns = 0;  // under `mutex`: see kSettleEveryNs
-  std::atomic<bool> ready{false};    // `limiter` is set up: later launches need nothing else to find it
 };
 
 DeviceLimiter g_devices[policy::kMaxDevices];
@@ -179,6 +170,7 @@ DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
     config.burst_ns = kBurstNs;
     config.throttle = !disabled && percent != 0;
     config.lend_when_idle = shim.config.policy == policy::ComputePolicy::standard;
+    config.defer_busy = true;  // flushed with the settlements, every kSettleEveryNs
     d.lend = config.lend_when_idle;
     d.limiter = std::make_unique<policy::Limiter>(*cell, config);  // (out of host memory: nothing set, asked again)
     d.ready.store(true, std::memory_order_release);
@@ -272,7 +264,7 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
       d.pending.pop_front();
       continue;
     }
-    const bool known = d.measured.contains(p.key);
+    const bool known = d.limiter->Known(p.key);
     const CUresult state = Real::cuEventQuery(p.end);
     // Not ready; or the query failed and the kernel's cost is unknown: asked again later (a launch that waits too
     // long settles the oldest at its estimate). A known kernel whose query fails is settled at its estimate.
@@ -288,7 +280,6 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
     float ms = 0;
     if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
       measured = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
-      d.measured.insert(p.key);
     } else if (!known) {
       // Complete, never measured, and its events will not say how long it ran: from its launch to now is at least
       // that (an estimate of 100 us for a kernel of any length would let it run uncapped).
@@ -490,7 +481,16 @@ struct Plan {
   std::uint64_t sequence = 0;  // the stream's `planned` count with this launch
 };
 
-bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_ns);
+bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns);
+
+// The state of `stream` (made on first use; the last one used is kept at hand). Caller holds d.mutex.
+StreamState& StateOf(DeviceLimiter& d, CUstream stream) {
+  if (d.last_state != nullptr && d.last_stream == stream) return *d.last_state;
+  StreamState& state = d.streams[stream];
+  d.last_stream = stream;
+  d.last_state = &state;
+  return state;
+}
 
 // docs/compute-limit.md, "Measurement windows": a kernel of known cost launched while at least half a launch of
 // work is queued ahead of it on its stream (by the host's estimate) joins the stream's window: no event of its own,
@@ -498,7 +498,7 @@ bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_
 // driver says is busy (the last mark not reached yet, or the stream not idle), so that it never starts on an idle
 // GPU. Any other launch closes the stream's window, and gets a pair of its own if sampled; a kernel never measured
 // gets a pair every time. Caller holds d.mutex; updates the stream's estimate of its queue.
-Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* function, CUstream stream,
+Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t launches_before, CUstream stream,
                 CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at, bool unknown_cost) {
   Plan plan;
   plan.unknown_cost = unknown_cost;
@@ -506,7 +506,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   // What this plan needs from the heap comes before it changes anything: if the host is out of memory, the caller
   // cancels the admission and refuses the launch. Past the lookups, nothing throws (TakeEvent only looks the pool up;
   // ReturnEvent and HoldEvent do without memory).
-  StreamState& state = d.streams[stream];
+  StreamState& state = StateOf(d, stream);
   // (A window fills at kWindowLaunches, but threads planning into it together may pass that before it closes.)
   if (state.launches.size() == state.launches.capacity() || state.launches.capacity() < kWindowLaunches) {
     state.launches.reserve(std::max(kWindowLaunches, 2 * state.launches.size()));
@@ -536,9 +536,6 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
       }
     }
   }
-  // A launch outside a window is sampled (the function's record: looked up only here, off the window path, and before
-  // this launch changes the stream's state).
-  DeviceLimiter::Sampling* sampling = queued ? nullptr : &d.sampling[function];
   const bool busy = state.busy_until_ns > at;
   state.busy_until_ns = std::max(state.busy_until_ns, at) + charged_ns;
   plan.sequence = ++state.planned;
@@ -557,7 +554,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
   state.mark = nullptr;
   state.last_launch_ns = at;
   // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
-  if (SampleThisLaunch(*sampling, charged_ns) || plan.unknown_cost) {
+  if (plan.unknown_cost || SampleThisLaunch(launches_before, charged_ns)) {
     RelaxedCapture relaxed;
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
@@ -569,10 +566,11 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, const void* func
 // PlanLaunch, or, when the host is out of memory (planning a first launch on a stream or of a kernel needs the heap;
 // PlanLaunch changes nothing before it has it), the admission cancelled: the launch is refused, nothing ran, nothing
 // is owed. Caller holds d.mutex.
-bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, const void* function, CUstream stream,
-                  CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at, bool unknown_cost) {
+bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before,
+                  CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at,
+                  bool unknown_cost) {
   try {
-    plan = PlanLaunch(d, key, function, stream, context, setup, charged_ns, at, unknown_cost);
+    plan = PlanLaunch(d, key, launches_before, stream, context, setup, charged_ns, at, unknown_cost);
     return true;
   } catch (const std::bad_alloc&) {
     d.limiter->Cancel(key, charged_ns);
@@ -587,9 +585,11 @@ bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, co
 // launch after a pause" would pick the launches whose event pair also times the host's gap before an idle stream
 // starts them (5 us kernels at a 30 % cap got 27 %). Random, so that a tenant cannot put its heavy work where
 // nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
-bool SampleThisLaunch(DeviceLimiter::Sampling& sampling, std::uint64_t estimate_ns) {
-  if (sampling.launches++ < kAlwaysMeasureFirst) return true;
-  static thread_local std::uint64_t state = NowNs() | 1;
+bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns) {
+  if (launches_before < kAlwaysMeasureFirst) return true;
+  // (initial-exec: the shim is loaded with the process, so its thread-locals are read without __tls_get_addr.)
+  static thread_local std::uint64_t state __attribute__((tls_model("initial-exec"))) = 0;
+  if (state == 0) state = NowNs() | 1;
   state ^= state << 13;
   state ^= state >> 7;
   state ^= state << 17;
@@ -657,36 +657,42 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   Plan plan;
   bool planned = false;
   bool unknown_cost = true;  // the kernel's events have never measured it
+  bool settled_early = false;  // an unmeasured launch, settled in its admission's critical section
+  std::uint64_t accounted_early = 0;
   std::uint64_t waited_ns = 0;
   for (;;) {
     std::unique_lock<std::mutex> guard(d->mutex);
     if (now >= d->next_settle_ns || d->pending.size() >= kSettleBacklog || waited_ns > 0) {
       SettleCompleted(*d, now);
+      d->limiter->FlushBusy();
       d->next_settle_ns = now + kSettleEveryNs;
     }
     // Past the longest wait for completions (nothing measured is pending to settle), admit without the in-flight
     // bound rather than wait forever.
     const bool bound = !(d->pending.empty() && waited_ns >= kMaxCompletionWaitNs);
-    // A kernel its events have never measured runs one launch at a time: its runs are then timed from the host
-    // closely (launch to completion, polled), never across a queue of others.
-    // (Measured kernels only ever join the set: a launch planned later may read `unknown` from before a wait.)
-    unknown_cost = !d->measured.contains(key);
-    const bool serial =
-        unknown_cost && std::any_of(d->pending.begin(), d->pending.end(), [&](const Pending& p) { return p.key == key; });
-    if (!serial) {
-      admission = d->limiter->Admit(key, now, bound);
-      if (!admission.wait_for_completion) {
-        if (admission.ready_at_ns <= now) {
-          if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, now, unknown_cost)) {
-            return CUDA_ERROR_OUT_OF_MEMORY;
-          }
-          planned = true;  // the common case
-        } else if (setup == CUDA_SUCCESS) {
-          // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
-          CloseWindowsOf(*d, context, now);
+    // (A kernel its events have never measured runs one launch at a time: its runs are then timed from the host
+    // closely, launch to completion, never across a queue of others. Admit sees to it.)
+    admission = d->limiter->Admit(key, now, bound);
+    if (!admission.wait_for_completion) {
+      // (Measured kernels stay known: a launch planned later may read `unknown` from before a wait.)
+      unknown_cost = !admission.known;
+      if (admission.ready_at_ns <= now) {
+        if (!PlanOrCancel(*d, plan, key, admission.launches, stream, context, setup, admission.charged_ns, now,
+                          unknown_cost)) {
+          return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        break;
+        planned = true;  // the common case
+        if (plan.how == How::unmeasured && !plan.unknown_cost && plan.start == nullptr && plan.end == nullptr) {
+          // The common case on a drained stream: what such a launch costs does not depend on its run, so it is
+          // settled now, in this critical section (given back below if the driver refuses the launch).
+          accounted_early = d->limiter->SettleUnmeasured(key, admission.charged_ns, now);
+          settled_early = true;
+        }
+      } else if (setup == CUDA_SUCCESS) {
+        // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
+        CloseWindowsOf(*d, context, now);
       }
+      break;
     }
     // Too much queued unmeasured: wait, outside the lock, for completions, polling (never blocking on one
     // event: it may wait for work this very thread has yet to launch). Open windows are closed first (their
@@ -715,7 +721,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (!planned) {
     SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
-    if (!PlanOrCancel(*d, plan, key, function, stream, context, setup, admission.charged_ns, at, unknown_cost)) {
+    if (!PlanOrCancel(*d, plan, key, admission.launches, stream, context, setup, admission.charged_ns, at,
+                      unknown_cost)) {
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -737,6 +744,13 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     return setup != CUDA_SUCCESS ? setup : CUDA_ERROR_UNKNOWN;
   }
   const CUresult result = launch();
+  if (settled_early) {
+    if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
+      std::lock_guard<std::mutex> guard(d->mutex);
+      d->limiter->Refund(key, accounted_early);
+    }
+    return result;
+  }
   // (A kernel of unknown cost gets a second try at its end event: unmeasured, it would be settled at a guess.)
   if (plan.how == How::pair && result == CUDA_SUCCESS) {
     RelaxedCapture relaxed;
@@ -755,7 +769,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   }
 
   if (result == CUDA_SUCCESS && plan.how == How::unmeasured && plan.start == nullptr && plan.end == nullptr) {
-    // The common case on a drained stream: settled at what such a launch costs, nothing else to do.
+    // Planned after a wait: settled at what such a launch costs, nothing else to do.
     std::lock_guard<std::mutex> guard(d->mutex);
     d->limiter->SettleUnmeasured(key, admission.charged_ns, at);
     return result;
@@ -832,6 +846,8 @@ void ForgetComputeContext(CUcontext context) {
         }
       }
     }
+    d.last_stream = nullptr;
+    d.last_state = nullptr;
     for (auto it = d.streams.begin(); it != d.streams.end();) {
       if (it->second.context == context) {
         DropStreamState(d, it->second, now, false);

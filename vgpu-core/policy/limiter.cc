@@ -43,6 +43,12 @@ void AddBusy(BudgetCell& cell, std::uint64_t end_ns, std::uint64_t busy_ns) {
   }
 }
 
+// Adds `busy_ns` to bucket `epoch` (moving the ring on to it if it is newer); nothing if the ring has passed it.
+void AddBusyInBucket(BudgetCell& cell, std::uint64_t epoch, std::uint64_t busy_ns) {
+  const std::uint64_t end_ns = epoch * kBucketNs + (kBucketNs - 1);
+  AddBusy(cell, end_ns, std::min<std::uint64_t>(busy_ns, kBucketNs - 1));
+}
+
 }  // namespace
 
 void Limiter::InitCell(BudgetCell& cell, std::uint32_t share_permille, std::uint64_t burst_ns, std::uint64_t now_ns) {
@@ -108,17 +114,25 @@ std::uint64_t Limiter::EstimateNs(const KernelKey& key) const {
   return it != costs_.end() && it->second.count > 0 ? it->second.estimate_ns : config_.default_cost_ns;
 }
 
+bool Limiter::Known(const KernelKey& key) const {
+  const auto it = costs_.find(key);
+  return it != costs_.end() && it->second.count > 0;
+}
+
 Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_in_flight) {
   Admission admission;
   Cost& cost = costs_[key];
   const std::uint64_t estimate = std::max<std::uint64_t>(cost.count > 0 ? cost.estimate_ns : config_.default_cost_ns, 1);
-  // Bound what may be queued unmeasured: queued kernels cannot overrun the cap however wrong their estimates.
-  if (config_.throttle && bound_in_flight &&
-      ((in_flight_ns_ > 0 && in_flight_ns_ + estimate > config_.in_flight_max_ns) ||
-       (cost.count == 0 && cost.unknown_in_flight > 0))) {
+  // Bound what may be queued unmeasured: queued kernels cannot overrun the cap however wrong their estimates. A
+  // kernel of unknown cost runs one launch at a time, throttled or not: its runs are then each timed alone.
+  if (bound_in_flight && ((cost.count == 0 && cost.unknown_in_flight > 0) ||
+                          (config_.throttle && in_flight_ns_ > 0 && in_flight_ns_ + estimate > config_.in_flight_max_ns))) {
     admission.wait_for_completion = true;
     return admission;
   }
+  admission.known = cost.count > 0;
+  admission.launches = cost.launches;
+  if (cost.launches != std::numeric_limits<std::uint32_t>::max()) ++cost.launches;
   if (cost.count == 0) ++cost.unknown_in_flight;
   in_flight_ns_ += estimate;
   admission.charged_ns = estimate;
@@ -239,7 +253,7 @@ std::uint64_t Limiter::MeanOf(const Cost* cost, std::uint64_t charged_ns) {
 }
 
 // (On every launch that is not measured: what Forget, UnmeasuredCost and BusyOf do, with one lookup of the record.)
-void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns) {
+std::uint64_t Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns) {
   in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
   Cost* cost = nullptr;
   if (const auto it = costs_.find(key); it != costs_.end()) {
@@ -251,7 +265,30 @@ void Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, s
   const auto delta = static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted);
   if (config_.throttle && delta != 0) Atomic(cell_.budget_ns).fetch_add(delta, std::memory_order_acq_rel);
   AdjustOwn(delta);
-  AddBusy(cell_, now_ns, busy);
+  if (!config_.defer_busy) {
+    AddBusy(cell_, now_ns, busy);
+    return accounted;
+  }
+  if (const std::uint64_t epoch = now_ns / kBucketNs; epoch != busy_epoch_) {
+    FlushBusy();
+    busy_epoch_ = epoch;
+  }
+  busy_held_ns_ += busy;
+  return accounted;
+}
+
+// A launch settled as unmeasured before it was made, which the driver then refused: nothing ran, nothing is owed.
+void Limiter::Refund(const KernelKey& key, std::uint64_t accounted_ns) {
+  if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(accounted_ns), std::memory_order_acq_rel);
+  AdjustOwn(static_cast<std::int64_t>(accounted_ns));
+  // (Already flushed, with other launches' busy time: it stays, at most one launch's worth.)
+  busy_held_ns_ -= std::min(busy_held_ns_, BusyOf(key, accounted_ns));
+}
+
+void Limiter::FlushBusy() {
+  if (busy_held_ns_ == 0) return;
+  AddBusyInBucket(cell_, busy_epoch_, busy_held_ns_);
+  busy_held_ns_ = 0;
 }
 
 void Limiter::SettleWindow(const WindowLaunch* launches, std::size_t count, std::optional<std::uint64_t> measured_ns,

@@ -46,6 +46,10 @@ struct LimiterConfig {
   // onto an idle stream: a run of queued kernels is measured exactly, a lone launch on an idle stream with the launch
   // latency in it (docs/compute-limit.md, "Pacing"). Changes when kernels run, never how much.
   std::uint64_t pace_ns = 500'000;
+  // Busy time of launches settled as unmeasured is added to the cell once per 10 ms bucket, or at FlushBusy, not per
+  // launch (two writes to the region per launch otherwise). The shim flushes every 50 us; the simulator reads the
+  // cell at any moment and leaves it off.
+  bool defer_busy = false;
 };
 
 // One launch of a measurement window: what it was charged.
@@ -59,6 +63,8 @@ struct Admission {
   bool wait_for_completion = false;  // too much unmeasured work queued: settle completions first, then ask again
   std::uint64_t ready_at_ns = 0;     // the launch may go at this time (<= now: at once)
   std::uint64_t charged_ns = 0;      // what was taken from the budget; Settle gives back the difference
+  bool known = false;                // the kernel has been measured at least once
+  std::uint32_t launches = 0;        // launches of the kernel admitted before this one (for the caller's sampling)
 };
 
 class Limiter {
@@ -67,7 +73,8 @@ class Limiter {
 
   // Charges a launch of `key` at `now_ns` and says when it may start. A kernel never measured yet may have only
   // one launch in flight: its cost is unknown, so a queue of them could overrun the cap whatever the default.
-  // `bound_in_flight` false skips the in-flight checks (a caller that waited long enough for completions).
+  // This holds whether or not the limiter throttles (a `disable` container measures too). `bound_in_flight` false
+  // skips the in-flight checks (a caller that waited long enough for completions).
   Admission Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_in_flight = true);
 
   // The launch's GPU time is known (`measured_ns`), or will never be (nullopt: settled at the estimate). Corrects
@@ -79,7 +86,12 @@ class Limiter {
   void Cancel(const KernelKey& key, std::uint64_t charged_ns);
   // A launch the caller chose not to measure (sampling): settled at the mean of the kernel's recent measurements
   // (the unbiased guess of its cost), or at its charge if it was never measured.
-  void SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns);
+  // Returns what it was accounted at. May be called before the launch is made (its cost does not depend on the run);
+  // if the driver then refuses it, Refund gives back what was accounted.
+  std::uint64_t SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns);
+  void Refund(const KernelKey& key, std::uint64_t accounted_ns);
+  // Adds the busy time held back by `defer_busy` to the cell.
+  void FlushBusy();
   // Launches queued back to back on one stream, measured together by one pair of events (a window): their total GPU
   // time is `measured_ns` (nullopt: not known, each settled as unmeasured). The budget is corrected by the total;
   // each kernel learns its part, apportioned by the charges (docs/compute-limit.md, "Measurement windows").
@@ -98,6 +110,7 @@ class Limiter {
   static double BusyFraction(const BudgetCell& cell, std::uint64_t from_ns, std::uint64_t to_ns);
 
   std::uint64_t EstimateNs(const KernelKey& key) const;
+  bool Known(const KernelKey& key) const;  // measured at least once
   std::uint64_t in_flight_ns() const { return in_flight_ns_; }
   std::uint64_t ignored_measurements() const { return ignored_measurements_; }
 
@@ -114,19 +127,22 @@ class Limiter {
   std::uint64_t PaceNs() const;
   std::uint64_t BurstNs() const;
 
+  // noexcept: the map then keeps no copy of the hash in its nodes (it sits after the Cost, a cache line away).
   struct KeyHash {
-    std::size_t operator()(const KernelKey& key) const {
+    std::size_t operator()(const KernelKey& key) const noexcept {
       return std::hash<const void*>()(key.function) ^ (key.shape * 0x9e3779b97f4a7c15ull);
     }
   };
+  // What a launch reads (count .. launches) comes first: with the map node's link and key, one cache line.
   struct Cost {
-    std::uint64_t recent[16] = {};
     std::uint32_t count = 0;
-    std::uint64_t estimate_ns = 0;         // the median of `recent`: the launch charge
-    std::uint64_t upper_quartile_ns = 0;   // of `recent`: tells one size with stray outliers from a mix of sizes
-    std::uint64_t longer[64] = {};         // the last 64 measurements, for the mean
-    std::uint64_t longer_sum = 0;
     std::uint32_t unknown_in_flight = 0;  // launches admitted before the first measurement, not yet settled
+    std::uint64_t estimate_ns = 0;         // the median of `recent`: the launch charge
+    std::uint64_t longer_sum = 0;          // of `longer`
+    std::uint32_t launches = 0;            // admitted so far (Admission::launches)
+    std::uint64_t upper_quartile_ns = 0;   // of `recent`: tells one size with stray outliers from a mix of sizes
+    std::uint64_t recent[16] = {};
+    std::uint64_t longer[64] = {};         // the last 64 measurements, for the mean
   };
 
   std::uint64_t BusyOf(const KernelKey& key, std::uint64_t accounted_ns) const;
@@ -147,6 +163,9 @@ class Limiter {
   std::int64_t own_budget_ns_ = 0;
   std::uint64_t own_refilled_at_ns_ = 0;   // 0: not started (the first Admit starts it full)
   std::uint32_t own_rate_permille_ = 0;    // what this process decided: the share, or 1000 while it lends
+  // `defer_busy`: busy time not yet added to the cell, all in bucket `busy_epoch_`.
+  std::uint64_t busy_epoch_ = 0;
+  std::uint64_t busy_held_ns_ = 0;
 };
 
 }  // namespace vgpu::policy
