@@ -114,14 +114,25 @@ if [[ $what == inproc || $what == all ]]; then
   g++ -O2 -std=c++20 -I/usr/local/cuda/include "$repo/tests/gpu/launch_ab.cc" -o "$ab" -L/usr/local/cuda/lib64/stubs -lcuda >"$out/launch_ab-build.log" 2>&1 \
     || { echo "launch_ab did not build: $out/launch_ab-build.log"; exit 1; }
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
-  : >"$out/launch_ab.jsonl"
-  for config in none shim_limits none shim_limits; do
-    env=(env -u LD_PRELOAD)
-    [[ $config == shim_limits ]] && env+=(LD_PRELOAD="$build/lib/libvgpu.so" CUDA_DEVICE_SM_LIMIT=99
-      GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/ab.cache")
-    "${env[@]}" taskset -c "$cpu" "$ab" "$repo/sim/tenant/spin.ptx" | sed "s/^{/{\"config\":\"$config\",/" >>"$out/launch_ab.jsonl"
+  # VGPU_CALIB_SHIMS="NAME=PATH ...", as for `calls`: more builds of libvgpu.so, each run as a configuration of its own.
+  declare -A ab_shims=([shim_limits]="$build/lib/libvgpu.so")
+  ab_names=(none shim_limits)
+  for spec in ${VGPU_CALIB_SHIMS:-}; do
+    ab_shims[${spec%%=*}]=${spec#*=}
+    ab_names+=("${spec%%=*}")
   done
-  cat "$out/launch_ab.jsonl"
+  : >"$out/launch_ab.jsonl"
+  for round in 0 1; do
+    for k in "${!ab_names[@]}"; do
+      config=${ab_names[$(( (k + round) % ${#ab_names[@]} ))]}
+      env=(env -u LD_PRELOAD)
+      [[ $config != none ]] && env+=(LD_PRELOAD="${ab_shims[$config]}" CUDA_DEVICE_SM_LIMIT=99
+        GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/ab-$config.cache")
+      "${env[@]}" taskset -c "$cpu" "$ab" "$repo/sim/tenant/spin.ptx" \
+        | sed "s/^{/{\"round\":$round,\"config\":\"$config\",/" >>"$out/launch_ab.jsonl"
+    done
+  done
+  grep -v '"calls"' "$out/launch_ab.jsonl"
 fi
 
 if [[ $what == overhead || $what == all ]]; then
