@@ -114,7 +114,8 @@ if [[ $what == inproc || $what == all ]]; then
   g++ -O2 -std=c++20 -I/usr/local/cuda/include "$repo/tests/gpu/launch_ab.cc" -o "$ab" -L/usr/local/cuda/lib64/stubs -lcuda >"$out/launch_ab-build.log" 2>&1 \
     || { echo "launch_ab did not build: $out/launch_ab-build.log"; exit 1; }
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
-  # VGPU_CALIB_SHIMS="NAME=PATH ...", as for `calls`: more builds of libvgpu.so, each run as a configuration of its own.
+  # VGPU_CALIB_SHIMS="NAME=PATH ...", as for `calls`: more builds of libvgpu.so, each run as a configuration of its own;
+  # VGPU_CALIB_ROUNDS rounds (default 2).
   declare -A ab_shims=([shim_limits]="$build/lib/libvgpu.so")
   ab_names=(none shim_limits)
   for spec in ${VGPU_CALIB_SHIMS:-}; do
@@ -122,7 +123,7 @@ if [[ $what == inproc || $what == all ]]; then
     ab_names+=("${spec%%=*}")
   done
   : >"$out/launch_ab.jsonl"
-  for round in 0 1; do
+  for ((round = 0; round < ${VGPU_CALIB_ROUNDS:-2}; round++)); do  # rotated per round
     for k in "${!ab_names[@]}"; do
       config=${ab_names[$(( (k + round) % ${#ab_names[@]} ))]}
       env=(env -u LD_PRELOAD)

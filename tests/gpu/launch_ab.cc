@@ -142,11 +142,9 @@ int main(int argc, char** argv) {
     std::vector<double> at[16];  // 16 deep: by position after the synchronize
     std::vector<double> launch, sync;  // launch+sync: the launch call and the synchronize, each timed
   };
-  Calls through_hook, into_driver;
-  const auto calls_of = [&](LaunchFunction f) -> Calls& { return f == hooked ? through_hook : into_driver; };
+  Calls through_hook, into_driver;  // (by the path's role: without the shim both paths are the same function)
   // One batch: host ns per launch.
-  const auto sixteen_deep = [&](LaunchFunction f) {
-    Calls& calls = calls_of(f);
+  const auto sixteen_deep = [&](LaunchFunction f, Calls& calls) {
     double total = 0;
     for (int round = 0; round < 64; ++round) {
       for (int i = 0; i < 16; ++i) {
@@ -161,8 +159,7 @@ int main(int argc, char** argv) {
     }
     return total / (64 * 16);
   };
-  const auto launch_sync = [&](LaunchFunction f) {
-    Calls& calls = calls_of(f);
+  const auto launch_sync = [&](LaunchFunction f, Calls& calls) {
     double t0 = NowNs();
     double displacing = 0;
     for (int i = 0; i < 512; ++i) {
@@ -179,19 +176,19 @@ int main(int argc, char** argv) {
     return (NowNs() - t0 - displacing) / 512;
   };
   const auto measure = [&](const char* name, auto&& batch) {
-    batch(hooked);  // warm-up: the shim's first launches of a kernel are each measured
-    batch(driver);
+    batch(hooked, through_hook);  // warm-up: the shim's first launches of a kernel are each measured
+    batch(driver, into_driver);
     through_hook = Calls{};
     into_driver = Calls{};
     std::vector<double> through_shim, straight, ratios;
     for (int pair = 0; pair < 41; ++pair) {
       double a = 0, b = 0;
       if (pair % 2 == 0) {
-        a = batch(hooked);
-        b = batch(driver);
+        a = batch(hooked, through_hook);
+        b = batch(driver, into_driver);
       } else {
-        b = batch(driver);
-        a = batch(hooked);
+        b = batch(driver, into_driver);
+        a = batch(hooked, through_hook);
       }
       through_shim.push_back(a);
       straight.push_back(b);
@@ -205,6 +202,7 @@ int main(int argc, char** argv) {
   // The single calls' distributions: p50 / p90 / p99 / mean per path (a median that moves is a cost on every call; a
   // mean that moves alone, a cost on a few).
   const auto quantiles = [](std::vector<double> values) {
+    if (values.empty()) return std::string("null");
     std::sort(values.begin(), values.end());
     double sum = 0;
     for (double v : values) sum += v;
