@@ -472,5 +472,52 @@ TEST(Limiter, DeferredBusyTimeReachesItsBucketAtTheNextBucketOrAFlush) {
   EXPECT_EQ(cell.busy_ns[1], 100 * kUs) << "a flush adds nothing twice";
 }
 
+// A book (the shim's fast path): further unmeasured launches admitted and settled at once, only from the budget there
+// is (a book never waits and leaves no debt), no more than its GPU time allows; what goes unused comes back.
+TEST(Limiter, ABookTakesOnlyTheBudgetThereIsAndGivesBackWhatGoesUnused) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  LimiterConfig config = Share(300);
+  config.defer_busy = true;
+  Limiter limiter(cell, config);
+  std::uint64_t each = 0;
+  EXPECT_EQ(limiter.AdmitBook(kKernel, 0, 32, 200 * kUs, each), 0u) << "a kernel never measured gets no book";
+  for (int i = 0; i < 16; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 5 * kUs, 0);
+  limiter.FlushBusy();
+  const std::int64_t full = cell.budget_ns;
+  const std::uint32_t busy = cell.busy_ns[0];
+  EXPECT_EQ(limiter.AdmitBook(kKernel, 0, 32, 200 * kUs, each), 32u);
+  EXPECT_EQ(each, 5 * kUs) << "each launch at what such a launch costs";
+  EXPECT_EQ(full - cell.budget_ns, static_cast<std::int64_t>(32 * 5 * kUs));
+  EXPECT_EQ(limiter.AdmitBook(kKernel, 0, 32, 100 * kUs, each), 20u) << "no more than the book's GPU time";
+  limiter.ReturnBook(kKernel, 12, each);
+  limiter.FlushBusy();
+  EXPECT_EQ(full - cell.budget_ns, static_cast<std::int64_t>(40 * 5 * kUs)) << "40 launches made";
+  EXPECT_EQ(cell.busy_ns[0] - busy, 40 * 5 * kUs);
+  EXPECT_EQ(limiter.in_flight_ns(), 0u);
+
+  // Near the end of the budget: only what it holds; none once it is spent (the whole path then waits exactly).
+  cell.budget_ns = static_cast<std::int64_t>(12 * kUs);
+  EXPECT_EQ(limiter.AdmitBook(kKernel, 0, 32, 200 * kUs, each), 2u);
+  EXPECT_EQ(cell.budget_ns, static_cast<std::int64_t>(2 * kUs));
+  EXPECT_EQ(limiter.AdmitBook(kKernel, 0, 32, 200 * kUs, each), 0u);
+  EXPECT_GE(cell.budget_ns, 0) << "a book leaves no debt";
+}
+
+// The process's own count binds books too: a process that rewrites the shared cell gets no book past its share.
+TEST(Limiter, ABookIsHeldToThisProcesssOwnCount) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  Limiter limiter(cell, Share(300));
+  for (int i = 0; i < 16; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 100 * kUs, 0);
+  std::uint64_t each = 0;
+  std::uint64_t admitted = 0;
+  for (int round = 0; round < 1000; ++round) {
+    cell.budget_ns = static_cast<std::int64_t>(1'000 * kMs);  // rewritten: "plenty"
+    admitted += limiter.AdmitBook(kKernel, 0, 32, 10 * kMs, each);
+  }
+  EXPECT_LE(admitted * each, 6 * kMs + 16 * 100 * kUs) << "no more than the burst this process's own count holds";
+}
+
 }  // namespace
 }  // namespace vgpu::policy

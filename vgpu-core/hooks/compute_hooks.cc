@@ -89,6 +89,13 @@ struct StreamState {
   std::atomic<std::uint32_t> launching{0};
   std::atomic<bool> close_when_done{false};
   std::uint64_t planned = 0;  // launches planned on this stream so far (a pair compares it before and after)
+  // Books of launches open on this stream (any thread's; see LaunchBook). Their launches are made past the plan: while
+  // any is open no window opens here, and a pair another thread's book may have launched into is not learned from.
+  std::uint32_t books = 0;
+  // The thread that planned the last launch here (its books' address), and whether two threads have launched here:
+  // such a stream gets no books (a book's launches are made past the plan, between another thread's events).
+  const void* thread = nullptr;
+  bool many_threads = false;
 };
 
 // One per device ordinal this process launches on. What every limited launch reads comes first (a launch's cost on
@@ -482,6 +489,7 @@ struct Plan {
 };
 
 bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns);
+const void* ThisThread();
 
 // The state of `stream` (made on first use; the last one used is kept at hand). Caller holds d.mutex.
 StreamState& StateOf(DeviceLimiter& d, CUstream stream) {
@@ -498,8 +506,9 @@ StreamState& StateOf(DeviceLimiter& d, CUstream stream) {
 // driver says is busy (the last mark not reached yet, or the stream not idle), so that it never starts on an idle
 // GPU. Any other launch closes the stream's window, and gets a pair of its own if sampled; a kernel never measured
 // gets a pair every time. Caller holds d.mutex; updates the stream's estimate of its queue.
-Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t launches_before, CUstream stream,
-                CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at, bool unknown_cost) {
+Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t launches_before, bool force_sample,
+                CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at,
+                bool unknown_cost) {
   Plan plan;
   plan.unknown_cost = unknown_cost;
   if (setup != CUDA_SUCCESS) return plan;
@@ -515,7 +524,9 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
     DropStreamState(d, state, at, true);  // a stream handle of another context, reused
     state.context = context;
   }
-  bool queued = !plan.unknown_cost && state.busy_until_ns > at + charged_ns / 2;
+  if (state.thread != nullptr && state.thread != ThisThread()) state.many_threads = true;
+  state.thread = ThisThread();
+  bool queued = !plan.unknown_cost && state.books == 0 && state.busy_until_ns > at + charged_ns / 2;
   if (queued && state.start == nullptr) {
     RelaxedCapture relaxed;
     CUevent& mark = state.mark;
@@ -554,7 +565,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
   state.mark = nullptr;
   state.last_launch_ns = at;
   // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
-  if (plan.unknown_cost || SampleThisLaunch(launches_before, charged_ns)) {
+  if (plan.unknown_cost || force_sample || SampleThisLaunch(launches_before, charged_ns)) {
     RelaxedCapture relaxed;
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
@@ -567,10 +578,10 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
 // PlanLaunch changes nothing before it has it), the admission cancelled: the launch is refused, nothing ran, nothing
 // is owed. Caller holds d.mutex.
 bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before,
-                  CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at,
-                  bool unknown_cost) {
+                  bool force_sample, CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns,
+                  std::uint64_t at, bool unknown_cost) {
   try {
-    plan = PlanLaunch(d, key, launches_before, stream, context, setup, charged_ns, at, unknown_cost);
+    plan = PlanLaunch(d, key, launches_before, force_sample, stream, context, setup, charged_ns, at, unknown_cost);
     return true;
   } catch (const std::bad_alloc&) {
     d.limiter->Cancel(key, charged_ns);
@@ -585,8 +596,8 @@ bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, st
 // launch after a pause" would pick the launches whose event pair also times the host's gap before an idle stream
 // starts them (5 us kernels at a 30 % cap got 27 %). Random, so that a tenant cannot put its heavy work where
 // nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
-bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns) {
-  if (launches_before < kAlwaysMeasureFirst) return true;
+// One draw: is a launch of a kernel that usually runs `estimate_ns` measured?
+bool DrawMeasured(std::uint64_t estimate_ns) {
   // (initial-exec: the shim is loaded with the process, so its thread-locals are read without __tls_get_addr.)
   static thread_local std::uint64_t state __attribute__((tls_model("initial-exec"))) = 0;
   if (state == 0) state = NowNs() | 1;
@@ -598,10 +609,146 @@ bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns) 
   return state % one_in == 0;
 }
 
+bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns) {
+  return launches_before < kAlwaysMeasureFirst || DrawMeasured(estimate_ns);
+}
+
 std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared) {
   std::uint64_t h = 1469598103934665603ull;
   for (std::uint64_t v : {gx, gy, gz, bx, by, bz, shared}) h = (h ^ v) * 1099511628211ull;
   return h;
+}
+
+// Books of launches: the launch path's fast path (docs/compute-limit.md, "The launch path"). A thread whose launch of
+// a kernel measured before is made unmeasured on a stream with no open window is given a book: the launches of that
+// kernel on that stream and context that the sampling would leave unmeasured next (drawn now, one draw per launch as
+// SampleThisLaunch makes them, at most kBookLaunches), admitted and settled as unmeasured at once (Limiter::AdmitBook),
+// as many as the budget holds without debt and no more than kBookNs of GPU time together. Those launches then check
+// the book and the current context, and go: no lock, no clock, no map. The launch after a book's last goes through
+// the whole path, measured where the draw that ended the book picked it. A thread keeps kBooks books (alternating
+// kernels each keep theirs). What a book holds unused goes back when the thread takes the whole path for that
+// kernel and stream, or evicts the book, or the book's context is destroyed (its stream states go: the book is
+// returned without them); after fork the child drops what it inherited (its parent returns it). A thread that ends
+// with a book open leaves it spent: at most kBooks x kBookNs of budget, once.
+constexpr std::uint32_t kBookLaunches = 32;
+constexpr std::uint64_t kBookNs = 200'000;
+constexpr int kBooks = 4;
+
+struct LaunchBook {
+  const void* function;
+  std::uint64_t shape;
+  CUstream stream;
+  CUcontext context;
+  DeviceLimiter* device;    // null: no book here
+  StreamState* state;       // valid while `generation` is current
+  std::uint64_t generation;
+  std::uint64_t fork_generation;
+  std::uint64_t accounted_each_ns;
+  std::uint32_t left;
+  bool measure_next;        // the draw that ended the book picked the launch after it to be measured
+};
+
+struct ThreadBooks {
+  LaunchBook book[kBooks];
+  std::uint32_t next_evicted;
+};
+
+// (Constant-initialized, initial-exec: read with no call, as a launch's first thing.)
+thread_local ThreadBooks t_books __attribute__((tls_model("initial-exec"))) = {};
+
+// Raised when a context's stream states go (books on them lose `state`) and in a fork child (the books it inherited
+// are its parent's). Read by every booked launch: kept beside nothing else that is written.
+struct alignas(64) BookGenerations {
+  std::atomic<std::uint64_t> streams{1};
+  std::atomic<std::uint64_t> forks{1};
+};
+BookGenerations g_book_generations;
+
+const void* ThisThread() { return &t_books; }
+
+// The open book for a launch, or null. Checked before anything else on the launch path.
+LaunchBook* OpenBookFor(const void* function, std::uint64_t shape, CUstream stream) {
+  for (LaunchBook& book : t_books.book) {
+    if (book.left > 0 && book.function == function && book.shape == shape && book.stream == stream) {
+      if (g_captures.load(std::memory_order_relaxed) != 0 ||
+          book.generation != g_book_generations.streams.load(std::memory_order_acquire) ||
+          book.fork_generation != g_book_generations.forks.load(std::memory_order_relaxed)) {
+        return nullptr;  // the whole path: it asks about captures, and closes the book
+      }
+      return &book;
+    }
+  }
+  return nullptr;
+}
+
+// Gives a book's unused launches back and clears it. Caller holds book.device->mutex.
+void CloseBookLocked(LaunchBook& book) {
+  if (book.device == nullptr) return;
+  if (book.fork_generation == g_book_generations.forks.load(std::memory_order_relaxed)) {
+    book.device->limiter->ReturnBook(policy::KernelKey{book.function, book.shape}, book.left, book.accounted_each_ns);
+    if (book.generation == g_book_generations.streams.load(std::memory_order_acquire) && book.state->books > 0) {
+      --book.state->books;
+    }
+  }
+  book = LaunchBook{};
+}
+
+// The whole path for a launch of this kernel on this stream: the thread's book for them, if any, is closed first.
+// Returns whether the book's last draw picked this launch to be measured.
+bool CloseBookFor(const void* function, std::uint64_t shape, CUstream stream) {
+  for (LaunchBook& book : t_books.book) {
+    if (book.device != nullptr && book.function == function && book.shape == shape && book.stream == stream) {
+      const bool measure = book.measure_next && book.left == 0;
+      std::lock_guard<std::mutex> guard(book.device->mutex);
+      CloseBookLocked(book);
+      return measure;
+    }
+  }
+  return false;
+}
+
+// How many of this thread's books are open on `state` (the others are other threads'). Caller holds d.mutex.
+std::uint32_t OwnBooksOn(const DeviceLimiter& d, const StreamState* state) {
+  std::uint32_t own = 0;
+  for (const LaunchBook& book : t_books.book) {
+    own += book.device == &d && book.state == state &&
+           book.generation == g_book_generations.streams.load(std::memory_order_relaxed);
+  }
+  return own;
+}
+
+// After a launch planned unmeasured on `stream` (no window open there): a book of the launches after it. Caller holds
+// d.mutex. Evicts a book of this device if the thread has no free place (one of another device is left alone: its
+// mutex is not held).
+void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context, std::uint64_t estimate_ns,
+              std::uint64_t now) {
+  StreamState& state = StateOf(d, stream);
+  if (state.many_threads || state.start != nullptr || state.launching.load(std::memory_order_relaxed) > 0) return;
+  LaunchBook* place = nullptr;
+  for (LaunchBook& book : t_books.book) {
+    if (book.device == nullptr) {
+      place = &book;
+      break;
+    }
+  }
+  if (place == nullptr) {
+    LaunchBook& victim = t_books.book[t_books.next_evicted++ % kBooks];
+    if (victim.device != &d) return;
+    CloseBookLocked(victim);
+    place = &victim;
+  }
+  // The launches the sampling leaves unmeasured next, drawn now; the book ends before the first one it measures.
+  std::uint32_t unmeasured = 0;
+  bool measure_next = false;
+  while (unmeasured < kBookLaunches && !(measure_next = DrawMeasured(estimate_ns))) ++unmeasured;
+  std::uint64_t each = 0;
+  const std::uint32_t granted = d.limiter->AdmitBook(key, now, unmeasured, kBookNs, each);
+  if (granted == 0) return;
+  *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
+                      g_book_generations.streams.load(std::memory_order_acquire),
+                      g_book_generations.forks.load(std::memory_order_relaxed), each, granted,
+                      measure_next && granted == unmeasured};
+  ++state.books;
 }
 
 // Admits, waits, launches, measures. `launch` performs the real launch on `stream`; `per_thread` says that a null
@@ -612,6 +759,22 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (CurrentMode() != Mode::limited || !shim.compute_limits) return launch();
   // (A _ptsz entry point's null stream is the per-thread stream: asked about and recorded on as such.)
   if (per_thread && stream == nullptr) stream = CU_STREAM_PER_THREAD;
+  // A launch the thread's book admitted and settled already: nothing else to do (no capture in progress, the book's
+  // context current).
+  if (LaunchBook* book = OpenBookFor(function, shape, stream)) {
+    CUcontext current = nullptr;
+    if (Real::cuCtxGetCurrent != nullptr && Real::cuCtxGetCurrent(&current) == CUDA_SUCCESS &&
+        current == book->context) {
+      --book->left;
+      const CUresult result = launch();
+      if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
+        std::lock_guard<std::mutex> guard(book->device->mutex);
+        book->device->limiter->ReturnBook(policy::KernelKey{function, shape}, 1, book->accounted_each_ns);
+      }
+      return result;
+    }
+  }
+  const bool force_sample = CloseBookFor(function, shape, stream);
   // A launch into a stream being captured records a graph node, it runs nothing now: it is admitted when the
   // graph is launched. Nothing may be queried or recorded meanwhile (that would invalidate the capture). Asked
   // only while some capture may be in progress (g_captures).
@@ -677,8 +840,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       // (Measured kernels stay known: a launch planned later may read `unknown` from before a wait.)
       unknown_cost = !admission.known;
       if (admission.ready_at_ns <= now) {
-        if (!PlanOrCancel(*d, plan, key, admission.launches, stream, context, setup, admission.charged_ns, now,
-                          unknown_cost)) {
+        if (!PlanOrCancel(*d, plan, key, admission.launches, force_sample, stream, context, setup,
+                          admission.charged_ns, now, unknown_cost)) {
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
         planned = true;  // the common case
@@ -687,6 +850,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
           // settled now, in this critical section (given back below if the driver refuses the launch).
           accounted_early = d->limiter->SettleUnmeasured(key, admission.charged_ns, now);
           settled_early = true;
+          if (setup == CUDA_SUCCESS) OpenBook(*d, key, stream, context, admission.charged_ns, now);
         }
       } else if (setup == CUDA_SUCCESS) {
         // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
@@ -721,8 +885,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (!planned) {
     SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
-    if (!PlanOrCancel(*d, plan, key, admission.launches, stream, context, setup, admission.charged_ns, at,
-                      unknown_cost)) {
+    if (!PlanOrCancel(*d, plan, key, admission.launches, force_sample, stream, context, setup, admission.charged_ns,
+                      at, unknown_cost)) {
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -745,9 +909,12 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   }
   const CUresult result = launch();
   if (settled_early) {
-    if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
-      std::lock_guard<std::mutex> guard(d->mutex);
-      d->limiter->Refund(key, accounted_early);
+    if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed, and the launches after it get no book
+      {
+        std::lock_guard<std::mutex> guard(d->mutex);
+        d->limiter->Refund(key, accounted_early);
+      }
+      (void)CloseBookFor(function, shape, stream);
     }
     return result;
   }
@@ -802,7 +969,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (plan.how == How::pair &&
       !Recorded([&] {
         d->pending.push_back({key, admission.charged_ns, plan.start, plan.end, context, launched_ns, {}, false, 0,
-                              state == nullptr || state->planned != plan.sequence});
+                              state == nullptr || state->planned != plan.sequence ||
+                                  state->books > OwnBooksOn(*d, state)});
       })) {
     plan.how = How::unmeasured;  // out of host memory: the kernel ran, settled as one that was not measured
   }
@@ -823,6 +991,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
 }
 
 }  // namespace
+
+void ForgetLaunchBooksAfterFork() { g_book_generations.forks.fetch_add(1, std::memory_order_relaxed); }
 
 void ForgetComputeContext(CUcontext context) {
   for (DeviceLimiter& d : g_devices) {
@@ -848,6 +1018,7 @@ void ForgetComputeContext(CUcontext context) {
     }
     d.last_stream = nullptr;
     d.last_state = nullptr;
+    g_book_generations.streams.fetch_add(1, std::memory_order_acq_rel);  // books lose their stream states
     for (auto it = d.streams.begin(); it != d.streams.end();) {
       if (it->second.context == context) {
         DropStreamState(d, it->second, now, false);

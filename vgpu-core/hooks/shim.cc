@@ -36,6 +36,7 @@ void AfterForkInChild() {
   fresh->compute_limits = compute_limits;
   for (int& device : fresh->region_device) device = -1;
   if (attachment != nullptr) attachment->ForgetAfterFork();
+  ForgetLaunchBooksAfterFork();
   fresh->mode.store(mode, std::memory_order_release);
 }
 

@@ -83,6 +83,8 @@ inline Mode CurrentMode() {
 
 // The compute side forgets a destroyed context's pooled and pending events (memory_hooks calls it on destroy/reset).
 void ForgetComputeContext(CUcontext context);
+// In a fork child: the books of launches the child's threads inherited are its parent's (compute_hooks.cc).
+void ForgetLaunchBooksAfterFork();
 
 // The CUDA error a failed-closed process sees from every hooked call.
 inline constexpr CUresult kFailedClosedCuda = CUDA_ERROR_NO_DEVICE;

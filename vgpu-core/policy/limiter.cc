@@ -285,6 +285,55 @@ void Limiter::Refund(const KernelKey& key, std::uint64_t accounted_ns) {
   busy_held_ns_ -= std::min(busy_held_ns_, BusyOf(key, accounted_ns));
 }
 
+std::uint32_t Limiter::AdmitBook(const KernelKey& key, std::uint64_t now_ns, std::uint32_t most, std::uint64_t most_ns,
+                                 std::uint64_t& accounted_each_ns) {
+  const auto it = costs_.find(key);
+  if (it == costs_.end() || it->second.count == 0 || most == 0) return 0;
+  Cost& cost = it->second;
+  const std::uint64_t each = std::max<std::uint64_t>(MeanOf(&cost, 0), 1);
+  auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(most, most_ns / each));
+  if (config_.throttle && n > 0) {
+    // Only what the budget holds now: a book never waits, and never makes a debt another launch would wait for.
+    if (now_ns >= Atomic(cell_.refilled_at_ns).load(std::memory_order_relaxed) + kRefillEveryNs) Refill(now_ns);
+    const std::int64_t shared = Atomic(cell_.budget_ns).load(std::memory_order_acquire);
+    RefillOwn(now_ns);
+    const std::int64_t have = std::min(shared, own_budget_ns_);
+    n = have <= 0 ? 0 : static_cast<std::uint32_t>(std::min<std::uint64_t>(n, static_cast<std::uint64_t>(have) / each));
+    if (n == 0) return 0;
+    const auto total = static_cast<std::int64_t>(n * each);
+    if (Atomic(cell_.budget_ns).fetch_sub(total, std::memory_order_acq_rel) < total) {
+      // Another process took the budget meanwhile: no book (its debt would not be waited for).
+      Atomic(cell_.budget_ns).fetch_add(total, std::memory_order_acq_rel);
+      return 0;
+    }
+    own_budget_ns_ -= total;
+  }
+  if (n == 0) return 0;
+  cost.launches = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(std::uint64_t{cost.launches} + n, std::numeric_limits<std::uint32_t>::max()));
+  const std::uint64_t busy = BusyOf(&cost, each) * n;
+  if (config_.defer_busy) {
+    if (const std::uint64_t epoch = now_ns / kBucketNs; epoch != busy_epoch_) {
+      FlushBusy();
+      busy_epoch_ = epoch;
+    }
+    busy_held_ns_ += busy;
+  } else {
+    AddBusy(cell_, now_ns, busy);
+  }
+  accounted_each_ns = each;
+  return n;
+}
+
+void Limiter::ReturnBook(const KernelKey& key, std::uint32_t unused, std::uint64_t accounted_each_ns) {
+  if (unused == 0) return;
+  const std::uint64_t total = std::uint64_t{unused} * accounted_each_ns;
+  if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(total), std::memory_order_acq_rel);
+  AdjustOwn(static_cast<std::int64_t>(total));
+  // (Busy time already flushed stays: at most one flush interval's launches of one book.)
+  busy_held_ns_ -= std::min(busy_held_ns_, std::uint64_t{unused} * BusyOf(key, accounted_each_ns));
+}
+
 void Limiter::FlushBusy() {
   if (busy_held_ns_ == 0) return;
   AddBusyInBucket(cell_, busy_epoch_, busy_held_ns_);
