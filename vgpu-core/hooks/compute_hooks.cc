@@ -77,7 +77,8 @@ struct Pending {
 // stream stays busy). `busy_until_ns` is the host's estimate of when the work queued on the stream ends.
 struct StreamState {
   CUcontext context = nullptr;
-  std::uint64_t busy_until_ns = 0;
+  // (Atomic: a book's launches, made past the plan, move it too; see LaunchBook.)
+  std::atomic<std::uint64_t> busy_until_ns{0};
   std::uint64_t last_launch_ns = 0;
   CUevent mark = nullptr;
   CUevent start = nullptr;  // the open window's start; null: no window open
@@ -469,7 +470,8 @@ void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bo
     d.extra_owners.erase(state.mark);
   }
   state.context = nullptr;
-  state.busy_until_ns = state.last_launch_ns = state.estimated_ns = 0;
+  state.busy_until_ns.store(0, std::memory_order_relaxed);
+  state.last_launch_ns = state.estimated_ns = 0;
   state.mark = state.start = nullptr;
   state.launches.clear();
   state.launching.store(0, std::memory_order_relaxed);
@@ -526,7 +528,8 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
   }
   if (state.thread != nullptr && state.thread != ThisThread()) state.many_threads = true;
   state.thread = ThisThread();
-  bool queued = !plan.unknown_cost && state.books == 0 && state.busy_until_ns > at + charged_ns / 2;
+  const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
+  bool queued = !plan.unknown_cost && state.books == 0 && busy_until > at + charged_ns / 2;
   if (queued && state.start == nullptr) {
     RelaxedCapture relaxed;
     CUevent& mark = state.mark;
@@ -547,8 +550,8 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
       }
     }
   }
-  const bool busy = state.busy_until_ns > at;
-  state.busy_until_ns = std::max(state.busy_until_ns, at) + charged_ns;
+  const bool busy = busy_until > at;
+  state.busy_until_ns.store(std::max(busy_until, at) + charged_ns, std::memory_order_relaxed);
   plan.sequence = ++state.planned;
   if (queued) {
     plan.how = How::window;
@@ -644,6 +647,8 @@ struct LaunchBook {
   std::uint64_t generation;
   std::uint64_t fork_generation;
   std::uint64_t accounted_each_ns;
+  std::uint64_t charged_ns;  // the kernel's estimate: the stream's queue grows by it per launch
+  std::uint64_t last_ns;     // when the book's last launch was made
   std::uint32_t left;
   bool measure_next;        // the draw that ended the book picked the launch after it to be measured
 };
@@ -686,8 +691,9 @@ void CloseBookLocked(LaunchBook& book) {
   if (book.device == nullptr) return;
   if (book.fork_generation == g_book_generations.forks.load(std::memory_order_relaxed)) {
     book.device->limiter->ReturnBook(policy::KernelKey{book.function, book.shape}, book.left, book.accounted_each_ns);
-    if (book.generation == g_book_generations.streams.load(std::memory_order_acquire) && book.state->books > 0) {
-      --book.state->books;
+    if (book.generation == g_book_generations.streams.load(std::memory_order_acquire)) {
+      if (book.state->books > 0) --book.state->books;
+      book.state->last_launch_ns = std::max(book.state->last_launch_ns, book.last_ns);
     }
   }
   book = LaunchBook{};
@@ -746,7 +752,7 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
   if (granted == 0) return;
   *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
-                      g_book_generations.forks.load(std::memory_order_relaxed), each, granted,
+                      g_book_generations.forks.load(std::memory_order_relaxed), each, estimate_ns, now, granted,
                       measure_next && granted == unmeasured};
   ++state.books;
 }
@@ -763,8 +769,14 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   // context current).
   if (LaunchBook* book = OpenBookFor(function, shape, stream)) {
     CUcontext current = nullptr;
-    if (Real::cuCtxGetCurrent != nullptr && Real::cuCtxGetCurrent(&current) == CUDA_SUCCESS &&
-        current == book->context) {
+    // Only onto a stream that has drained by the host's estimate, as a planned launch that would not join a window:
+    // a queue is measured by windows (a pair in a queue also times its own events: tiny kernels over-charged).
+    const std::uint64_t now = NowNs();
+    const std::uint64_t busy_until = book->state->busy_until_ns.load(std::memory_order_relaxed);
+    if (busy_until <= now + book->charged_ns / 2 && Real::cuCtxGetCurrent != nullptr &&
+        Real::cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == book->context) {
+      book->state->busy_until_ns.store(std::max(busy_until, now) + book->charged_ns, std::memory_order_relaxed);
+      book->last_ns = now;
       --book->left;
       const CUresult result = launch();
       if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
