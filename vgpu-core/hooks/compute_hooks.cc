@@ -97,6 +97,7 @@ struct StreamState {
   // such a stream gets no books (a book's launches are made past the plan, between another thread's events).
   const void* thread = nullptr;
   bool many_threads = false;
+  std::uint32_t books_skipped = 0;  // chances of a book left out (see CloseBookLocked)
 };
 
 // One per device ordinal this process launches on. What every limited launch reads comes first (a launch's cost on
@@ -599,21 +600,24 @@ bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, st
 // launch after a pause" would pick the launches whose event pair also times the host's gap before an idle stream
 // starts them (5 us kernels at a 30 % cap got 27 %). Random, so that a tenant cannot put its heavy work where
 // nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
-// One draw: is a launch of a kernel that usually runs `estimate_ns` measured?
-bool DrawMeasured(std::uint64_t estimate_ns) {
+// A launch of a kernel that usually runs `estimate_ns` is measured one time in this many (see SampleThisLaunch).
+std::uint64_t MeasuredOneIn(std::uint64_t estimate_ns) {
+  return std::clamp<std::uint64_t>(kMeasureSpacingNs / std::max<std::uint64_t>(estimate_ns, 1), 1, kMeasureAtLeastOneIn);
+}
+
+// One draw: is this launch, of a kernel measured one time in `one_in`, measured?
+bool DrawMeasured(std::uint64_t one_in) {
   // (initial-exec: the shim is loaded with the process, so its thread-locals are read without __tls_get_addr.)
   static thread_local std::uint64_t state __attribute__((tls_model("initial-exec"))) = 0;
   if (state == 0) state = NowNs() | 1;
   state ^= state << 13;
   state ^= state >> 7;
   state ^= state << 17;
-  const std::uint64_t one_in =
-      std::clamp<std::uint64_t>(kMeasureSpacingNs / std::max<std::uint64_t>(estimate_ns, 1), 1, kMeasureAtLeastOneIn);
-  return state % one_in == 0;
+  return ((state >> 32) * one_in) >> 32 == 0;  // uniform in [0, one_in): a multiply, not a division
 }
 
 bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns) {
-  return launches_before < kAlwaysMeasureFirst || DrawMeasured(estimate_ns);
+  return launches_before < kAlwaysMeasureFirst || DrawMeasured(MeasuredOneIn(estimate_ns));
 }
 
 std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared) {
@@ -636,6 +640,8 @@ std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
 constexpr std::uint32_t kBookLaunches = 32;
 constexpr std::uint64_t kBookNs = 200'000;
 constexpr int kBooks = 4;
+constexpr std::uint32_t kBookWorthLaunches = 4;  // a book that served fewer before a queue ended it ...
+constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances of a book off its stream
 
 struct LaunchBook {
   const void* function;
@@ -650,7 +656,9 @@ struct LaunchBook {
   std::uint64_t charged_ns;  // the kernel's estimate: the stream's queue grows by it per launch
   std::uint64_t last_ns;     // when the book's last launch was made
   std::uint32_t left;
+  std::uint32_t granted;
   bool measure_next;        // the draw that ended the book picked the launch after it to be measured
+  bool queued;              // closed because the stream had work queued (its launches then join windows)
 };
 
 struct ThreadBooks {
@@ -694,6 +702,9 @@ void CloseBookLocked(LaunchBook& book) {
     if (book.generation == g_book_generations.streams.load(std::memory_order_acquire)) {
       if (book.state->books > 0) --book.state->books;
       book.state->last_launch_ns = std::max(book.state->last_launch_ns, book.last_ns);
+      // A book the stream's queue ended after a few launches (bursts of launches queued back to back): the next
+      // books on this stream would each cost a grant and a return for as little; none for a while.
+      if (book.queued && book.granted - book.left < kBookWorthLaunches) book.state->books_skipped = kBookBackoff;
     }
   }
   book = LaunchBook{};
@@ -730,6 +741,10 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
               std::uint64_t now) {
   StreamState& state = StateOf(d, stream);
   if (state.many_threads || state.start != nullptr || state.launching.load(std::memory_order_relaxed) > 0) return;
+  if (state.books_skipped > 0) {
+    --state.books_skipped;
+    return;
+  }
   LaunchBook* place = nullptr;
   for (LaunchBook& book : t_books.book) {
     if (book.device == nullptr) {
@@ -746,14 +761,16 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
   // The launches the sampling leaves unmeasured next, drawn now; the book ends before the first one it measures.
   std::uint32_t unmeasured = 0;
   bool measure_next = false;
-  while (unmeasured < kBookLaunches && !(measure_next = DrawMeasured(estimate_ns))) ++unmeasured;
+  const std::uint64_t one_in = MeasuredOneIn(estimate_ns);
+  if (one_in <= 1) return;  // every launch measured: nothing to book
+  while (unmeasured < kBookLaunches && !(measure_next = DrawMeasured(one_in))) ++unmeasured;
   std::uint64_t each = 0;
   const std::uint32_t granted = d.limiter->AdmitBook(key, now, unmeasured, kBookNs, each);
   if (granted == 0) return;
   *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
                       g_book_generations.forks.load(std::memory_order_relaxed), each, estimate_ns, now, granted,
-                      measure_next && granted == unmeasured};
+                      granted, measure_next && granted == unmeasured, false};
   ++state.books;
 }
 
@@ -773,7 +790,8 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     // a queue is measured by windows (a pair in a queue also times its own events: tiny kernels over-charged).
     const std::uint64_t now = NowNs();
     const std::uint64_t busy_until = book->state->busy_until_ns.load(std::memory_order_relaxed);
-    if (busy_until <= now + book->charged_ns / 2 && Real::cuCtxGetCurrent != nullptr &&
+    book->queued = busy_until > now + book->charged_ns / 2;
+    if (!book->queued && Real::cuCtxGetCurrent != nullptr &&
         Real::cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == book->context) {
       book->state->busy_until_ns.store(std::max(busy_until, now) + book->charged_ns, std::memory_order_relaxed);
       book->last_ns = now;
