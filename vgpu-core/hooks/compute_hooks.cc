@@ -640,7 +640,7 @@ std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
 constexpr std::uint32_t kBookLaunches = 32;
 constexpr std::uint64_t kBookNs = 200'000;
 constexpr int kBooks = 4;
-constexpr std::uint32_t kBookWorthLaunches = 4;  // a book that served fewer before a queue ended it ...
+constexpr std::uint32_t kBookWorthLaunches = 16;  // a book that served fewer before a queue ended it ...
 constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances of a book off its stream
 
 struct LaunchBook {
