@@ -72,6 +72,18 @@ build_shim() {  # the shim and vgpu-tenant, Release, once
     >"$out/overhead-build.log" 2>&1 || { echo "build failed: $out/overhead-build.log"; exit 1; }
 }
 
+# The configurations `calls` and `inproc` run: none (no shim), shim_limits (this tree's build), and the builds named in
+# VGPU_CALIB_SHIMS="NAME=PATH ..." (e.g. an older commit's, built elsewhere and carried), each a configuration of its
+# own with the same 99 % cap, compared in the same rounds.
+read_shims() {
+  declare -gA shims=([shim_limits]="$build/lib/libvgpu.so")
+  names=(none shim_limits)
+  for spec in ${VGPU_CALIB_SHIMS:-}; do
+    shims[${spec%%=*}]=${spec#*=}
+    names+=("${spec%%=*}")
+  done
+}
+
 if [[ $what == calls || $what == all ]]; then
   # What each driver call on the shim's launch path costs the host, without the shim and under it with a 99 % cap
   # (the runtime's launches then go through the shim's launch path): tests/gpu/call_costs.cu.
@@ -83,14 +95,7 @@ if [[ $what == calls || $what == all ]]; then
     nvcc -O2 -arch=sm_90 -o "$calls" "$repo/tests/gpu/call_costs.cu" -lcuda || exit 1
   fi
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
-  # VGPU_CALIB_SHIMS="NAME=PATH ...": more builds of libvgpu.so to compare in the same rounds (e.g. an older commit's,
-  # built elsewhere and carried): each is a configuration of its own, with the same 99 % cap.
-  declare -A shims=([shim_limits]="$build/lib/libvgpu.so")
-  names=(none shim_limits)
-  for spec in ${VGPU_CALIB_SHIMS:-}; do
-    shims[${spec%%=*}]=${spec#*=}
-    names+=("${spec%%=*}")
-  done
+  read_shims
   : >"$out/call_costs.jsonl"
   for round in 0 1 2 3 4 5 6 7; do
     order=()  # rotated per round, so that a slow minute of the host hits every configuration
@@ -114,20 +119,13 @@ if [[ $what == inproc || $what == all ]]; then
   g++ -O2 -std=c++20 -I/usr/local/cuda/include "$repo/tests/gpu/launch_ab.cc" -o "$ab" -L/usr/local/cuda/lib64/stubs -lcuda >"$out/launch_ab-build.log" 2>&1 \
     || { echo "launch_ab did not build: $out/launch_ab-build.log"; exit 1; }
   cpu=$(( $(nproc) > 3 ? 3 : 0 ))
-  # VGPU_CALIB_SHIMS="NAME=PATH ...", as for `calls`: more builds of libvgpu.so, each run as a configuration of its own;
-  # VGPU_CALIB_ROUNDS rounds (default 2).
-  declare -A ab_shims=([shim_limits]="$build/lib/libvgpu.so")
-  ab_names=(none shim_limits)
-  for spec in ${VGPU_CALIB_SHIMS:-}; do
-    ab_shims[${spec%%=*}]=${spec#*=}
-    ab_names+=("${spec%%=*}")
-  done
+  read_shims  # (VGPU_CALIB_ROUNDS rounds, default 2)
   : >"$out/launch_ab.jsonl"
   for ((round = 0; round < ${VGPU_CALIB_ROUNDS:-2}; round++)); do  # rotated per round
-    for k in "${!ab_names[@]}"; do
-      config=${ab_names[$(( (k + round) % ${#ab_names[@]} ))]}
+    for k in "${!names[@]}"; do
+      config=${names[$(( (k + round) % ${#names[@]} ))]}
       env=(env -u LD_PRELOAD)
-      [[ $config != none ]] && env+=(LD_PRELOAD="${ab_shims[$config]}" CUDA_DEVICE_SM_LIMIT=99
+      [[ $config != none ]] && env+=(LD_PRELOAD="${shims[$config]}" CUDA_DEVICE_SM_LIMIT=99
         GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/ab-$config.cache")
       "${env[@]}" taskset -c "$cpu" "$ab" "$repo/sim/tenant/spin.ptx" \
         | sed "s/^{/{\"round\":$round,\"config\":\"$config\",/" >>"$out/launch_ab.jsonl"
