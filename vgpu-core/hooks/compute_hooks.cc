@@ -631,12 +631,15 @@ std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
 // kernel on that stream and context that the sampling would leave unmeasured next (drawn now, one draw per launch as
 // SampleThisLaunch makes them, at most kBookLaunches), admitted and settled as unmeasured at once (Limiter::AdmitBook),
 // as many as the budget holds without debt and no more than kBookNs of GPU time together. Those launches then check
-// the book and the current context, and go: no lock, no clock, no map. The launch after a book's last goes through
+// the book, the host's estimate that the stream has drained (a launch that would queue takes the whole path: queues
+// are measured by windows) and the current context, and go: no lock, no map. The launch after a book's last goes through
 // the whole path, measured where the draw that ended the book picked it. A thread keeps kBooks books (alternating
 // kernels each keep theirs). What a book holds unused goes back when the thread takes the whole path for that
 // kernel and stream, or evicts the book, or the book's context is destroyed (its stream states go: the book is
 // returned without them); after fork the child drops what it inherited (its parent returns it). A thread that ends
-// with a book open leaves it spent: at most kBooks x kBookNs of budget, once.
+// with a book open leaves it spent: at most kBooks x kBookNs of budget, once. (A booked launch reads and moves its
+// stream's queue estimate: a thread that destroys a context while another launches into it -- undefined in CUDA --
+// could have it touch a stream state being freed.)
 constexpr std::uint32_t kBookLaunches = 32;
 constexpr std::uint64_t kBookNs = 200'000;
 constexpr int kBooks = 4;
