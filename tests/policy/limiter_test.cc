@@ -442,7 +442,7 @@ TEST(Limiter, AnUnmeasuredLaunchSettledBeforeItRunsIsRefundedWhenRefused) {
   const std::uint64_t accounted = limiter.SettleUnmeasured(kKernel, a.charged_ns, 0);
   EXPECT_EQ(accounted, 200 * kUs);
   EXPECT_EQ(budget - cell.budget_ns, static_cast<std::int64_t>(accounted));
-  limiter.Refund(kKernel, accounted);
+  limiter.Refund(kKernel, 1, accounted);
   limiter.FlushBusy();
   EXPECT_EQ(cell.budget_ns, budget) << "nothing ran, nothing is owed";
   EXPECT_EQ(cell.busy_ns[0], busy) << "and no busy time is published for it";
@@ -490,7 +490,7 @@ TEST(Limiter, ABookTakesOnlyTheBudgetThereIsAndGivesBackWhatGoesUnused) {
   EXPECT_EQ(each, 5 * kUs) << "each launch at what such a launch costs";
   EXPECT_EQ(full - cell.budget_ns, static_cast<std::int64_t>(32 * 5 * kUs));
   EXPECT_EQ(limiter.AdmitBook(kKernel, 0, 32, 100 * kUs, each), 20u) << "no more than the book's GPU time";
-  limiter.ReturnBook(kKernel, 12, each);
+  limiter.Refund(kKernel, 12, each);
   limiter.FlushBusy();
   EXPECT_EQ(full - cell.budget_ns, static_cast<std::int64_t>(40 * 5 * kUs)) << "40 launches made";
   EXPECT_EQ(cell.busy_ns[0] - busy, 40 * 5 * kUs);

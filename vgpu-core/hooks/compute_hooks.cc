@@ -701,7 +701,7 @@ LaunchBook* OpenBookFor(const void* function, std::uint64_t shape, CUstream stre
 void CloseBookLocked(LaunchBook& book) {
   if (book.device == nullptr) return;
   if (book.fork_generation == g_book_generations.forks.load(std::memory_order_relaxed)) {
-    book.device->limiter->ReturnBook(policy::KernelKey{book.function, book.shape}, book.left, book.accounted_each_ns);
+    book.device->limiter->Refund(policy::KernelKey{book.function, book.shape}, book.left, book.accounted_each_ns);
     if (book.generation == g_book_generations.streams.load(std::memory_order_acquire)) {
       if (book.state->books > 0) --book.state->books;
       book.state->last_launch_ns = std::max(book.state->last_launch_ns, book.last_ns);
@@ -802,7 +802,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       const CUresult result = launch();
       if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
         std::lock_guard<std::mutex> guard(book->device->mutex);
-        book->device->limiter->ReturnBook(policy::KernelKey{function, shape}, 1, book->accounted_each_ns);
+        book->device->limiter->Refund(policy::KernelKey{function, shape}, 1, book->accounted_each_ns);
       }
       return result;
     }
@@ -945,7 +945,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed, and the launches after it get no book
       {
         std::lock_guard<std::mutex> guard(d->mutex);
-        d->limiter->Refund(key, accounted_early);
+        d->limiter->Refund(key, 1, accounted_early);
       }
       (void)CloseBookFor(function, shape, stream);
     }

@@ -277,14 +277,6 @@ std::uint64_t Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t char
   return accounted;
 }
 
-// A launch settled as unmeasured before it was made, which the driver then refused: nothing ran, nothing is owed.
-void Limiter::Refund(const KernelKey& key, std::uint64_t accounted_ns) {
-  if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(accounted_ns), std::memory_order_acq_rel);
-  AdjustOwn(static_cast<std::int64_t>(accounted_ns));
-  // (Already flushed, with other launches' busy time: it stays, at most one launch's worth.)
-  busy_held_ns_ -= std::min(busy_held_ns_, BusyOf(key, accounted_ns));
-}
-
 std::uint32_t Limiter::AdmitBook(const KernelKey& key, std::uint64_t now_ns, std::uint32_t most, std::uint64_t most_ns,
                                  std::uint64_t& accounted_each_ns) {
   const auto it = costs_.find(key);
@@ -325,13 +317,15 @@ std::uint32_t Limiter::AdmitBook(const KernelKey& key, std::uint64_t now_ns, std
   return n;
 }
 
-void Limiter::ReturnBook(const KernelKey& key, std::uint32_t unused, std::uint64_t accounted_each_ns) {
-  if (unused == 0) return;
-  const std::uint64_t total = std::uint64_t{unused} * accounted_each_ns;
+// Launches settled as unmeasured (SettleUnmeasured, AdmitBook) that were never made: a book's unused launches, or a
+// launch the driver refused. Nothing ran, nothing is owed.
+void Limiter::Refund(const KernelKey& key, std::uint32_t launches, std::uint64_t accounted_each_ns) {
+  if (launches == 0) return;
+  const std::uint64_t total = std::uint64_t{launches} * accounted_each_ns;
   if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(total), std::memory_order_acq_rel);
   AdjustOwn(static_cast<std::int64_t>(total));
-  // (Busy time already flushed stays: at most one flush interval's launches of one book.)
-  busy_held_ns_ -= std::min(busy_held_ns_, std::uint64_t{unused} * BusyOf(key, accounted_each_ns));
+  // (Busy time already flushed stays: at most one flush interval's launches.)
+  busy_held_ns_ -= std::min(busy_held_ns_, std::uint64_t{launches} * BusyOf(key, accounted_each_ns));
 }
 
 void Limiter::FlushBusy() {

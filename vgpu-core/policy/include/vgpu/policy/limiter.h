@@ -89,17 +89,18 @@ class Limiter {
   // Returns what it was accounted at. May be called before the launch is made (its cost does not depend on the run);
   // if the driver then refuses it, Refund gives back what was accounted.
   std::uint64_t SettleUnmeasured(const KernelKey& key, std::uint64_t charged_ns, std::uint64_t now_ns);
-  void Refund(const KernelKey& key, std::uint64_t accounted_ns);
+  // Gives back `launches` settled as unmeasured at `accounted_each_ns` that were never made (refused by the driver,
+  // or a book's unused launches).
+  void Refund(const KernelKey& key, std::uint32_t launches, std::uint64_t accounted_each_ns);
   // Adds the busy time held back by `defer_busy` to the cell.
   void FlushBusy();
   // A book of launches (the shim's fast path, docs/compute-limit.md "The launch path"): up to `most` further launches
   // of a kernel measured at least once, admitted and settled as unmeasured now, all at once, as many as the budget
   // (the cell's and this process's own) covers without debt and no more than `most_ns` of accounted time together.
   // Returns how many (0: none) and what each was accounted at. Launches of the book that are never made go back
-  // with ReturnBook.
+  // with Refund.
   std::uint32_t AdmitBook(const KernelKey& key, std::uint64_t now_ns, std::uint32_t most, std::uint64_t most_ns,
                           std::uint64_t& accounted_each_ns);
-  void ReturnBook(const KernelKey& key, std::uint32_t unused, std::uint64_t accounted_each_ns);
   // Launches queued back to back on one stream, measured together by one pair of events (a window): their total GPU
   // time is `measured_ns` (nullopt: not known, each settled as unmeasured). The budget is corrected by the total;
   // each kernel learns its part, apportioned by the charges (docs/compute-limit.md, "Measurement windows").
