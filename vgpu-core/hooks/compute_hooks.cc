@@ -8,7 +8,6 @@
 #include <deque>
 #include <mutex>
 #include <memory>
-#include <unordered_set>
 #include <vector>
 
 #include "shim.h"
