@@ -91,14 +91,15 @@ Spread Of(std::vector<double> values) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: launch_ab SPIN_PTX [EVICT_KIB] (the vgpu_spin kernel, e.g. sim/tenant/spin.ptx; EVICT_KIB: "
-                         "before each timed launch, untimed, write this many KiB, as a real driver's launch does)\n");
+  if (argc < 2 || argc > 4) {
+    std::fprintf(stderr, "usage: launch_ab SPIN_PTX [EVICT_KIB [SPIN_NS]] (the vgpu_spin kernel, e.g. sim/tenant/spin.ptx; "
+                         "EVICT_KIB: before each timed launch, untimed, write this many KiB, as a real driver's launch "
+                         "does; SPIN_NS: how long each kernel spins, 0 by default: it returns at once)\n");
     return 2;
   }
   // Over fakecuda a launch touches little memory, so whatever the shim's launch path reads stays in the nearest caches;
   // a real driver's launch (~3 us) displaces it. Writing a buffer between launches stands in for that.
-  std::vector<unsigned char> evict(argc == 3 ? std::strtoul(argv[2], nullptr, 10) * 1024 : 0);
+  std::vector<unsigned char> evict(argc >= 3 ? std::strtoul(argv[2], nullptr, 10) * 1024 : 0);
   unsigned char evict_seed = 0;
   const auto displace = [&] {
     ++evict_seed;
@@ -129,7 +130,8 @@ int main(int argc, char** argv) {
   const LaunchFunction hooked = &cuLaunchKernel;  // through the PLT: the shim's hook under LD_PRELOAD
   const LaunchFunction driver = DriverLaunch();
   if (driver == nullptr) return 1;
-  unsigned long long ns = 0;  // the spin kernel returns at once
+  // 0: the spin kernel returns at once. Longer than a launch call, kernels queue (the shim's windows measure them).
+  unsigned long long ns = argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 0;
   void* params[] = {&ns};
   CUresult failed = CUDA_SUCCESS;
   const auto launch = [&](LaunchFunction f) {

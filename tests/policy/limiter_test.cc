@@ -519,5 +519,39 @@ TEST(Limiter, ABookIsHeldToThisProcesssOwnCount) {
   EXPECT_LE(admitted * each, 6 * kMs + 16 * 100 * kUs) << "no more than the burst this process's own count holds";
 }
 
+// A book into a measurement window: launches charged now at the kernel's estimate (as Admit charges each), held by
+// the budget there is and the in-flight bound, settled with the window (the ones made) or cancelled (the rest).
+TEST(Limiter, AWindowBookIsChargedNowAndSettledWithItsWindowOrCancelled) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  LimiterConfig config = Share(300);
+  config.in_flight_max_ns = 400 * kUs;
+  Limiter limiter(cell, config);
+  std::uint64_t each = 0;
+  EXPECT_EQ(limiter.AdmitWindowBook(kKernel, 0, 64, 200 * kUs, each), 0u) << "a kernel never measured gets no book";
+  for (int i = 0; i < 16; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 5 * kUs, 0);
+  const std::int64_t full = cell.budget_ns;
+  EXPECT_EQ(limiter.AdmitWindowBook(kKernel, 0, 64, 200 * kUs, each), 40u) << "no more than the book's GPU time";
+  EXPECT_EQ(each, 5 * kUs) << "charged at the estimate";
+  EXPECT_EQ(full - cell.budget_ns, static_cast<std::int64_t>(40 * 5 * kUs));
+  EXPECT_EQ(limiter.in_flight_ns(), 40 * 5 * kUs) << "queued, not settled";
+  EXPECT_EQ(limiter.AdmitWindowBook(kKernel, 0, 64, 1 * kMs, each), 40u) << "the in-flight bound: 400 us in all";
+  EXPECT_EQ(limiter.AdmitWindowBook(kKernel, 0, 64, 1 * kMs, each), 0u);
+
+  // 30 of the first book's launches made, measured by their window at 3 us each; the other 50 never made.
+  std::vector<WindowLaunch> window(30, WindowLaunch{kKernel, each});
+  limiter.SettleWindow(window.data(), window.size(), 30 * 3 * kUs, 0);
+  limiter.Cancel(kKernel, 50 * each);
+  EXPECT_EQ(full - cell.budget_ns, static_cast<std::int64_t>(30 * 3 * kUs)) << "what the window measured, no more";
+  EXPECT_EQ(limiter.in_flight_ns(), 0u);
+  EXPECT_EQ(limiter.EstimateNs(kKernel), 5 * kUs) << "one window: one measurement among the 16 (the median stands)";
+
+  // Near the end of the budget: only what it holds, and no debt.
+  cell.budget_ns = static_cast<std::int64_t>(12 * kUs);
+  EXPECT_EQ(limiter.AdmitWindowBook(kKernel, 0, 64, 200 * kUs, each), 2u);
+  EXPECT_EQ(limiter.AdmitWindowBook(kKernel, 0, 64, 200 * kUs, each), 0u);
+  EXPECT_GE(cell.budget_ns, 0) << "a book leaves no debt";
+}
+
 }  // namespace
 }  // namespace vgpu::policy

@@ -54,6 +54,15 @@ void SleepUntilNs(std::uint64_t deadline) {
   }
 }
 
+// Books of launches (see LaunchBook): each thread keeps kBooks; a book on a drained stream holds at most kBookLaunches,
+// one into a window kWindowBookLaunches, and either at most kBookNs of GPU time.
+constexpr int kBooks = 4;
+constexpr std::uint32_t kBookLaunches = 32;
+constexpr std::uint32_t kWindowBookLaunches = 64;
+constexpr std::uint64_t kBookNs = 200'000;
+constexpr std::uint32_t kBookWorthLaunches = 16;  // a book that served fewer before a queue ended it ...
+constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances of a book off its stream
+
 // A measurement waiting for its end event: a pair around one launch, or a window around several.
 struct Pending {
   policy::KernelKey key;
@@ -97,6 +106,18 @@ struct StreamState {
   const void* thread = nullptr;
   bool many_threads = false;
   std::uint32_t books_skipped = 0;  // chances of a book left out (see CloseBookLocked)
+  // Launches made through books into the open window (LaunchBook::window), counted without d.mutex by the launching
+  // thread (a stream with books has one) in the place of its book, and added to `launches` when the book or the
+  // window ends (FoldBooked). `window_seq` is raised whenever a window ends: the books into it end with it.
+  struct Booked {
+    policy::KernelKey key{};
+    std::uint64_t charged_ns = 0;
+    std::atomic<std::uint32_t> made{0};
+  };
+  Booked booked[kBooks];
+  std::atomic<std::uint64_t> window_seq{0};
+  std::uint32_t booked_reserved = 0;  // launches the books into the open window may still make: count toward its size
+  std::atomic<std::uint64_t> booked_last_ns{0};  // when the last of them was made
 };
 
 // One per device ordinal this process launches on. What every limited launch reads comes first (a launch's cost on
@@ -406,6 +427,22 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
   return std::max(0.0, utilization.gpu / 100.0 - policy::Limiter::PublishedShare(cell, now));
 }
 
+// Adds the launches made through books into the open window (the place of book `only`, or all) to its launches.
+// Caller holds d.mutex, and no launch into the window is being made (`launching` zero) or the places are the caller's.
+void FoldBooked(DeviceLimiter& d, StreamState& state, int only = -1) noexcept {
+  for (int i = 0; i < kBooks; ++i) {
+    if (only >= 0 && i != only) continue;
+    StreamState::Booked& place = state.booked[i];
+    for (std::uint32_t n = place.made.exchange(0, std::memory_order_acq_rel); n > 0; --n) {
+      const policy::WindowLaunch launch{place.key, place.charged_ns};
+      if (!Recorded([&] { state.launches.push_back(launch); })) {
+        d.limiter->SettleWindow(&launch, 1, std::nullopt, NowNs());  // out of host memory: settled unmeasured
+      }
+    }
+  }
+  state.last_launch_ns = std::max(state.last_launch_ns, state.booked_last_ns.load(std::memory_order_relaxed));
+}
+
 // Ends `state`'s open window with an event recorded now on `stream` (behind every launch of the window) and queues
 // it to be settled; the end stays the stream's mark, the next window's start while the stream stays busy. `drained`:
 // the host's estimate says the stream's work has ended; asked of the driver, since an estimate can be short. A
@@ -413,11 +450,14 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
 // holds d.mutex; the current context is `state.context`.
 void CloseWindow(DeviceLimiter& d, CUstream stream, StreamState& state, std::uint64_t now, bool drained) {
   if (state.start == nullptr) return;
-  if (state.launching.load(std::memory_order_acquire) > 0) {
-    state.close_when_done.store(true, std::memory_order_release);  // the last launch in flight closes it
-    return;
-  }
+  // Books into this window end; and unless a launch into it is being made (the last one in flight closes it, see
+  // EndLaunching), so does the window. Each side writes, then reads what the other wrote: one of them sees the other.
+  state.window_seq.fetch_add(1, std::memory_order_seq_cst);
+  state.close_when_done.store(true, std::memory_order_seq_cst);
+  if (state.launching.load(std::memory_order_seq_cst) > 0) return;
   state.close_when_done.store(false, std::memory_order_relaxed);
+  FoldBooked(d, state);
+  state.booked_reserved = 0;
   RelaxedCapture relaxed;
   Pending p{};
   p.is_window = true;
@@ -461,6 +501,9 @@ void CloseWindowsOf(DeviceLimiter& d, CUcontext context, std::uint64_t now) {
 
 // A stream's state, dropped: its open window settled as unmeasured, its events given back. Caller holds d.mutex.
 void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bool context_alive) {
+  state.window_seq.fetch_add(1, std::memory_order_seq_cst);
+  FoldBooked(d, state);
+  state.booked_reserved = 0;
   if (!state.launches.empty()) d.limiter->SettleWindow(state.launches.data(), state.launches.size(), std::nullopt, now);
   if (context_alive) {
     ReturnEvent(d, state.context, state.start);
@@ -519,8 +562,9 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
   // ReturnEvent and HoldEvent do without memory).
   StreamState& state = StateOf(d, stream);
   // (A window fills at kWindowLaunches, but threads planning into it together may pass that before it closes.)
-  if (state.launches.size() == state.launches.capacity() || state.launches.capacity() < kWindowLaunches) {
-    state.launches.reserve(std::max(kWindowLaunches, 2 * state.launches.size()));
+  if (state.launches.size() + state.booked_reserved >= state.launches.capacity() ||
+      state.launches.capacity() < kWindowLaunches) {
+    state.launches.reserve(std::max(kWindowLaunches, 2 * (state.launches.size() + state.booked_reserved)));
   }
   if (state.context != context) {
     DropStreamState(d, state, at, true);  // a stream handle of another context, reused
@@ -528,13 +572,18 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
   }
   if (state.thread != nullptr && state.thread != ThisThread()) state.many_threads = true;
   state.thread = ThisThread();
-  const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
+  std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
   bool queued = !plan.unknown_cost && state.books == 0 && busy_until > at + charged_ns / 2;
   if (queued && state.start == nullptr) {
     RelaxedCapture relaxed;
     CUevent& mark = state.mark;
     queued = mark != nullptr ? Real::cuEventQuery(mark) == CUDA_ERROR_NOT_READY
                              : Real::cuStreamQuery != nullptr && Real::cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
+    // The driver says the stream has drained: the estimate ran ahead of it (kernels charged more than the host's
+    // launch interval, such as launch-bound tiny ones whose pairs time the launch call): it starts again from now,
+    // or every launch after this one would ask the driver too. (A mark reached says less: work launched after it may
+    // be queued. It is dropped below, and the next launch the estimate calls queued asks about the stream.)
+    if (!queued && mark == nullptr) busy_until = at;
     if (queued && mark != nullptr) {
       state.start = mark;  // the stream has been busy since the mark: the windows chain
       mark = nullptr;
@@ -558,7 +607,8 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
     state.launches.push_back({key, charged_ns});
     state.estimated_ns += charged_ns;
     state.last_launch_ns = at;
-    plan.close_after = state.launches.size() >= kWindowLaunches || state.estimated_ns >= kWindowNs;
+    plan.close_after =
+        state.launches.size() + state.booked_reserved >= kWindowLaunches || state.estimated_ns >= kWindowNs;
     plan.stream = &state;
     state.launching.fetch_add(1, std::memory_order_acq_rel);
     return plan;
@@ -639,11 +689,6 @@ std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
 // with a book open leaves it spent: at most kBooks x kBookNs of budget, once. (A booked launch reads and moves its
 // stream's queue estimate: a thread that destroys a context while another launches into it -- undefined in CUDA --
 // could have it touch a stream state being freed.)
-constexpr std::uint32_t kBookLaunches = 32;
-constexpr std::uint64_t kBookNs = 200'000;
-constexpr int kBooks = 4;
-constexpr std::uint32_t kBookWorthLaunches = 16;  // a book that served fewer before a queue ended it ...
-constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances of a book off its stream
 
 struct LaunchBook {
   const void* function;
@@ -661,6 +706,10 @@ struct LaunchBook {
   std::uint32_t granted;
   bool measure_next;        // the draw that ended the book picked the launch after it to be measured
   bool queued;              // closed because the stream had work queued (its launches then join windows)
+  // A book into the stream's open window (its launches charged at the estimate, settled with the window), valid
+  // while the stream's `window_seq` is this; otherwise a book onto a drained stream (settled as unmeasured).
+  bool window;
+  std::uint64_t window_seq;
 };
 
 struct ThreadBooks {
@@ -699,9 +748,23 @@ LaunchBook* OpenBookFor(const void* function, std::uint64_t shape, CUstream stre
 // Gives a book's unused launches back and clears it. Caller holds book.device->mutex.
 void CloseBookLocked(LaunchBook& book) {
   if (book.device == nullptr) return;
-  if (book.fork_generation == g_book_generations.forks.load(std::memory_order_relaxed)) {
-    book.device->limiter->Refund(policy::KernelKey{book.function, book.shape}, book.left, book.accounted_each_ns);
-    if (book.generation == g_book_generations.streams.load(std::memory_order_acquire)) {
+  const policy::KernelKey key{book.function, book.shape};
+  const bool state_alive = book.generation == g_book_generations.streams.load(std::memory_order_acquire);
+  if (book.fork_generation != g_book_generations.forks.load(std::memory_order_relaxed)) {
+    // Inherited over fork: the parent's to give back.
+  } else if (book.window) {
+    book.device->limiter->Cancel(key, std::uint64_t{book.left} * book.accounted_each_ns);
+    StreamState& state = *book.state;
+    if (state_alive && state.window_seq.load(std::memory_order_seq_cst) == book.window_seq) {
+      // Its window goes on: the launches it made join the window's own, its reservation ends. (Had the window ended,
+      // its launches went with it.)
+      FoldBooked(*book.device, state, static_cast<int>(&book - t_books.book));
+      state.estimated_ns -= std::min(state.estimated_ns, std::uint64_t{book.left} * book.accounted_each_ns);
+      state.booked_reserved -= std::min(state.booked_reserved, book.granted);
+    }
+  } else {
+    book.device->limiter->Refund(key, book.left, book.accounted_each_ns);
+    if (state_alive) {
       if (book.state->books > 0) --book.state->books;
       book.state->last_launch_ns = std::max(book.state->last_launch_ns, book.last_ns);
       // A book the stream's queue ended after a few launches (bursts of launches queued back to back): the next
@@ -730,10 +793,22 @@ bool CloseBookFor(const void* function, std::uint64_t shape, CUstream stream) {
 std::uint32_t OwnBooksOn(const DeviceLimiter& d, const StreamState* state) {
   std::uint32_t own = 0;
   for (const LaunchBook& book : t_books.book) {
-    own += book.device == &d && book.state == state &&
+    own += book.device == &d && !book.window && book.state == state &&
            book.generation == g_book_generations.streams.load(std::memory_order_relaxed);
   }
   return own;
+}
+
+// A free place for a book in this thread's, or null. Evicts a book of this device if there is none (one of another
+// device is left alone: its mutex is not held). Caller holds d.mutex.
+LaunchBook* FreeBookPlace(DeviceLimiter& d) {
+  for (LaunchBook& book : t_books.book) {
+    if (book.device == nullptr) return &book;
+  }
+  LaunchBook& victim = t_books.book[t_books.next_evicted++ % kBooks];
+  if (victim.device != &d) return nullptr;
+  CloseBookLocked(victim);
+  return &victim;
 }
 
 // After a launch planned unmeasured on `stream` (no window open there): a book of the launches after it. Caller holds
@@ -747,19 +822,8 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
     --state.books_skipped;
     return;
   }
-  LaunchBook* place = nullptr;
-  for (LaunchBook& book : t_books.book) {
-    if (book.device == nullptr) {
-      place = &book;
-      break;
-    }
-  }
-  if (place == nullptr) {
-    LaunchBook& victim = t_books.book[t_books.next_evicted++ % kBooks];
-    if (victim.device != &d) return;
-    CloseBookLocked(victim);
-    place = &victim;
-  }
+  LaunchBook* place = FreeBookPlace(d);
+  if (place == nullptr) return;
   // The launches the sampling leaves unmeasured next, drawn now; the book ends before the first one it measures.
   std::uint32_t unmeasured = 0;
   bool measure_next = false;
@@ -772,8 +836,102 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
   *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
                       g_book_generations.forks.load(std::memory_order_relaxed), each, estimate_ns, now, granted,
-                      granted, measure_next && granted == unmeasured, false};
+                      granted, measure_next && granted == unmeasured, false, false, 0};
   ++state.books;
+}
+
+// After a launch planned into `state`'s open window that does not fill it: a book of the launches of the same kernel
+// after it, into the same window, as many as it has room for. Caller holds d.mutex.
+void OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context,
+                    StreamState& state, std::uint64_t now) {
+  if (state.many_threads || state.start == nullptr) return;
+  const std::size_t used = state.launches.size() + state.booked_reserved;
+  if (used >= kWindowLaunches || state.estimated_ns >= kWindowNs) return;
+  LaunchBook* place = FreeBookPlace(d);
+  if (place == nullptr) return;
+  std::uint64_t each = 0;
+  const std::uint32_t granted = d.limiter->AdmitWindowBook(
+      key, now, std::min<std::uint32_t>(kWindowBookLaunches, static_cast<std::uint32_t>(kWindowLaunches - used)),
+      std::min(kBookNs, kWindowNs - state.estimated_ns), each);
+  if (granted == 0) return;
+  StreamState::Booked& booked = state.booked[place - t_books.book];
+  booked.key = key;
+  booked.charged_ns = each;
+  state.booked_reserved += granted;
+  state.estimated_ns += std::uint64_t{granted} * each;
+  *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
+                      g_book_generations.streams.load(std::memory_order_acquire),
+                      g_book_generations.forks.load(std::memory_order_relaxed), each, each, now, granted, granted,
+                      false, false, true, state.window_seq.load(std::memory_order_seq_cst)};
+}
+
+// Whether a booked launch goes where its book was given. A launch into an ordinary stream runs in that stream's
+// context; the null and per-thread streams are the current context's, and where the process sees several devices a
+// stream handle may have been reused in another device's context: then the current context is asked.
+bool BookContextCurrent(const LaunchBook& book) {
+  if (reinterpret_cast<std::uintptr_t>(book.stream) > reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD) &&
+      OneDevice()) {
+    return true;
+  }
+  CUcontext current = nullptr;
+  return Real::cuCtxGetCurrent != nullptr && Real::cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == book.context;
+}
+
+// A launch into a window is no longer being made (see CloseWindow): the last one closes the window if asked to.
+void EndLaunching(DeviceLimiter& d, CUstream stream, StreamState& state) {
+  if (state.launching.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      state.close_when_done.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> guard(d.mutex);
+    if (state.close_when_done.load(std::memory_order_relaxed)) CloseWindow(d, stream, state, NowNs(), false);
+  }
+}
+
+// A launch through a book into its stream's window, if that window is still open (true: made, `result` the
+// driver's answer); false: the whole path.
+template <typename Launch>
+bool LaunchIntoWindow(LaunchBook& book, Launch& launch, CUresult& result) {
+  StreamState& state = *book.state;
+  state.launching.fetch_add(1, std::memory_order_seq_cst);
+  if (state.window_seq.load(std::memory_order_seq_cst) != book.window_seq || !BookContextCurrent(book)) {
+    EndLaunching(*book.device, book.stream, state);
+    return false;
+  }
+  const std::uint64_t now = NowNs();
+  const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
+  state.busy_until_ns.store(std::max(busy_until, now) + book.charged_ns, std::memory_order_relaxed);
+  state.booked_last_ns.store(now, std::memory_order_relaxed);
+  --book.left;
+  std::atomic<std::uint32_t>& made = state.booked[&book - t_books.book].made;
+  made.fetch_add(1, std::memory_order_relaxed);
+  result = launch();
+  if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
+    made.fetch_sub(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> guard(book.device->mutex);
+    book.device->limiter->Cancel(policy::KernelKey{book.function, book.shape}, book.accounted_each_ns);
+  }
+  EndLaunching(*book.device, book.stream, state);
+  return true;
+}
+
+// A launch through a book onto its drained stream, if the stream has drained by the host's estimate (true: made,
+// `result` the driver's answer); false: the whole path. A launch that would queue is not made here: a queue is
+// measured by windows (a pair in a queue also times its own events: tiny kernels over-charged).
+template <typename Launch>
+bool LaunchOntoDrained(LaunchBook& book, Launch& launch, CUresult& result) {
+  StreamState& state = *book.state;
+  const std::uint64_t now = NowNs();
+  const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
+  book.queued = busy_until > now + book.charged_ns / 2;
+  if (book.queued || !BookContextCurrent(book)) return false;
+  state.busy_until_ns.store(std::max(busy_until, now) + book.charged_ns, std::memory_order_relaxed);
+  book.last_ns = now;
+  --book.left;
+  result = launch();
+  if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
+    std::lock_guard<std::mutex> guard(book.device->mutex);
+    book.device->limiter->Refund(policy::KernelKey{book.function, book.shape}, 1, book.accounted_each_ns);
+  }
+  return true;
 }
 
 // Admits, waits, launches, measures. `launch` performs the real launch on `stream`; `per_thread` says that a null
@@ -784,27 +942,11 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (CurrentMode() != Mode::limited || !shim.compute_limits) return launch();
   // (A _ptsz entry point's null stream is the per-thread stream: asked about and recorded on as such.)
   if (per_thread && stream == nullptr) stream = CU_STREAM_PER_THREAD;
-  // A launch the thread's book admitted and settled already: nothing else to do (no capture in progress, the book's
-  // context current).
+  // A launch the thread's book admitted already: nothing else to do (no capture in progress, the book's context the
+  // one the launch goes to).
   if (LaunchBook* book = OpenBookFor(function, shape, stream)) {
-    CUcontext current = nullptr;
-    // Only onto a stream that has drained by the host's estimate, as a planned launch that would not join a window:
-    // a queue is measured by windows (a pair in a queue also times its own events: tiny kernels over-charged).
-    const std::uint64_t now = NowNs();
-    const std::uint64_t busy_until = book->state->busy_until_ns.load(std::memory_order_relaxed);
-    book->queued = busy_until > now + book->charged_ns / 2;
-    if (!book->queued && Real::cuCtxGetCurrent != nullptr &&
-        Real::cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == book->context) {
-      book->state->busy_until_ns.store(std::max(busy_until, now) + book->charged_ns, std::memory_order_relaxed);
-      book->last_ns = now;
-      --book->left;
-      const CUresult result = launch();
-      if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
-        std::lock_guard<std::mutex> guard(book->device->mutex);
-        book->device->limiter->Refund(policy::KernelKey{function, shape}, 1, book->accounted_each_ns);
-      }
-      return result;
-    }
+    CUresult result = CUDA_SUCCESS;
+    if (book->window ? LaunchIntoWindow(*book, launch, result) : LaunchOntoDrained(*book, launch, result)) return result;
   }
   const bool force_sample = CloseBookFor(function, shape, stream);
   // A launch into a stream being captured records a graph node, it runs nothing now: it is admitted when the
@@ -877,6 +1019,9 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
         planned = true;  // the common case
+        if (plan.how == How::window && !plan.close_after && !plan.unknown_cost && setup == CUDA_SUCCESS) {
+          OpenWindowBook(*d, key, stream, context, *plan.stream, now);  // the launches after it, into its window
+        }
         if (plan.how == How::unmeasured && !plan.unknown_cost && plan.start == nullptr && plan.end == nullptr) {
           // The common case on a drained stream: what such a launch costs does not depend on its run, so it is
           // settled now, in this critical section (given back below if the driver refuses the launch).

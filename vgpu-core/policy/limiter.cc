@@ -277,29 +277,34 @@ std::uint64_t Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t char
   return accounted;
 }
 
+// Of `n` launches at `each_ns`, as many as the budget (the cell's and this process's own) holds now without debt,
+// taken from both: a book never waits, and never makes a debt another launch would wait for. 0: none taken.
+std::uint32_t Limiter::TakeWithoutDebt(std::uint64_t now_ns, std::uint32_t n, std::uint64_t each_ns) {
+  if (!config_.throttle || n == 0) return n;
+  if (now_ns >= Atomic(cell_.refilled_at_ns).load(std::memory_order_relaxed) + kRefillEveryNs) Refill(now_ns);
+  const std::int64_t shared = Atomic(cell_.budget_ns).load(std::memory_order_acquire);
+  RefillOwn(now_ns);
+  const std::int64_t have = std::min(shared, own_budget_ns_);
+  n = have <= 0 ? 0 : static_cast<std::uint32_t>(std::min<std::uint64_t>(n, static_cast<std::uint64_t>(have) / each_ns));
+  if (n == 0) return 0;
+  const auto total = static_cast<std::int64_t>(n * each_ns);
+  if (Atomic(cell_.budget_ns).fetch_sub(total, std::memory_order_acq_rel) < total) {
+    // Another process took the budget meanwhile: none (its debt would not be waited for).
+    Atomic(cell_.budget_ns).fetch_add(total, std::memory_order_acq_rel);
+    return 0;
+  }
+  own_budget_ns_ -= total;
+  return n;
+}
+
 std::uint32_t Limiter::AdmitBook(const KernelKey& key, std::uint64_t now_ns, std::uint32_t most, std::uint64_t most_ns,
                                  std::uint64_t& accounted_each_ns) {
   const auto it = costs_.find(key);
   if (it == costs_.end() || it->second.count == 0 || most == 0) return 0;
   Cost& cost = it->second;
   const std::uint64_t each = std::max<std::uint64_t>(MeanOf(&cost, 0), 1);
-  auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(most, most_ns / each));
-  if (config_.throttle && n > 0) {
-    // Only what the budget holds now: a book never waits, and never makes a debt another launch would wait for.
-    if (now_ns >= Atomic(cell_.refilled_at_ns).load(std::memory_order_relaxed) + kRefillEveryNs) Refill(now_ns);
-    const std::int64_t shared = Atomic(cell_.budget_ns).load(std::memory_order_acquire);
-    RefillOwn(now_ns);
-    const std::int64_t have = std::min(shared, own_budget_ns_);
-    n = have <= 0 ? 0 : static_cast<std::uint32_t>(std::min<std::uint64_t>(n, static_cast<std::uint64_t>(have) / each));
-    if (n == 0) return 0;
-    const auto total = static_cast<std::int64_t>(n * each);
-    if (Atomic(cell_.budget_ns).fetch_sub(total, std::memory_order_acq_rel) < total) {
-      // Another process took the budget meanwhile: no book (its debt would not be waited for).
-      Atomic(cell_.budget_ns).fetch_add(total, std::memory_order_acq_rel);
-      return 0;
-    }
-    own_budget_ns_ -= total;
-  }
+  const std::uint32_t n =
+      TakeWithoutDebt(now_ns, static_cast<std::uint32_t>(std::min<std::uint64_t>(most, most_ns / each)), each);
   if (n == 0) return 0;
   cost.launches = static_cast<std::uint32_t>(
       std::min<std::uint64_t>(std::uint64_t{cost.launches} + n, std::numeric_limits<std::uint32_t>::max()));
@@ -315,6 +320,25 @@ std::uint32_t Limiter::AdmitBook(const KernelKey& key, std::uint64_t now_ns, std
   }
   accounted_each_ns = each;
   return n;
+}
+
+std::uint32_t Limiter::AdmitWindowBook(const KernelKey& key, std::uint64_t now_ns, std::uint32_t most,
+                                       std::uint64_t most_ns, std::uint64_t& charged_each_ns) {
+  const auto it = costs_.find(key);
+  if (it == costs_.end() || it->second.count == 0 || most == 0) return 0;
+  Cost& cost = it->second;
+  const std::uint64_t each = std::max<std::uint64_t>(cost.estimate_ns, 1);
+  std::uint64_t n = std::min<std::uint64_t>(most, most_ns / each);
+  if (config_.throttle) {  // within what may be queued unmeasured, as Admit holds each launch
+    n = in_flight_ns_ >= config_.in_flight_max_ns ? 0 : std::min(n, (config_.in_flight_max_ns - in_flight_ns_) / each);
+  }
+  const std::uint32_t granted = TakeWithoutDebt(now_ns, static_cast<std::uint32_t>(n), each);
+  if (granted == 0) return 0;
+  in_flight_ns_ += granted * each;
+  cost.launches = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(std::uint64_t{cost.launches} + granted, std::numeric_limits<std::uint32_t>::max()));
+  charged_each_ns = each;
+  return granted;
 }
 
 // Launches settled as unmeasured (SettleUnmeasured, AdmitBook) that were never made: a book's unused launches, or a

@@ -82,7 +82,8 @@ class Limiter {
   void Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
               std::uint64_t now_ns);
 
-  // The launch did not happen (the driver refused it): everything it was charged goes back.
+  // The launch did not happen (the driver refused it): everything it was charged goes back. (Launches of one kernel
+  // may be cancelled together: `charged_ns` their charges' sum.)
   void Cancel(const KernelKey& key, std::uint64_t charged_ns);
   // A launch the caller chose not to measure (sampling): settled at the mean of the kernel's recent measurements
   // (the unbiased guess of its cost), or at its charge if it was never measured.
@@ -101,6 +102,13 @@ class Limiter {
   // with Refund.
   std::uint32_t AdmitBook(const KernelKey& key, std::uint64_t now_ns, std::uint32_t most, std::uint64_t most_ns,
                           std::uint64_t& accounted_each_ns);
+  // A book of launches into a measurement window (docs/compute-limit.md "The launch path"): up to `most` further
+  // launches of a kernel measured at least once, charged now at its estimate as Admit charges one, all at once, as
+  // many as the budget holds without debt, the in-flight bound allows, and `most_ns` covers. Returns how many (0:
+  // none) and what each was charged. Those made are settled with their window (SettleWindow, each at its charge);
+  // those never made go back with Cancel (of their charges together).
+  std::uint32_t AdmitWindowBook(const KernelKey& key, std::uint64_t now_ns, std::uint32_t most, std::uint64_t most_ns,
+                                std::uint64_t& charged_each_ns);
   // Launches queued back to back on one stream, measured together by one pair of events (a window): their total GPU
   // time is `measured_ns` (nullopt: not known, each settled as unmeasured). The budget is corrected by the total;
   // each kernel learns its part, apportioned by the charges (docs/compute-limit.md, "Measurement windows").
@@ -128,6 +136,7 @@ class Limiter {
 
  private:
   void Refill(std::uint64_t now_ns);
+  std::uint32_t TakeWithoutDebt(std::uint64_t now_ns, std::uint32_t n, std::uint64_t each_ns);
   void RefillOwn(std::uint64_t now_ns);
   void AdjustOwn(std::int64_t delta_ns);
   void Forget(const KernelKey& key, std::uint64_t charged_ns);
