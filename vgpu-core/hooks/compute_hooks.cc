@@ -2,12 +2,8 @@
 // the region), the launching thread sleeps to the exact moment the budget allows, and CUDA events around the
 // kernel measure what it really cost (docs/compute-limit.md).
 #include <time.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 
 #include <algorithm>
-#include <cstddef>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -50,39 +46,6 @@ std::uint64_t NowNs() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-// The time-stamp counter: one instruction, where clock_gettime costs ~30 ns on a VM's host (the H100's). 0: none.
-std::uint64_t ReadTsc() {
-#if defined(__x86_64__)
-  return __rdtsc();
-#else
-  return 0;
-#endif
-}
-
-// The TSC's rate against CLOCK_MONOTONIC, as nanoseconds per tick times 2^32 (0: not known; a booked launch then reads
-// the clock), measured by the whole path between two of its clock readings at least kTscRateAfterNs apart, each
-// paired with a TSC reading. A rate outside 100 MHz .. 10 GHz, or a TSC that went back, is no rate.
-constexpr std::uint64_t kTscRateAfterNs = 20'000'000;
-struct TscRate {
-  std::uint64_t anchor_ns = 0;
-  std::uint64_t anchor_tsc = 0;
-  std::uint64_t ns_per_tick_q32 = 0;
-
-  void Measure(std::uint64_t now) {
-    if (anchor_ns != 0 && now < anchor_ns + kTscRateAfterNs) return;
-    const std::uint64_t tsc = ReadTsc();
-    if (anchor_ns != 0) {
-      ns_per_tick_q32 = 0;
-      if (tsc > anchor_tsc && now > anchor_ns) {
-        const unsigned __int128 q = (static_cast<unsigned __int128>(now - anchor_ns) << 32) / (tsc - anchor_tsc);
-        if (q >= (1ull << 32) / 10 && q <= (1ull << 32) * 10) ns_per_tick_q32 = static_cast<std::uint64_t>(q);
-      }
-    }
-    anchor_ns = now;
-    anchor_tsc = tsc;
-  }
-};
-
 void SleepUntilNs(std::uint64_t deadline) {
   struct timespec ts {};
   ts.tv_sec = static_cast<time_t>(deadline / 1'000'000'000ull);
@@ -120,29 +83,20 @@ struct Pending {
 
 // A stream's open measurement window, and the event that ended the last one (the next one's start while the
 // stream stays busy). `busy_until_ns` is the host's estimate of when the work queued on the stream ends.
-struct alignas(64) StreamState {
-  // What a booked launch reads and writes comes first, in one cache line (see LaunchBook).
-  // (Atomic: a book's launches, made past the plan, move it too.)
-  std::atomic<std::uint64_t> busy_until_ns{0};
-  // Raised whenever a window ends: the books into it end with it.
-  std::atomic<std::uint64_t> window_seq{0};
-  std::atomic<std::uint64_t> booked_last_ns{0};  // when the last launch through a book into the window was made
-  // Launches of the open window planned but not made yet (other threads may launch into the same stream): the window
-  // ends only once they are made, or a kernel would run after its end event, in no window. A close asked for
-  // meanwhile is left to the last of them. Read and written without d.mutex by the launching threads.
-  std::atomic<std::uint32_t> launching{0};
-  std::atomic<bool> close_when_done{false};
-  // Launches made through books into the open window (LaunchBook::window), counted without d.mutex by the launching
-  // thread (a stream with books has one) in the place of its book (written by it only while it is `launching`), and
-  // added to `launches` when the book or the window ends (FoldBooked).
-  std::atomic<std::uint32_t> booked_made[kBooks] = {};
-
+struct StreamState {
   CUcontext context = nullptr;
+  // (Atomic: a book's launches, made past the plan, move it too; see LaunchBook.)
+  std::atomic<std::uint64_t> busy_until_ns{0};
   std::uint64_t last_launch_ns = 0;
   CUevent mark = nullptr;
   CUevent start = nullptr;  // the open window's start; null: no window open
   std::vector<policy::WindowLaunch> launches;
   std::uint64_t estimated_ns = 0;
+  // Launches of the open window planned but not made yet (other threads may launch into the same stream): the window
+  // ends only once they are made, or a kernel would run after its end event, in no window. A close asked for
+  // meanwhile is left to the last of them. Read and written without d.mutex by the launching threads.
+  std::atomic<std::uint32_t> launching{0};
+  std::atomic<bool> close_when_done{false};
   std::uint64_t planned = 0;  // launches planned on this stream so far (a pair compares it before and after)
   // Books of launches open on this stream (any thread's; see LaunchBook). Their launches are made past the plan: while
   // any is open no window opens here, and a pair another thread's book may have launched into is not learned from.
@@ -152,11 +106,19 @@ struct alignas(64) StreamState {
   const void* thread = nullptr;
   bool many_threads = false;
   std::uint32_t books_skipped = 0;  // chances of a book left out (see CloseBookLocked)
-  // The kernel and charge of each place's book into the window (under d.mutex).
-  policy::WindowLaunch booked[kBooks] = {};
+  // Launches made through books into the open window (LaunchBook::window), counted without d.mutex by the launching
+  // thread (a stream with books has one) in the place of its book, and added to `launches` when the book or the
+  // window ends (FoldBooked). `window_seq` is raised whenever a window ends: the books into it end with it.
+  struct Booked {
+    policy::KernelKey key{};
+    std::uint64_t charged_ns = 0;
+    std::atomic<std::uint32_t> made{0};
+  };
+  Booked booked[kBooks];
+  std::atomic<std::uint64_t> window_seq{0};
   std::uint32_t booked_reserved = 0;  // launches the books into the open window may still make: count toward its size
+  std::atomic<std::uint64_t> booked_last_ns{0};  // when the last of them was made
 };
-static_assert(offsetof(StreamState, context) <= 64, "a booked launch's fields share one cache line");
 
 // One per device ordinal this process launches on. What every limited launch reads comes first (a launch's cost on
 // a real GPU's host is mostly the cache lines it reads: the driver's own launch has displaced them).
@@ -166,7 +128,6 @@ struct DeviceLimiter {
   std::mutex mutex;  // process-local; never held while sleeping or while the driver waits
   std::unique_ptr<policy::Limiter> limiter;
   std::uint64_t next_settle_ns = 0;  // under `mutex`: see kSettleEveryNs
-  TscRate tsc;                       // under `mutex`
   // The stream launched on last and its state (under `mutex`; map nodes are erased only with their context).
   CUstream last_stream = nullptr;
   StreamState* last_state = nullptr;
@@ -471,8 +432,9 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
 void FoldBooked(DeviceLimiter& d, StreamState& state, int only = -1) noexcept {
   for (int i = 0; i < kBooks; ++i) {
     if (only >= 0 && i != only) continue;
-    const policy::WindowLaunch launch = state.booked[i];
-    for (std::uint32_t n = state.booked_made[i].exchange(0, std::memory_order_acq_rel); n > 0; --n) {
+    StreamState::Booked& place = state.booked[i];
+    for (std::uint32_t n = place.made.exchange(0, std::memory_order_acq_rel); n > 0; --n) {
+      const policy::WindowLaunch launch{place.key, place.charged_ns};
       if (!Recorded([&] { state.launches.push_back(launch); })) {
         d.limiter->SettleWindow(&launch, 1, std::nullopt, NowNs());  // out of host memory: settled unmeasured
       }
@@ -748,24 +710,6 @@ struct LaunchBook {
   // while the stream's `window_seq` is this; otherwise a book onto a drained stream (settled as unmeasured).
   bool window;
   std::uint64_t window_seq;
-  // The book's clock (see Now): a clock reading and a TSC reading taken together when it was given, and the rate.
-  std::uint64_t anchor_ns;
-  std::uint64_t anchor_tsc;
-  std::uint64_t ns_per_tick_q32;
-
-  // Now, by the TSC from the anchor; by the clock where the rate is not known or the TSC went back.
-  std::uint64_t Now() const {
-    if (ns_per_tick_q32 == 0) return NowNs();
-    const std::uint64_t tsc = ReadTsc();
-    if (tsc < anchor_tsc) return NowNs();
-    return anchor_ns + static_cast<std::uint64_t>(
-                           (static_cast<unsigned __int128>(tsc - anchor_tsc) * ns_per_tick_q32) >> 32);
-  }
-  void Anchor(const TscRate& rate) {
-    anchor_ns = NowNs();
-    anchor_tsc = ReadTsc();
-    ns_per_tick_q32 = rate.ns_per_tick_q32;
-  }
 };
 
 struct ThreadBooks {
@@ -892,8 +836,7 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
   *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
                       g_book_generations.forks.load(std::memory_order_relaxed), each, estimate_ns, now, granted,
-                      granted, measure_next && granted == unmeasured, false, false, 0, 0, 0, 0};
-  place->Anchor(d.tsc);
+                      granted, measure_next && granted == unmeasured, false, false, 0};
   ++state.books;
 }
 
@@ -911,14 +854,15 @@ void OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream str
       key, now, std::min<std::uint32_t>(kWindowBookLaunches, static_cast<std::uint32_t>(kWindowLaunches - used)),
       std::min(kBookNs, kWindowNs - state.estimated_ns), each);
   if (granted == 0) return;
-  state.booked[place - t_books.book] = policy::WindowLaunch{key, each};
+  StreamState::Booked& booked = state.booked[place - t_books.book];
+  booked.key = key;
+  booked.charged_ns = each;
   state.booked_reserved += granted;
   state.estimated_ns += std::uint64_t{granted} * each;
   *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
                       g_book_generations.forks.load(std::memory_order_relaxed), each, each, now, granted, granted,
-                      false, false, true, state.window_seq.load(std::memory_order_seq_cst), 0, 0, 0};
-  place->Anchor(d.tsc);
+                      false, false, true, state.window_seq.load(std::memory_order_seq_cst)};
 }
 
 // Whether a booked launch goes where its book was given. A launch into an ordinary stream runs in that stream's
@@ -952,17 +896,16 @@ bool LaunchIntoWindow(LaunchBook& book, Launch& launch, CUresult& result) {
     EndLaunching(*book.device, book.stream, state);
     return false;
   }
-  const std::uint64_t now = book.Now();
+  const std::uint64_t now = NowNs();
   const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
   state.busy_until_ns.store(std::max(busy_until, now) + book.charged_ns, std::memory_order_relaxed);
   state.booked_last_ns.store(now, std::memory_order_relaxed);
   --book.left;
-  // (This thread alone writes its place while it is `launching`: a store, not an exchange.)
-  std::atomic<std::uint32_t>& made = state.booked_made[&book - t_books.book];
-  made.store(made.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::atomic<std::uint32_t>& made = state.booked[&book - t_books.book].made;
+  made.fetch_add(1, std::memory_order_relaxed);
   result = launch();
   if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
-    made.store(made.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    made.fetch_sub(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> guard(book.device->mutex);
     book.device->limiter->Cancel(policy::KernelKey{book.function, book.shape}, book.accounted_each_ns);
   }
@@ -976,7 +919,7 @@ bool LaunchIntoWindow(LaunchBook& book, Launch& launch, CUresult& result) {
 template <typename Launch>
 bool LaunchOntoDrained(LaunchBook& book, Launch& launch, CUresult& result) {
   StreamState& state = *book.state;
-  const std::uint64_t now = book.Now();
+  const std::uint64_t now = NowNs();
   const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
   book.queued = busy_until > now + book.charged_ns / 2;
   if (book.queued || !BookContextCurrent(book)) return false;
@@ -1056,7 +999,6 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   std::uint64_t waited_ns = 0;
   for (;;) {
     std::unique_lock<std::mutex> guard(d->mutex);
-    d->tsc.Measure(now);
     if (now >= d->next_settle_ns || d->pending.size() >= kSettleBacklog || waited_ns > 0) {
       SettleCompleted(*d, now);
       d->limiter->FlushBusy();
