@@ -675,21 +675,27 @@ std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
   return h;
 }
 
-// Books of launches: the launch path's fast path (docs/compute-limit.md, "The launch path"). A thread whose launch of
-// a kernel measured before is made unmeasured on a stream with no open window is given a book: the launches of that
-// kernel on that stream and context that the sampling would leave unmeasured next (drawn now, one draw per launch as
-// SampleThisLaunch makes them, at most kBookLaunches), admitted and settled as unmeasured at once (Limiter::AdmitBook),
-// as many as the budget holds without debt and no more than kBookNs of GPU time together. Those launches then check
-// the book, the host's estimate that the stream has drained (a launch that would queue takes the whole path: queues
-// are measured by windows) and the current context, and go: no lock, no map. The launch after a book's last goes through
-// the whole path, measured where the draw that ended the book picked it. A thread keeps kBooks books (alternating
-// kernels each keep theirs). What a book holds unused goes back when the thread takes the whole path for that
-// kernel and stream, or evicts the book, or the book's context is destroyed (its stream states go: the book is
-// returned without them); after fork the child drops what it inherited (its parent returns it). A thread that ends
-// with a book open leaves it spent: at most kBooks x kBookNs of budget, once. (A booked launch reads and moves its
-// stream's queue estimate: a thread that destroys a context while another launches into it -- undefined in CUDA --
-// could have it touch a stream state being freed.)
-
+// Books of launches: the launch path's fast path (docs/compute-limit.md, "The launch path"). Two kinds:
+// - Onto a drained stream. A thread whose launch of a kernel measured before is made unmeasured on a stream with no
+//   open window is given the launches of that kernel on that stream and context that the sampling would leave
+//   unmeasured next (drawn now, one draw per launch as SampleThisLaunch makes them, at most kBookLaunches), admitted
+//   and settled as unmeasured at once (Limiter::AdmitBook), as many as the budget holds without debt and no more than
+//   kBookNs of GPU time together. Those launches check the book, the host's estimate that the stream has drained (a
+//   launch that would queue takes the whole path: queues are measured by windows) and the context, and go. The launch
+//   after a book's last goes through the whole path, measured where the draw that ended the book picked it.
+// - Into a window. A thread whose launch of a known kernel joins its stream's open window (and does not fill it) is
+//   given the launches of that kernel after it, into the same window, as many as the window has room for (at most
+//   kWindowBookLaunches and kBookNs), charged now at the kernel's estimate (Limiter::AdmitWindowBook: no debt, within
+//   the in-flight bound). Those launches check the book, that the window is still open and the stream still queued by
+//   the host's estimate, count themselves in their book's place of the stream, and go; the window measures them with
+//   its other launches. A window ends only while no launch into it is being made (`launching`, raised before the check
+//   that it is open: see CloseWindow).
+// Either way: no lock, no map. A thread keeps kBooks books (alternating kernels each keep theirs). What a book holds
+// unused goes back when the thread takes the whole path for that kernel and stream, or evicts the book, or the book's
+// context is destroyed (its stream states go: the book is returned without them); after fork the child drops what it
+// inherited (its parent returns it). A thread that ends with a book open leaves it spent: at most kBooks x kBookNs of
+// budget, once. (A booked launch reads and moves its stream's state: a thread that destroys a context while another
+// launches into it -- undefined in CUDA -- could have it touch a stream state being freed.)
 struct LaunchBook {
   const void* function;
   std::uint64_t shape;
@@ -896,8 +902,14 @@ bool LaunchIntoWindow(LaunchBook& book, Launch& launch, CUresult& result) {
     EndLaunching(*book.device, book.stream, state);
     return false;
   }
+  // As a planned launch: one onto a stream that has drained by the host's estimate does not join the window (the
+  // window would time the idle GPU until it came); the whole path closes the window there, idle time left out.
   const std::uint64_t now = NowNs();
   const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
+  if (busy_until <= now + book.charged_ns / 2) {
+    EndLaunching(*book.device, book.stream, state);
+    return false;
+  }
   state.busy_until_ns.store(std::max(busy_until, now) + book.charged_ns, std::memory_order_relaxed);
   state.booked_last_ns.store(now, std::memory_order_relaxed);
   --book.left;
