@@ -9,7 +9,7 @@
 //                                                  random alloc/free in threads; fd 3 started, fd 4 done, fd 5 go;
 //                                                  barrier: after fd 3, wait for EOF on fd 6 before the rounds
 //   observe   limit= [device=]                     (run without the shim) poll NVML until EOF on fd 5
-//   launch    threads= seconds= short_us= long_us= long_every=
+//   launch    threads= seconds= short_us= long_us= long_every= [own_streams=1]
 //                                                  threads launching one-block spin kernels into the legacy default
 //                                                  stream, long_us one launch in long_every (drawn), short_us else;
 //                                                  prints launched=, busy_ns= (their run times), elapsed_ns=
@@ -475,7 +475,8 @@ bool SetUpSpinKernel(CUcontext& context, CUfunction& function) {
   return true;
 }
 
-// Threads launching into one stream (the legacy default one) at once: the shim's launch path under concurrency.
+// Threads launching into one stream (the legacy default one) at once, or each into a stream of its own (own_streams=1):
+// the shim's launch path under concurrency.
 int Launch() {
   CUcontext context = nullptr;
   CUfunction function = nullptr;
@@ -487,11 +488,19 @@ int Launch() {
   std::atomic<std::uint64_t> launched{0}, busy_ns{0};
   std::atomic<int> failure{CUDA_SUCCESS};
   std::vector<std::thread> threads;
+  const bool own_streams = Arg("own_streams", 0) != 0;
   for (std::uint64_t t = 0; t < Arg("threads", 4); ++t) {
     threads.emplace_back([&, t] {
       if (const CUresult set = cuCtxSetCurrent(context); set != CUDA_SUCCESS) {
         failure = set;
         return;
+      }
+      CUstream stream = nullptr;
+      if (own_streams) {
+        if (const CUresult made = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); made != CUDA_SUCCESS) {
+          failure = made;
+          return;
+        }
       }
       std::uint64_t draw = 0x9e3779b97f4a7c15ull * (t + 1);
       while (Clock::now() < deadline && failure.load() == CUDA_SUCCESS) {
@@ -500,7 +509,7 @@ int Launch() {
         draw ^= draw << 17;
         unsigned long long ns = draw % long_every == 0 ? long_ns : short_ns;
         void* params[] = {&ns};
-        if (const CUresult launch = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr);
+        if (const CUresult launch = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr);
             launch != CUDA_SUCCESS) {
           failure = launch;
           return;
@@ -508,6 +517,7 @@ int Launch() {
         ++launched;
         busy_ns += ns;
       }
+      if (stream != nullptr && cuStreamSynchronize(stream) == CUDA_SUCCESS) cuStreamDestroy(stream);
     });
   }
   for (auto& thread : threads) thread.join();
