@@ -759,7 +759,7 @@ void CloseBookLocked(LaunchBook& book) {
   if (book.fork_generation != g_book_generations.forks.load(std::memory_order_relaxed)) {
     // Inherited over fork: the parent's to give back.
   } else if (book.window) {
-    book.device->limiter->Cancel(key, std::uint64_t{book.left} * book.accounted_each_ns);
+    if (book.left > 0) book.device->limiter->Cancel(key, std::uint64_t{book.left} * book.accounted_each_ns);
     StreamState& state = *book.state;
     if (state_alive && state.window_seq.load(std::memory_order_seq_cst) == book.window_seq) {
       // Its window goes on: the launches it made join the window's own, its reservation ends. (Had the window ended,
@@ -850,7 +850,8 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
 // after it, into the same window, as many as it has room for. Caller holds d.mutex.
 void OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context,
                     StreamState& state, std::uint64_t now) {
-  if (state.many_threads || state.start == nullptr) return;
+  // (A window another thread has asked to end, waiting for the launches into it, gets no book.)
+  if (state.many_threads || state.start == nullptr || state.close_when_done.load(std::memory_order_relaxed)) return;
   const std::size_t used = state.launches.size() + state.booked_reserved;
   if (used >= kWindowLaunches || state.estimated_ns >= kWindowNs) return;
   LaunchBook* place = FreeBookPlace(d);
@@ -1119,8 +1120,9 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   // is the last of several in flight and a close waits for it).
   bool close_window = false;
   if (plan.how == How::window) {
-    const bool last = plan.stream->launching.fetch_sub(1, std::memory_order_acq_rel) == 1;
-    close_window = plan.close_after || (last && plan.stream->close_when_done.load(std::memory_order_acquire));
+    // (Sequentially consistent, as in EndLaunching: a close asked for meanwhile sees this launch, or it sees the close.)
+    const bool last = plan.stream->launching.fetch_sub(1, std::memory_order_seq_cst) == 1;
+    close_window = plan.close_after || (last && plan.stream->close_when_done.load(std::memory_order_seq_cst));
     if (result == CUDA_SUCCESS && !close_window) return result;
   }
 
