@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "spread.h"
+
 namespace {
 
 __device__ __forceinline__ unsigned long long GlobalTimer() {
@@ -40,16 +42,6 @@ __global__ void Spin(unsigned long long* span, unsigned long long spin_ns) {
     span[0] = t0;
     span[1] = t;
   }
-}
-
-struct Spread {
-  double p10, median, p90;
-};
-
-Spread Of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto at = [&](double q) { return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1))]; };
-  return {at(0.1), at(0.5), at(0.9)};
 }
 
 double NowNs() {

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "spread.h"
+
 namespace {
 
 using LaunchFunction = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -76,16 +78,6 @@ LaunchFunction DriverLaunch() {
   }
   std::fprintf(stderr, "launch_ab: no cuLaunchKernel in %s's .dynsym\n", loaded.path.c_str());
   return nullptr;
-}
-
-struct Spread {
-  double median, p10, p90;
-};
-
-Spread Of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const auto at = [&](double q) { return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))]; };
-  return {at(0.5), at(0.1), at(0.9)};
 }
 
 }  // namespace
