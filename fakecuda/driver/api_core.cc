@@ -79,6 +79,23 @@ void LoadKernelCosts(Driver& d) {
       state::LogError("FAKECUDA_DEFAULT_KERNEL_NS='%s' is not a positive number of nanoseconds; using 5000", fallback);
     }
   }
+  if (const char* call = std::getenv("FAKECUDA_LAUNCH_CALL_NS"); call != nullptr && *call != '\0') {
+    std::uint64_t ns = 0;
+    const std::string_view text(call);
+    if (std::from_chars(text.data(), text.data() + text.size(), ns).ptr == text.data() + text.size() && ns <= 1'000'000) {
+      d.launch_call_ns = ns;
+    } else {
+      state::LogError("FAKECUDA_LAUNCH_CALL_NS='%s' is not a number of nanoseconds in 0..1000000 (e.g. 3000); using 0",
+                      call);
+    }
+  }
+  if (const char* waits = std::getenv("FAKECUDA_LAUNCH_WAITS_FOR_STREAM"); waits != nullptr && *waits != '\0') {
+    if (std::strcmp(waits, "1") == 0 || std::strcmp(waits, "0") == 0) {
+      d.launch_waits_for_stream = waits[0] == '1';
+    } else {
+      state::LogError("FAKECUDA_LAUNCH_WAITS_FOR_STREAM='%s' is not 0 or 1; using 0", waits);
+    }
+  }
 }
 
 // CUDA_VISIBLE_DEVICES: indices or UUID prefixes ("GPU-3f2a..."), comma separated. As the real driver

@@ -106,6 +106,68 @@ CUresult SubmitHostCall(const HostCall& call) {
   return CUDA_SUCCESS;
 }
 
+// ---- stream waits on memory (cuStreamWaitValue32/64) ------------------------------------------------------------
+
+// A wait on a word the host writes (pinned memory: how a stream is held until the host says so): a gate in the
+// stream, opened by the first of this process's driver calls that finds the condition holds. Every call that brings
+// a device up to now polls the words (launches, records, queries, and the loops of the waits), so a synchronize
+// sees a write made while it waits. No other process can write this process's pinned memory.
+struct ValueWait {
+  std::uint32_t stream;
+  std::uint64_t generation;
+  std::uint64_t seq;  // the gate
+  std::uintptr_t address;
+  std::uint64_t value;
+  unsigned int flags;
+  bool wide;  // 64-bit
+};
+std::mutex g_value_mutex;  // taken inside the machine lock, never around it
+std::vector<ValueWait>* g_value_waits = nullptr;  // (made on first use, lives as long as the process)
+std::atomic<std::size_t> g_value_wait_count{0};
+
+bool ValueWaitHolds(const ValueWait& w) {
+  std::uint64_t word = 0;
+  if (w.wide) {
+    word = __atomic_load_n(reinterpret_cast<const std::uint64_t*>(w.address), __ATOMIC_ACQUIRE);
+  } else {
+    word = __atomic_load_n(reinterpret_cast<const std::uint32_t*>(w.address), __ATOMIC_ACQUIRE);
+  }
+  const std::uint64_t mask = w.wide ? ~std::uint64_t{0} : 0xffffffffu;
+  switch (w.flags & 0x3u) {
+    case CU_STREAM_WAIT_VALUE_GEQ:  // cyclic: (int)(*addr - value) >= 0
+      return w.wide ? static_cast<std::int64_t>(word - w.value) >= 0
+                    : static_cast<std::int32_t>(static_cast<std::uint32_t>(word - w.value)) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return (word & mask) == (w.value & mask);
+    case CU_STREAM_WAIT_VALUE_AND: return (word & w.value & mask) != 0;
+    default: return (~(word | w.value) & mask) != 0;  // CU_STREAM_WAIT_VALUE_NOR
+  }
+}
+
+// Opens the gates whose words now hold. Caller holds the machine lock and has brought the device up to now (an
+// opened gate completes at the device's next advance, from now).
+void OpenSatisfiedValueWaits(model::Machine& m) {
+  if (g_value_wait_count.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> guard(g_value_mutex);
+  std::vector<ValueWait>& waits = *g_value_waits;
+  for (auto it = waits.begin(); it != waits.end();) {
+    const model::Stream& s = m.streams[it->stream];
+    const bool gone = s.generation != it->generation || s.head > it->seq;  // the stream went with its context
+    if (gone || ValueWaitHolds(*it)) {
+      if (!gone) model::OpenGate(m, it->stream, it->seq);
+      it = waits.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  g_value_wait_count.store(waits.size(), std::memory_order_release);
+}
+
+// state::AdvanceToNow, then the gates of satisfied waits opened. Caller holds the machine lock.
+void AdvanceAndPoll(state::Attachment& a, model::Machine& m, std::uint32_t device, std::uint64_t now) {
+  state::AdvanceToNow(a, device, now);
+  OpenSatisfiedValueWaits(m);
+}
+
 // ---- launches ----------------------------------------------------------------------------------------------
 
 struct LaunchRequest {
@@ -179,7 +241,7 @@ CUresult EnqueueKernels(Driver& d, std::unique_lock<std::mutex>& guard, CUstream
       state::MachineLock lock(*d.attachment);
       model::Machine& m = lock.machine();
       const std::uint64_t now = state::MonotonicNs();
-      state::AdvanceToNow(*d.attachment, rs.context->device, now);
+      AdvanceAndPoll(*d.attachment, m, rs.context->device, now);
       while (next < nodes.size()) {
         QueueImplicitSync(d, m, rs, now);
         const KernelNode& node = nodes[next];
@@ -201,9 +263,19 @@ CUresult EnqueueKernels(Driver& d, std::unique_lock<std::mutex>& guard, CUstream
   return CUDA_SUCCESS;
 }
 
+// The host time a launch call takes before the GPU has the kernel (FAKECUDA_LAUNCH_CALL_NS): spent, not slept (a few
+// microseconds; a sleep would take tens).
+void SpendLaunchCall(std::uint64_t ns) {
+  if (ns == 0) return;
+  const std::uint64_t until = state::MonotonicNs() + ns;
+  while (state::MonotonicNs() < until) {
+  }
+}
+
 CUresult Launch(const LaunchRequest& r) {
   FAKECUDA_ENTER(r.symbol);
   Driver& d = TheDriver();
+  SpendLaunchCall(d.launch_call_ns);
   std::unique_lock<std::mutex> guard(d.mutex);
   Function* f = Lookup<Function>(d, r.function, Kind::function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -225,6 +297,13 @@ CUresult Launch(const LaunchRequest& r) {
   if (rs.stream != nullptr && rs.stream->capture != nullptr) {
     rs.stream->capture->nodes.push_back(node);
     return CUDA_SUCCESS;
+  }
+  if (d.launch_waits_for_stream) {
+    // As a driver whose launch call waits for the work before it (outside the lock, as a synchronize does).
+    guard.unlock();
+    const CUresult waited = WaitStreamIdle(rs.context->device, rs.index, rs.generation);
+    guard.lock();
+    if (waited != CUDA_SUCCESS) return waited;
   }
   return EnqueueKernels(d, guard, r.stream, r.per_thread, {node});
 }
@@ -300,7 +379,7 @@ CUresult StreamQuery(CUstream handle, bool per_thread) {
   ResolvedStream rs;
   if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
   state::MachineLock lock(*d.attachment);
-  state::AdvanceToNow(*d.attachment, rs.context->device, state::MonotonicNs());
+  AdvanceAndPoll(*d.attachment, lock.machine(), rs.context->device, state::MonotonicNs());
   const model::Stream& s = lock.machine().streams[rs.index];
   return s.head >= s.tail ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -356,7 +435,7 @@ CUresult EventRecord(CUevent event_handle, CUstream handle, bool per_thread) {
       state::MachineLock lock(*d.attachment);
       model::Machine& m = lock.machine();
       const std::uint64_t now = state::MonotonicNs();
-      state::AdvanceToNow(*d.attachment, rs.context->device, now);
+      AdvanceAndPoll(*d.attachment, m, rs.context->device, now);
       QueueImplicitSync(d, m, rs, now);
       std::uint64_t seq = 0;
       if (model::EnqueueMarker(m, rs.index, now, &seq) == model::EnqueueResult::ok) {
@@ -383,7 +462,7 @@ std::uint64_t EventEndNs(Driver& d, Event& e) {
   state::MachineLock lock(*d.attachment);
   model::Machine& m = lock.machine();
   const std::uint64_t now = state::MonotonicNs();
-  state::AdvanceToNow(*d.attachment, m.streams[e.stream].device, now);
+  AdvanceAndPoll(*d.attachment, m, m.streams[e.stream].device, now);
   if (!model::OpDone(m, e.stream, e.generation, e.seq)) return 0;
   std::uint64_t end = 0;
   if (m.streams[e.stream].generation == e.generation) end = model::OpEndNs(m, e.stream, e.seq);
@@ -529,10 +608,12 @@ CUresult WaitForOp(std::uint32_t device, std::uint32_t index, std::uint64_t gene
       state::MachineLock lock(*a);
       const std::uint64_t now = state::MonotonicNs();
       state::ReapDeadProcesses(*a, now, false);
-      state::AdvanceToNow(*a, device, now);
+      AdvanceAndPoll(*a, lock.machine(), device, now);
       if (model::OpDone(lock.machine(), index, generation, seq)) return CUDA_SUCCESS;
       lower_bound = model::LowerBoundRemainingNs(lock.machine(), index, seq);
     }
+    // A wait on a word the host writes may be what holds the stream: look at the words again soon.
+    if (g_value_wait_count.load(std::memory_order_acquire) != 0) backoff_ns = std::min(backoff_ns, kMinSleepNs);
     if (lower_bound >= kMinSleepNs) {
       state::SleepNs(SleepFor(lower_bound));
       backoff_ns = kMinSleepNs;
@@ -909,6 +990,79 @@ extern "C" __attribute__((visibility("default"))) CUresult cuStreamWaitEvent_pts
   FAKECUDA_ENTER("cuStreamWaitEvent_ptsz");
   return StreamWaitEvent(stream, event, flags, true);
 }
+
+namespace {
+
+CUresult StreamWaitValue(const char* symbol, CUstream handle, CUdeviceptr address, std::uint64_t value,
+                         unsigned int flags, bool wide, bool per_thread) {
+  FAKECUDA_ENTER(symbol);
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  // The condition is in the two low bits; CU_STREAM_WAIT_VALUE_FLUSH (1 << 30) is accepted and means nothing here.
+  if ((flags & ~(0x3u | CU_STREAM_WAIT_VALUE_FLUSH)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t bytes = wide ? 8 : 4;
+  if (address == 0 || address % bytes != 0 || !DeviceRangeValid(d, static_cast<std::uintptr_t>(address), bytes)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  ValueWait wait{rs.index, rs.generation, 0, static_cast<std::uintptr_t>(address), value, flags, wide};
+  state::MachineLock lock(*d.attachment);
+  model::Machine& m = lock.machine();
+  const std::uint64_t now = state::MonotonicNs();
+  AdvanceAndPoll(*d.attachment, m, rs.context->device, now);
+  QueueImplicitSync(d, m, rs, now);
+  if (model::EnqueueGate(m, rs.index, now, &wait.seq) != model::EnqueueResult::ok) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ValueWaitHolds(wait)) {
+    model::OpenGate(m, rs.index, wait.seq);
+    return CUDA_SUCCESS;
+  }
+  std::lock_guard<std::mutex> waits(g_value_mutex);
+  try {
+    if (g_value_waits == nullptr) g_value_waits = new std::vector<ValueWait>();
+    g_value_waits->push_back(wait);
+  } catch (const std::bad_alloc&) {
+    model::OpenGate(m, rs.index, wait.seq);  // never leave a gate that nothing will open
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  g_value_wait_count.store(g_value_waits->size(), std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+namespace fakecuda::driver {
+
+void ForgetValueWaitsIn(std::uintptr_t begin, std::uintptr_t end) {
+  if (g_value_wait_count.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> guard(g_value_mutex);
+  std::vector<ValueWait>& waits = *g_value_waits;
+  // (Their gates stay shut, as a real GPU's would on memory nobody writes any more.)
+  waits.erase(std::remove_if(waits.begin(), waits.end(),
+                             [&](const ValueWait& w) { return w.address >= begin && w.address < end; }),
+              waits.end());
+  g_value_wait_count.store(waits.size(), std::memory_order_release);
+}
+
+}  // namespace fakecuda::driver
+
+#define FAKECUDA_WAIT_VALUE(symbol, type, wide, per_thread)                                                        \
+  extern "C" __attribute__((visibility("default"))) CUresult symbol(CUstream stream, CUdeviceptr address, type value, \
+                                                                    unsigned int flags) {                          \
+    return StreamWaitValue(#symbol, stream, address, value, flags, wide, per_thread);                             \
+  }
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue32_ptsz, cuuint32_t, false, true)
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue32_v2, cuuint32_t, false, false)
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue32_v2_ptsz, cuuint32_t, false, true)
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue64_v2, cuuint64_t, true, false)
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue64_v2_ptsz, cuuint64_t, true, true)
+#undef cuStreamWaitValue32  // cuda.h maps the names to their newest versions; these define the older symbols
+#undef cuStreamWaitValue64
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue32, cuuint32_t, false, false)
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue64, cuuint64_t, true, false)
+FAKECUDA_WAIT_VALUE(cuStreamWaitValue64_ptsz, cuuint64_t, true, true)
+#undef FAKECUDA_WAIT_VALUE
 
 FAKECUDA_EXPORT CUresult cuStreamGetPriority(CUstream handle, int* priority) {
   FAKECUDA_ENTER("cuStreamGetPriority");

@@ -702,6 +702,7 @@ FAKECUDA_EXPORT CUresult cuMemFreeHost(void* pointer) {
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = d.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
   if (it == d.allocations.end() || it->second.kind != AllocationKind::host) return CUDA_ERROR_INVALID_VALUE;
+  ForgetValueWaitsIn(it->first, it->first + it->second.bytes);
   ReleaseAllocation(d, it);
   return CUDA_SUCCESS;
 }

@@ -214,6 +214,13 @@ struct Driver {
   std::uint64_t next_capture_id = 1;
   std::unordered_map<std::string, std::uint64_t> kernel_costs;   // FAKECUDA_KERNEL_COSTS
   std::uint64_t default_kernel_ns = 5000;
+  // FAKECUDA_LAUNCH_CALL_NS: host time a launch call takes before the GPU has the kernel (a real driver's launch
+  // call, ~3 us on an H100: an event recorded before it on an idle stream is written that much before the kernel
+  // can start). 0: the kernel is queued at once.
+  std::uint64_t launch_call_ns = 0;
+  // FAKECUDA_LAUNCH_WAITS_FOR_STREAM=1: a launch call first waits for the work queued before it on its stream, as a
+  // real driver's may (room in a push buffer shared with a stalled stream; lazy module loading).
+  bool launch_waits_for_stream = false;
 };
 
 Driver& TheDriver();
@@ -288,6 +295,10 @@ void TraceAllocation(const char* event, const char* api, std::uint32_t device, s
 
 // In a fork child: forget the parent's host-function worker (its thread does not exist here).
 void ForgetHostWorkerAfterFork();
+
+// Stream waits on memory (cuStreamWaitValue32/64): forgets those on [begin, end) (the memory is being freed: nothing
+// will write it any more, and it must not be read).
+void ForgetValueWaitsIn(std::uintptr_t begin, std::uintptr_t end);
 
 // ---- misc -----------------------------------------------------------------------------------------------
 

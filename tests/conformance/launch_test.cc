@@ -1,6 +1,7 @@
 // Conformance: every launch path a compute limit must see, kernels taking their time, rejected launch configurations.
 #include <atomic>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "conformance_support.h"
@@ -134,6 +135,39 @@ TEST_F(LaunchTest, HostFunctionsRunInStreamOrder) {
   EXPECT_GE(record.milliseconds[0], kAtLeastMilliseconds) << "the first host function waits for the first kernel";
   EXPECT_GE(record.milliseconds[1], 2 * kAtLeastMilliseconds) << "the second waits for both kernels";
   EXPECT_CU_OK(cuStreamDestroy(stream));
+}
+
+// A stream waiting on a word in pinned host memory (the shim's gated measurement, docs/compute-limit.md) runs nothing
+// behind the wait until the host writes the word, then runs it; the cyclic ">=" and the 64-bit form as well.
+TEST_F(LaunchTest, StreamWaitValueHoldsTheStreamUntilTheHostWritesTheWord) {
+  void* pinned = nullptr;
+  ASSERT_CU_OK(cuMemHostAlloc(&pinned, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  auto* word = static_cast<std::uint32_t*>(pinned);
+  auto* wide = reinterpret_cast<std::uint64_t*>(static_cast<char*>(pinned) + 8);
+  *word = 0xfffffffeu;  // the ">=" is cyclic: 1 is past 0xfffffffe
+  *wide = 5;
+  CUdeviceptr device_word = 0;
+  ASSERT_CU_OK(cuMemHostGetDevicePointer(&device_word, pinned, 0));
+  CUstream stream = nullptr;
+  ASSERT_CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUevent behind = nullptr;
+  ASSERT_CU_OK(cuEventCreate(&behind, CU_EVENT_DEFAULT));
+  ASSERT_CU_OK(cuStreamWaitValue32(stream, device_word, 1, CU_STREAM_WAIT_VALUE_GEQ));
+  ASSERT_CU_OK(cuStreamWaitValue64(stream, device_word + 8, 7, CU_STREAM_WAIT_VALUE_EQ));
+  ASSERT_CU_OK(LaunchSpin(stream, 1'000'000));
+  ASSERT_CU_OK(cuEventRecord(behind, stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(cuEventQuery(behind), CUDA_ERROR_NOT_READY) << "nothing runs behind an unmet wait";
+  __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(cuEventQuery(behind), CUDA_ERROR_NOT_READY) << "the second wait is not met yet";
+  EXPECT_EQ(cuStreamQuery(stream), CUDA_ERROR_NOT_READY);
+  __atomic_store_n(wide, std::uint64_t{7}, __ATOMIC_RELEASE);
+  ASSERT_CU_OK(cuStreamSynchronize(stream));  // a write made before the wait began is seen while it waits
+  EXPECT_CU_OK(cuEventQuery(behind));
+  EXPECT_CU_OK(cuEventDestroy(behind));
+  EXPECT_CU_OK(cuStreamDestroy(stream));
+  EXPECT_CU_OK(cuMemFreeHost(pinned));
 }
 
 TEST_F(LaunchTest, TooManyThreadsPerBlockIsInvalidValue) {

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   unsigned long long* span = nullptr;
-  CHECK(cudaMalloc(&span, 2 * sizeof(unsigned long long)));
+  CHECK(cudaMalloc(&span, 4 * sizeof(unsigned long long)));
   // The flag: pinned host memory the GPU reads.
   unsigned int* flag = nullptr;
   CHECK(cuMemHostAlloc(reinterpret_cast<void**>(&flag), sizeof(unsigned int), CU_MEMHOSTALLOC_DEVICEMAP));
@@ -99,30 +99,38 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&end));
   unsigned int sequence = 0;
 
+  // Modes: ungated / gated pairs around one kernel; gated around two kernels back to back (is the excess per pair or
+  // per kernel?); gated and ungated pairs around no kernel (the events' own latency: what a shim could take out).
+  const char* const modes[] = {"ungated", "gated", "gated_two", "gated_empty", "ungated_empty"};
   for (const unsigned long long spin_ns : spins) {
-    for (const bool gated : {false, true}) {
+    for (const char* mode : modes) {
+      const bool gated = std::strncmp(mode, "gated", 5) == 0;
+      const int kernels = std::strcmp(mode, "gated_two") == 0 ? 2 : std::strstr(mode, "empty") != nullptr ? 0 : 1;
+      if (kernels == 0 && spin_ns != spins.front()) continue;  // no kernel: once is enough
       std::vector<double> excess, host;
       for (int i = 0; i < launches + 10; ++i) {  // (the first 10: warm-up, not kept)
         const double t0 = NowNs();
         if (gated) CHECK(cuStreamWaitValue32(reinterpret_cast<CUstream>(stream), flag_device, ++sequence, CU_STREAM_WAIT_VALUE_GEQ));
         CHECK(cudaEventRecord(start, stream));
-        Spin<<<1, 32, 0, stream>>>(span, spin_ns);
+        for (int k = 0; k < kernels; ++k) Spin<<<1, 32, 0, stream>>>(span + 2 * k, spin_ns);
         if (gated) __atomic_store_n(flag, sequence, __ATOMIC_RELEASE);
         CHECK(cudaEventRecord(end, stream));
         const double t1 = NowNs();
         CHECK(cudaStreamSynchronize(stream));
         float ms = 0;
         CHECK(cudaEventElapsedTime(&ms, start, end));
-        unsigned long long ran[2] = {};
+        unsigned long long ran[4] = {};
         CHECK(cudaMemcpy(ran, span, sizeof ran, cudaMemcpyDeviceToHost));
         if (i < 10) continue;
-        excess.push_back(static_cast<double>(ms) * 1e6 - static_cast<double>(ran[1] - ran[0]));
+        double spans = 0;
+        for (int k = 0; k < kernels; ++k) spans += static_cast<double>(ran[2 * k + 1] - ran[2 * k]);
+        excess.push_back(static_cast<double>(ms) * 1e6 - spans);
         host.push_back(t1 - t0);
       }
       const Spread e = Of(excess), h = Of(host);
       std::printf("{\"mode\":\"%s\",\"spin_ns\":%llu,\"launches\":%d,\"pair_minus_span_ns\":[%.0f,%.0f,%.0f],"
                   "\"host_ns\":[%.0f,%.0f,%.0f]}\n",
-                  gated ? "gated" : "ungated", spin_ns, launches, e.p10, e.median, e.p90, h.p10, h.median, h.p90);
+                  mode, kernels == 0 ? 0ull : spin_ns, launches, e.p10, e.median, e.p90, h.p10, h.median, h.p90);
       std::fflush(stdout);
     }
   }
