@@ -94,6 +94,48 @@ def test_a_deep_queue_is_measured_in_windows_not_launch_by_launch(fake_gpu, tena
     assert shim_records <= launches / 2, f"{shim_records} records for {launches} launches: not measured in windows"
 
 
+def test_launch_bound_tiny_kernels_are_charged_their_gpu_time_not_the_launch_call(fake_gpu, tenant_available, shim_path):
+    """A launch-bound stream of short kernels, as PyTorch's `x.add_` on the H100: each launch call takes the host longer
+    than the kernel runs (FAKECUDA_LAUNCH_CALL_NS: the call's host time before the GPU has the kernel, ~3 us on the
+    H100), so the stream is idle at every launch. A measured launch's event pair then also timed the call (the start is
+    written at once, the kernel waits for the call): such a tenant was charged 2-3 times its kernels and held far under
+    its cap (H100: `x.add_` at 30 % got 14.3 % of NVML's time). Its pairs are now gated (gates.h): the start waits for
+    the host to say the call has returned. 10 us kernels, 15 us launch calls, capped at 15 %: the device trace gives it
+    15 %; before, about 6 %."""
+    fake_gpu.env["FAKECUDA_LAUNCH_CALL_NS"] = "15000"
+    trace_path = fake_gpu.enable_trace()
+    natural = fake_gpu.tenant("--seconds", "2", "--kernel-us", "10", "--depth", "64", timeout=60)
+    assert natural.returncode == 0, natural.describe()
+    natural_share = kernel_shares(read_trace(trace_path), [natural.pid]).share(natural.pid)
+    contain(fake_gpu, shim_path, "launch-bound", 15)
+    result = fake_gpu.tenant("--seconds", "4", "--kernel-us", "10", "--depth", "64", timeout=60)
+    assert result.returncode == 0, result.describe()
+    share = kernel_shares(read_trace(trace_path), [result.pid]).share(result.pid)
+    print(f"\nlaunch-bound 10 us kernels (15 us launch calls): uncapped {100 * natural_share:.1f} %, capped at 15 %: "
+          f"device trace {100 * share:.1f} %")
+    assert natural_share >= 0.22, f"uncapped it takes {100 * natural_share:.1f} %: the cap would not bind"
+    assert share <= 0.18, f"{100 * share:.1f} % of the device for a 15 % cap"
+    assert share >= 0.12, f"over-charged: {100 * share:.1f} % for a 15 % cap (its launch calls are counted)"
+
+
+def test_a_launch_call_that_waits_for_its_gated_stream_does_not_hang(fake_gpu, tenant_available, shim_path):
+    """A gate holds a measured launch's stream until the host writes a word after the launch call: a launch call that
+    itself waits for that stream (a real driver's may: room in a push buffer shared with the stalled stream, lazy
+    module loading) would wait forever for a word nobody writes. The watchdog writes it once it has not moved for a
+    millisecond. FAKECUDA_LAUNCH_WAITS_FOR_STREAM=1 makes every launch call wait for its stream: without the
+    watchdog the first gated launch never returns. The run ends, and the cap holds."""
+    fake_gpu.env["FAKECUDA_LAUNCH_WAITS_FOR_STREAM"] = "1"
+    trace_path = fake_gpu.enable_trace()
+    contain(fake_gpu, shim_path, "waiting-launch", 30)
+    result = fake_gpu.tenant("--seconds", "2", "--kernel-us", "50", "--depth", "4", timeout=30)
+    assert result.returncode == 0, result.describe()
+    share = kernel_shares(read_trace(trace_path), [result.pid]).share(result.pid)
+    print(f"\nlaunch calls that wait for their stream, capped at 30 %: {result.json['kernels']} kernels, device trace "
+          f"{100 * share:.1f} %")
+    assert result.json["kernels"] > 1000, result.json
+    assert share <= 0.33, f"{100 * share:.1f} % of the device for a 30 % cap"
+
+
 def bursts(fake_gpu, work: str, idle: str) -> tuple[float, dict]:
     """Runs vgpu-tenant in bursts (`work`: a phase spec) separated by idle pauses with no synchronize, for 4 s; its
     share of the device by the trace, and its result line."""

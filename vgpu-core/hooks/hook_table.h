@@ -113,7 +113,11 @@
   X(cuEventRecord)           \
   X(cuEventQuery)            \
   X(cuEventSynchronize)      \
-  X(cuEventElapsedTime_v2)
+  X(cuEventElapsedTime_v2)   \
+  /* gated measurements (gates.h) */ \
+  X(cuMemHostAlloc)          \
+  X(cuMemHostGetDevicePointer_v2) \
+  X(cuStreamWaitValue32_v2)
 
 #define VGPU_NVML_HELPERS(X)           \
   X(nvmlDeviceGetUUID)                 \
