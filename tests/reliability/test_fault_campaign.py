@@ -162,6 +162,9 @@ CALLS: dict[str, Call] = {
     "cuEventQuery": _cuda("helper", "compute"),
     "cuEventSynchronize": _cuda("resolved", "-"),
     "cuEventElapsedTime_v2": _cuda("helper", "compute"),
+    "cuMemHostAlloc": _cuda("helper", "compute"),                 # the gate's word (gated measurements)
+    "cuMemHostGetDevicePointer_v2": _cuda("helper", "compute"),
+    "cuStreamWaitValue32_v2": _cuda("helper", "compute"),         # a measured launch's stream held for the word
     "nvmlDeviceGetUUID": _nvml("helper", "nvml-view"),
     "nvmlDeviceGetIndex": _nvml("helper", "nvml-view"),           # without CUDA in the process
     "nvmlDeviceGetHandleByUUID": _nvml("helper", "memory"),       # a context measured from NVML
@@ -172,7 +175,8 @@ CALLS: dict[str, Call] = {
 
 # Helpers the compute-limited launch path calls on every launch (or on the first): faulted under a compute cap too.
 LAUNCH_HELPERS = ["cuStreamIsCapturing", "cuStreamQuery", "cuThreadExchangeStreamCaptureMode", "cuCtxGetDevice", "cuCtxGetCurrent", "cuDeviceGet", "cuDeviceGetUuid_v2",
-                  "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime_v2"]
+                  "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime_v2", "cuMemHostAlloc",
+                  "cuMemHostGetDevicePointer_v2", "cuStreamWaitValue32_v2"]
 # NVML getters fakecuda can spoil with garbage, as the shim reaches them (scenario of each).
 GARBAGE_GETTERS = {"nvmlDeviceGetMemoryInfo": "nvml-view", "nvmlDeviceGetMemoryInfo_v2": "nvml-view",
                    "nvmlDeviceGetUUID": "nvml-view", "nvmlDeviceGetIndex": "nvml-view",
