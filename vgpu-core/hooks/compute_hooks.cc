@@ -93,6 +93,10 @@ struct Pending {
   // just before the start, behind the same gate: the two time the events' own latency (see SettleCompleted).
   bool gated = false;
   CUevent calib = nullptr;
+  // The kernel's first launch in this process: the driver may load its module inside that launch call (lazily),
+  // after the start was written, so the pair may time the loading (2.8-6.4 ms for PyTorch's x.add_ on an H100).
+  // Charged what it measured, not learned from: the kernel's usual cost would carry the loading for 64 measurements.
+  bool first = false;
 };
 
 // A stream's open measurement window, and the event that ended the last one (the next one's start while the
@@ -349,7 +353,7 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
       const std::uint64_t seen = NowNs();
       measured = seen > p.launched_ns ? seen - p.launched_ns : 1;
     }
-    d.limiter->Settle(p.key, p.charged_ns, measured, now);
+    d.limiter->Settle(p.key, p.charged_ns, measured, now, !p.first);
     ReturnEvent(d, p.context, p.start);
     ReturnEvent(d, p.context, p.end);
     ReturnEvent(d, p.context, p.calib);
@@ -1221,6 +1225,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
                                   state->books > OwnBooksOn(*d, state)});
         // (A gate another opened first -- the watchdog, or a later gate's owner -- did not hold the start: ungated.)
         d->pending.back().gated = gated;
+        d->pending.back().first = admission.launches == 0;
         if (gated && calibrating) d->pending.back().calib = std::exchange(plan.calib, nullptr);
       })) {
     plan.how = How::unmeasured;  // out of host memory: the kernel ran, settled as one that was not measured

@@ -197,13 +197,13 @@ void Limiter::Learn(const KernelKey& key, std::uint64_t measured_ns) {
 }
 
 void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
-                     std::uint64_t now_ns) {
+                     std::uint64_t now_ns, bool learn) {
   Forget(key, charged_ns);
   std::uint64_t accounted = charged_ns;
   if (measured_ns.has_value() && *measured_ns > 0 && *measured_ns < kAbsurdNs) {
     // The run is accounted at what it measured, so the long-run budget is exact for a lone container whatever its
     // kernels do (jitter, one function given different sizes).
-    Learn(key, *measured_ns);
+    if (learn) Learn(key, *measured_ns);
     accounted = *measured_ns;
   } else {
     ++ignored_measurements_;  // missing or garbage: the estimate stands, nothing blocks on it

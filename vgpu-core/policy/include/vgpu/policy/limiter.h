@@ -78,9 +78,10 @@ class Limiter {
   Admission Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_in_flight = true);
 
   // The launch's GPU time is known (`measured_ns`), or will never be (nullopt: settled at the estimate). Corrects
-  // the budget, learns the cost, publishes utilization.
+  // the budget, learns the cost (unless `learn` is false: the measurement is charged, but says nothing of the
+  // kernel's usual cost, such as a first launch that also loaded its module), publishes utilization.
   void Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
-              std::uint64_t now_ns);
+              std::uint64_t now_ns, bool learn = true);
 
   // The launch did not happen (the driver refused it): everything it was charged goes back. (Launches of one kernel
   // may be cancelled together: `charged_ns` their charges' sum.)
