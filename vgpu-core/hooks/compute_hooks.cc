@@ -65,13 +65,12 @@ constexpr std::uint64_t kBookNs = 200'000;
 constexpr std::uint32_t kBookWorthLaunches = 16;  // a book that served fewer before a queue ended it ...
 constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances of a book off its stream
 
-// Gated pairs (gates.h; docs/compute-limit.md, "Launches on an idle stream"): the events' own latency is measured on
-// the first kLatencySamples gated pairs and then one in kLatencyEvery, and what is taken out of a gated pair is the
-// least seen, never more than kMaxEventLatencyNs (1.28 us on an H100: a tenant that made every sample slow would gain
-// at most that, a launch).
-constexpr std::uint32_t kLatencySamples = 16;
-constexpr std::uint32_t kLatencyEvery = 256;
-constexpr std::uint64_t kMaxEventLatencyNs = 2'000;
+// A measured launch of a kernel shorter than this is gated (gates.h): its pair then times the GPU's part of the launch,
+// not the host's launch call (~3 us on an H100: most of a tiny kernel's pair). A longer kernel's pair is left ungated:
+// the call is a few percent of it at most, and each gate leaves the context with nothing to run until the host writes
+// the word, which under time-slicing hands the GPU to another container (kernels of this length are measured at every
+// launch: see MeasuredOneIn).
+constexpr std::uint64_t kGateBelowNs = 250'000;
 
 // A measurement waiting for its end event: a pair around one launch, or a window around several.
 struct Pending {
@@ -89,10 +88,6 @@ struct Pending {
   // A pair between whose events another thread launched onto the same stream: its kernel may lie between them, so
   // the pair says how long both ran, not this kernel. Settled at the kernel's usual cost, not learned from.
   bool shared = false;
-  // A gated pair (gates.h): its start was written once the launch call had returned. `calib`, where set, was recorded
-  // just before the start, behind the same gate: the two time the events' own latency (see SettleCompleted).
-  bool gated = false;
-  CUevent calib = nullptr;
   // The kernel's first launch in this process: the driver may load its module inside that launch call (lazily),
   // after the start was written, so the pair may time the loading (2.8-6.4 ms for PyTorch's x.add_ on an H100).
   // Charged what it measured, not learned from: the kernel's usual cost would carry the loading for 64 measurements.
@@ -158,12 +153,6 @@ struct DeviceLimiter {
   std::unordered_map<CUstream, StreamState> streams;
   std::atomic<std::uint64_t> last_reading_ns{0};  // `default`: the last time OthersBusy gave a reading
   std::atomic<std::uint64_t> held_blind_ns{0};    // `default`: when the container was last held for want of readings
-  // Gated pairs (under `mutex`): the least time seen between two events recorded back to back behind a gate (the
-  // events' own latency, taken out of every gated pair; kUnknownLatency until measured), how many times it has been
-  // measured, and the gated pairs planned since.
-  std::uint64_t event_latency_ns = ~std::uint64_t{0};
-  std::uint32_t latency_samples = 0;
-  std::uint32_t gated_pairs = 0;
 };
 
 DeviceLimiter g_devices[policy::kMaxDevices];
@@ -290,7 +279,6 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
   while (!d.abandoned.empty() && Real::cuEventQuery(d.abandoned.front().end) != CUDA_ERROR_NOT_READY) {
     ReturnEvent(d, d.abandoned.front().context, d.abandoned.front().start);
     ReturnEvent(d, d.abandoned.front().context, d.abandoned.front().end);
-    ReturnEvent(d, d.abandoned.front().context, d.abandoned.front().calib);
     d.abandoned.pop_front();
   }
   while (!d.pending.empty()) {
@@ -327,7 +315,6 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
       d.limiter->SettleUnmeasured(p.key, p.charged_ns, now);  // (a kernel never measured takes the pair: an over-charge)
       ReturnEvent(d, p.context, p.start);
       ReturnEvent(d, p.context, p.end);
-      ReturnEvent(d, p.context, p.calib);
       d.pending.pop_front();
       continue;
     }
@@ -335,18 +322,6 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
     float ms = 0;
     if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
       measured = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
-      if (p.gated) {
-        // Behind a gate the pair starts once the kernel has been submitted; what it still counts beyond the kernel's
-        // GPU time is the events' own latency (and the GPU's dispatch, which a kernel pays in a queue as well).
-        float latency_ms = 0;
-        if (p.calib != nullptr && Real::cuEventElapsedTime_v2(&latency_ms, p.calib, p.start) == CUDA_SUCCESS &&
-            latency_ms >= 0) {
-          d.event_latency_ns = std::min(d.event_latency_ns, static_cast<std::uint64_t>(static_cast<double>(latency_ms) * 1e6));
-        }
-        const std::uint64_t latency =
-            d.event_latency_ns == ~std::uint64_t{0} ? 0 : std::min(d.event_latency_ns, kMaxEventLatencyNs);
-        *measured = *measured > latency ? *measured - latency : 1;
-      }
     } else if (!known) {
       // Complete, never measured, and its events will not say how long it ran: from its launch to now is at least
       // that (an estimate of 100 us for a kernel of any length would let it run uncapped).
@@ -356,7 +331,6 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
     d.limiter->Settle(p.key, p.charged_ns, measured, now, !p.first);
     ReturnEvent(d, p.context, p.start);
     ReturnEvent(d, p.context, p.end);
-    ReturnEvent(d, p.context, p.calib);
     d.pending.pop_front();
   }
 }
@@ -570,8 +544,7 @@ struct Plan {
   bool unknown_cost = false;
   bool close_after = false;  // the launch fills its window: the window ends right after it
   std::uint64_t sequence = 0;  // the stream's `planned` count with this launch
-  bool gate = false;  // a pair to gate (gates.h); `calib`: an event to time the events' own latency behind the gate
-  CUevent calib = nullptr;
+  bool gate = false;  // a pair to gate (gates.h)
 };
 
 bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns);
@@ -664,18 +637,11 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
     if (plan.start != nullptr && plan.end != nullptr) plan.how = How::pair;
-    // A known kernel's pair is gated. A kernel's first launches are not: a launch call that loads its module may
-    // wait for the GPU (the watchdog would open the gate, a millisecond later each time).
-    // Only on a stream one thread launches into: there a gate holds nobody else's kernels, and nothing comes between
-    // the two records that time the events' latency (with four threads into one stream, other threads' launches and
-    // gates did: 30.3-36.4 % of a 30 % cap).
-    if (plan.how == How::pair && !plan.unknown_cost && !state.many_threads && gates::Usable()) {
-      plan.gate = true;
-      if ((d.latency_samples < kLatencySamples || ++d.gated_pairs % kLatencyEvery == 0) &&
-          TakeEvent(d, context, plan.calib) == CUDA_SUCCESS) {
-        ++d.latency_samples;
-      }
-    }
+    // A known short kernel's pair is gated (kGateBelowNs), on a stream one thread launches into (there a gate holds
+    // nobody else's kernels). A kernel's first launches are not: a launch call that loads its module may wait for the
+    // GPU (the watchdog would open the gate, a millisecond later each time).
+    plan.gate = plan.how == How::pair && !plan.unknown_cost && charged_ns < kGateBelowNs && !state.many_threads &&
+                gates::Usable();
   }
   return plan;
 }
@@ -1136,13 +1102,10 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
 
   std::uint64_t launched_ns = 0;
   gates::Gate gate;
-  bool calibrating = false;  // plan.calib recorded behind the gate
   if (plan.how == How::pair) {
     RelaxedCapture relaxed;
     launched_ns = NowNs();
-    if (plan.gate && gates::Shut(stream, context, gate) && plan.calib != nullptr) {
-      calibrating = Real::cuEventRecord(plan.calib, stream) == CUDA_SUCCESS;
-    }
+    if (plan.gate) (void)gates::Shut(stream, context, gate);
     setup = Real::cuEventRecord(plan.start, stream);
     if (setup != CUDA_SUCCESS) plan.how = How::unmeasured;
   }
@@ -1157,7 +1120,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   }
   const CUresult result = launch();
   // The launch call has returned: the stream may go on. (Whether it ran or not, a shut gate is opened.)
-  const bool gated = gates::Open(gate);
+  (void)gates::Open(gate);
   if (settled_early) {
     if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed, and the launches after it get no book
       {
@@ -1214,7 +1177,6 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     if (owed_nothing) d->limiter->Cancel(key, admission.charged_ns);
     ReturnEvent(*d, context, plan.start);
     ReturnEvent(*d, context, plan.end);
-    ReturnEvent(*d, context, plan.calib);
     if (state != nullptr && close_window) CloseWindow(*d, stream, *state, at, false);
     return result;
   }
@@ -1223,14 +1185,10 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
         d->pending.push_back({key, admission.charged_ns, plan.start, plan.end, context, launched_ns, {}, false, 0,
                               state == nullptr || state->planned != plan.sequence ||
                                   state->books > OwnBooksOn(*d, state)});
-        // (A gate another opened first -- the watchdog, or a later gate's owner -- did not hold the start: ungated.)
-        d->pending.back().gated = gated;
         d->pending.back().first = admission.launches == 0;
-        if (gated && calibrating) d->pending.back().calib = std::exchange(plan.calib, nullptr);
       })) {
     plan.how = How::unmeasured;  // out of host memory: the kernel ran, settled as one that was not measured
   }
-  ReturnEvent(*d, context, plan.calib);  // not recorded, or not behind a gate that held
   if (plan.how == How::pair) {
     if (state != nullptr) {
       ReturnEvent(*d, context, state->mark);
