@@ -89,6 +89,17 @@ void LoadKernelCosts(Driver& d) {
                       call);
     }
   }
+  if (const char* load = std::getenv("FAKECUDA_LAZY_LOAD_NS"); load != nullptr && *load != '\0') {
+    std::uint64_t ns = 0;
+    const std::string_view text(load);
+    if (std::from_chars(text.data(), text.data() + text.size(), ns).ptr == text.data() + text.size() &&
+        ns <= 1'000'000'000) {
+      d.lazy_load_ns = ns;
+    } else {
+      state::LogError("FAKECUDA_LAZY_LOAD_NS='%s' is not a number of nanoseconds in 0..1000000000 (e.g. 3000000); "
+                      "using 0", load);
+    }
+  }
   if (const char* waits = std::getenv("FAKECUDA_LAUNCH_WAITS_FOR_STREAM"); waits != nullptr && *waits != '\0') {
     if (std::strcmp(waits, "1") == 0 || std::strcmp(waits, "0") == 0) {
       d.launch_waits_for_stream = waits[0] == '1';

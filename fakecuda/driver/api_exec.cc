@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "internal.h"
 #include "ptx.h"
@@ -279,6 +280,13 @@ CUresult Launch(const LaunchRequest& r) {
   std::unique_lock<std::mutex> guard(d.mutex);
   Function* f = Lookup<Function>(d, r.function, Kind::function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!std::exchange(f->launched, true) && d.lazy_load_ns > 0) {
+    guard.unlock();  // loading it: host time inside the call, outside the lock
+    SpendLaunchCall(d.lazy_load_ns);
+    guard.lock();
+    f = Lookup<Function>(d, r.function, Kind::function);  // (its module may have gone meanwhile)
+    if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  }
   Context* c = CurrentContext(d);
   if (c == nullptr) return NoContextError(d);
   if (const CUresult v = ValidateShape(d, *f, *c, r); v != CUDA_SUCCESS) return v;
