@@ -641,8 +641,8 @@ def proc_address_scenario():
 
 
 def compute_scenario():
-    """1 ms kernels, 4 in flight, for CAMPAIGN_SECONDS: the share of GPU time is read from the trace. Only launches
-    and stream synchronizations are called here: the events are the shim's."""
+    """1 ms kernels (CAMPAIGN_KERNEL_NS), 4 in flight, for CAMPAIGN_SECONDS: the share of GPU time is read from the
+    trace. Only launches and stream synchronizations are called here: the events are the shim's."""
     import time
 
     from cuda.bindings import driver as cu
@@ -653,7 +653,7 @@ def compute_scenario():
     cu.cuInit(0)
     retain_primary(cu)
     _, function = load_spin_kernel()
-    ns = ctypes.c_uint64(1_000_000)
+    ns = ctypes.c_uint64(int(os.environ.get("CAMPAIGN_KERNEL_NS", "1000000")))
     params = (ctypes.c_void_p * 1)(ctypes.addressof(ns))
     argument = ctypes.addressof(params)
     ok, stream = call("cuStreamCreate", cu.cuStreamCreate(0))
@@ -1105,6 +1105,7 @@ CAP = 0.30
 SHARE_TOLERANCE = 0.03
 
 
+GATE_CALLS = ("cuMemHostAlloc", "cuMemHostGetDevicePointer_v2", "cuStreamWaitValue32_v2")
 COMPUTE_RUNS = [(name, "sporadic") for name in LAUNCH_HELPERS] + [(name, "persistent") for name in LAUNCH_HELPERS] + [
     ("cuEventQuery", "never-ready"), ("cuEventQuery", "never-ready-sporadic")]
 
@@ -1128,6 +1129,9 @@ def test_the_compute_cap_holds_with_faults_on_admission_and_measurement(fake_gpu
         fake_gpu.env["CAMPAIGN_CAPTURE"] = "1"
     if name == "cuCtxGetDevice":
         fake_gpu.env["FAKECUDA_DEVICES"] = "2*h100-80gb"
+    # A measured launch is gated only for a kernel under 250 us (gates.h; kGateBelowNs).
+    if name in GATE_CALLS:
+        fake_gpu.env["CAMPAIGN_KERNEL_NS"] = "50000"
     error, code = CUDA_ERROR, CUDA_ERROR_CODE
     if kind.startswith("never-ready"):
         error, code = "CUDA_ERROR_NOT_READY", 600
