@@ -29,6 +29,15 @@ def contain(fake_gpu, shim_path, name: str, percent: int) -> None:
     })
 
 
+def tenant_share(fake_gpu, *args: str, timeout: float = 60):
+    """Runs vgpu-tenant with `args` (fakecuda tracing), and returns its share of the device by the trace and its
+    result."""
+    trace_path = fake_gpu.enable_trace()
+    result = fake_gpu.tenant(*args, timeout=timeout)
+    assert result.returncode == 0, result.describe()
+    return kernel_shares(read_trace(trace_path), [result.pid]).share(result.pid), result
+
+
 @pytest.mark.parametrize("kernel_args", [["--kernel-us", "1000"], ["--kernel-us", "20000", "--blocks", "132"],
                                          ["--kernel-us", "20", "--depth", "8"]],
                          ids=["1ms", "persistent-20ms", "20us"])
@@ -103,14 +112,9 @@ def test_launch_bound_tiny_kernels_are_charged_their_gpu_time_not_the_launch_cal
     the host to say the call has returned. 10 us kernels, 15 us launch calls, capped at 15 %: the device trace gives it
     15 %; before, about 6 %."""
     fake_gpu.env["FAKECUDA_LAUNCH_CALL_NS"] = "15000"
-    trace_path = fake_gpu.enable_trace()
-    natural = fake_gpu.tenant("--seconds", "2", "--kernel-us", "10", "--depth", "64", timeout=60)
-    assert natural.returncode == 0, natural.describe()
-    natural_share = kernel_shares(read_trace(trace_path), [natural.pid]).share(natural.pid)
+    natural_share, _ = tenant_share(fake_gpu, "--seconds", "2", "--kernel-us", "10", "--depth", "64")
     contain(fake_gpu, shim_path, "launch-bound", 15)
-    result = fake_gpu.tenant("--seconds", "4", "--kernel-us", "10", "--depth", "64", timeout=60)
-    assert result.returncode == 0, result.describe()
-    share = kernel_shares(read_trace(trace_path), [result.pid]).share(result.pid)
+    share, _ = tenant_share(fake_gpu, "--seconds", "4", "--kernel-us", "10", "--depth", "64")
     print(f"\nlaunch-bound 10 us kernels (15 us launch calls): uncapped {100 * natural_share:.1f} %, capped at 15 %: "
           f"device trace {100 * share:.1f} %")
     assert natural_share >= 0.22, f"uncapped it takes {100 * natural_share:.1f} %: the cap would not bind"
@@ -125,11 +129,8 @@ def test_a_kernels_first_launch_that_loads_its_module_does_not_set_its_cost(fake
     settled every launch at ~300 us: x.add_ got 1.7 % of NVML's time at 10 % on the H100, 0.2 % here. The first
     launch is charged what it measured and not learned from. 10 us kernels, 15 us launch calls, a 5 ms load, 10 %."""
     fake_gpu.env.update({"FAKECUDA_LAUNCH_CALL_NS": "15000", "FAKECUDA_LAZY_LOAD_NS": "5000000"})
-    trace_path = fake_gpu.enable_trace()
     contain(fake_gpu, shim_path, "lazy-load", 10)
-    result = fake_gpu.tenant("--seconds", "3", "--kernel-us", "10", "--depth", "64", timeout=60)
-    assert result.returncode == 0, result.describe()
-    share = kernel_shares(read_trace(trace_path), [result.pid]).share(result.pid)
+    share, _ = tenant_share(fake_gpu, "--seconds", "3", "--kernel-us", "10", "--depth", "64")
     print(f"\nfirst launch loading its module for 5 ms, 10 us kernels capped at 10 %: device trace {100 * share:.1f} %")
     assert share <= 0.12, f"{100 * share:.1f} % of the device for a 10 % cap"
     assert share >= 0.08, f"over-charged: {100 * share:.1f} % for a 10 % cap (the loading set the kernel's cost)"
@@ -138,15 +139,12 @@ def test_a_kernels_first_launch_that_loads_its_module_does_not_set_its_cost(fake
 def test_a_launch_call_that_waits_for_its_gated_stream_does_not_hang(fake_gpu, tenant_available, shim_path):
     """A gate holds a measured launch's stream until the host writes a word after the launch call: a launch call that
     itself waits for that stream (a real driver's may: room in a push buffer shared with the stalled stream, lazy
-    module loading) would wait forever for a word nobody writes. The watchdog writes it once it has not moved for a
-    millisecond. FAKECUDA_LAUNCH_WAITS_FOR_STREAM=1 makes every launch call wait for its stream: without the
-    watchdog the first gated launch never returns. The run ends, and the cap holds."""
+    module loading) would wait forever for a word nobody writes. The watchdog writes it once it has not moved for
+    5-10 ms, and pauses gates (ever longer). FAKECUDA_LAUNCH_WAITS_FOR_STREAM=1 makes every launch call wait for its
+    stream: without the watchdog the first gated launch never returns. The run ends, and the cap holds."""
     fake_gpu.env["FAKECUDA_LAUNCH_WAITS_FOR_STREAM"] = "1"
-    trace_path = fake_gpu.enable_trace()
     contain(fake_gpu, shim_path, "waiting-launch", 30)
-    result = fake_gpu.tenant("--seconds", "2", "--kernel-us", "50", "--depth", "4", timeout=30)
-    assert result.returncode == 0, result.describe()
-    share = kernel_shares(read_trace(trace_path), [result.pid]).share(result.pid)
+    share, result = tenant_share(fake_gpu, "--seconds", "2", "--kernel-us", "50", "--depth", "4", timeout=30)
     print(f"\nlaunch calls that wait for their stream, capped at 30 %: {result.json['kernels']} kernels, device trace "
           f"{100 * share:.1f} %")
     assert result.json["kernels"] > 1000, result.json

@@ -89,7 +89,7 @@ struct Pending {
   // the pair says how long both ran, not this kernel. Settled at the kernel's usual cost, not learned from.
   bool shared = false;
   // The kernel's first launch in this process: the driver may load its module inside that launch call (lazily),
-  // after the start was written, so the pair may time the loading (2.8-6.4 ms for PyTorch's x.add_ on an H100).
+  // after the start was written, so the pair may time the loading (1.5-3.1 ms for PyTorch's first kernels on an H100).
   // Charged what it measured, not learned from: the kernel's usual cost would carry the loading for 64 measurements.
   bool first = false;
 };
@@ -641,7 +641,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
     // nobody else's kernels). A kernel's first launches are not: a launch call that loads its module may wait for the
     // GPU (the watchdog would open the gate, a millisecond later each time).
     plan.gate = plan.how == How::pair && !plan.unknown_cost && charged_ns < kGateBelowNs && !state.many_threads &&
-                gates::Usable();
+                gates::Usable(at);
   }
   return plan;
 }

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <new>
@@ -17,13 +18,18 @@ namespace vgpu::hooks::gates {
 namespace {
 
 // A gate shut while the word has not moved for this long is opened by the watchdog (the launch call behind it is
-// waiting for the GPU, or its thread is stalled: either way the stream must go on).
-constexpr std::uint64_t kDeadlineNs = 1'000'000;
+// waiting for the GPU, or its thread is stalled: either way the stream must go on). Longer than a busy host keeps a
+// thread off its CPU at a time (a scheduler's slice, a few milliseconds), so that a preempted launch call seldom
+// looks like one that waits for the GPU; the watchdog looks this often while gates are being shut.
+constexpr std::uint64_t kDeadlineNs = 5'000'000;
 // The watchdog parks after this long without a gate, and is woken by the next.
 constexpr std::uint64_t kParkAfterNs = 100'000'000;
-// After the watchdog has had to open this many gates, none is shut again in this process: its launch calls wait for
-// the GPU (each gate would cost it a millisecond), so its pairs are left ungated, as before gates.
-constexpr std::uint32_t kGiveUpAfterForced = 4;
+// Each time the watchdog has had to open a gate, no gate is shut for a while: this long the first time, twice as long
+// each time after (to kMaxPauseNs), back to this after kForgiveAfterNs without one. A launch call that waits for the
+// GPU would cost kDeadlineNs or more at every gate; a thread the host left off its CPU that long costs one pause.
+constexpr std::uint64_t kFirstPauseNs = 100'000'000;
+constexpr std::uint64_t kMaxPauseNs = 60'000'000'000;
+constexpr std::uint64_t kForgiveAfterNs = 10'000'000'000;
 
 std::uint64_t NowNs() {
   struct timespec ts {};
@@ -45,6 +51,7 @@ struct State {
   std::atomic<bool> unusable{false};
   bool watchdog_started = false;  // under make_mutex
   std::atomic<std::uint32_t> issued{0};  // the last value a gate waits for
+  std::atomic<std::uint64_t> paused_until_ns{0};  // no gate is shut before this (see kFirstPauseNs)
   std::atomic<std::uint64_t> last_shut_ns{0};
   std::atomic<std::uint32_t> parked{0};
   std::atomic<std::uint32_t> wake{0};
@@ -76,7 +83,8 @@ void WithWord(State& s, F&& f) {
 
 void* Watch(void*) {
   State& s = TheState();
-  std::uint32_t last_word = 0, last_issued = 0, forced = 0;
+  std::uint32_t last_word = 0, last_issued = 0;
+  std::uint64_t pause_ns = 0, last_forced_ns = 0, forced = 0;
   for (;;) {
     const std::uint64_t now = NowNs();
     if (now > s.last_shut_ns.load(std::memory_order_acquire) + kParkAfterNs) {
@@ -96,11 +104,18 @@ void* Watch(void*) {
       const std::uint32_t seen = word.load(std::memory_order_acquire);
       const std::uint32_t issued = s.issued.load(std::memory_order_acquire);
       // A gate shut at the last look and nothing opened since: its time is up.
-      if (!Reached(seen, issued) && seen == last_word && issued == last_issued && Raise(word, issued) &&
-          ++forced == kGiveUpAfterForced) {
-        s.unusable.store(true, std::memory_order_relaxed);
-        Log(1, "the watchdog has opened %u gated measurements whose launch calls waited for the GPU; measured "
-               "launches are no longer gated in this process (docs/compute-limit.md)", forced);
+      if (!Reached(seen, issued) && seen == last_word && issued == last_issued && Raise(word, issued)) {
+        const std::uint64_t at = NowNs();
+        pause_ns = pause_ns == 0 || at > last_forced_ns + kForgiveAfterNs ? kFirstPauseNs
+                                                                          : std::min(2 * pause_ns, kMaxPauseNs);
+        last_forced_ns = at;
+        s.paused_until_ns.store(at + pause_ns, std::memory_order_relaxed);
+        if (++forced == 1 || pause_ns == kMaxPauseNs) {
+          Log(1, "a gated measurement's launch call had not returned after %llu ms (%llu so far): the watchdog "
+                 "opened its gate; no gate for %llu ms (docs/compute-limit.md)",
+              static_cast<unsigned long long>(kDeadlineNs / 1'000'000),
+              static_cast<unsigned long long>(forced), static_cast<unsigned long long>(pause_ns / 1'000'000));
+        }
       }
       last_word = seen;
       last_issued = issued;
@@ -128,15 +143,24 @@ bool StartWatchdog(State& s) {
 
 }  // namespace
 
-bool Usable() {
+namespace {
+
+// The driver exports what gates need and has not refused them (and this is not a fork child).
+bool Supported() {
   return Real::cuStreamWaitValue32_v2 != nullptr && Real::cuMemHostAlloc != nullptr &&
          Real::cuMemHostGetDevicePointer_v2 != nullptr && !TheState().unusable.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool Usable(std::uint64_t now_ns) {
+  return Supported() && now_ns >= TheState().paused_until_ns.load(std::memory_order_relaxed);
 }
 
 bool Shut(CUstream stream, CUcontext context, Gate& gate) {
   gate = Gate{};
   State& s = TheState();
-  if (!Usable()) return false;
+  if (!Supported()) return false;
   if (s.word.load(std::memory_order_acquire) == nullptr) {
     std::lock_guard<std::mutex> guard(s.make_mutex);
     if (s.word.load(std::memory_order_acquire) == nullptr) {

@@ -7,8 +7,9 @@
 //
 // A launch call that itself waits for the GPU (a push buffer shared with the stalled stream) would wait forever for a
 // word it has not written yet: a watchdog thread (started with the first gate, every signal blocked, parked after
-// 100 ms without gates) writes the word once it has not moved for a millisecond while a gate is shut. Whoever opens a
-// gate first, its owner learns whether it was still shut: if not, the pair was not gated.
+// 100 ms without gates) writes the word once it has not moved for 5-10 ms while a gate is shut, and then pauses
+// gates for 100 ms, twice as long at each such opening in a row (to a minute). Whoever opens a gate first, its owner
+// learns whether it was still shut: if not, the pair was not gated.
 #pragma once
 
 #include <cuda.h>
@@ -22,8 +23,9 @@ struct Gate {
   bool shut = false;  // a wait was queued: Open must be called
 };
 
-// Whether gates may be tried at all (the driver exports what they need and has not refused them).
-bool Usable();
+// Whether a gate may be shut at `now_ns` (CLOCK_MONOTONIC): the driver exports what gates need and has not refused
+// them, and the watchdog has not paused them.
+bool Usable(std::uint64_t now_ns);
 
 // Queues, on `stream` of the current context `context`, a wait until the word reaches a new value. False, with
 // nothing queued: no gate (the driver lacks stream waits or pinned memory, the word belongs to another context, or
