@@ -100,26 +100,28 @@ void* Watch(void*) {
     }
     struct timespec nap {0, static_cast<long>(kDeadlineNs)};
     nanosleep(&nap, nullptr);
+    bool opened = false;
     WithWord(s, [&](std::atomic<std::uint32_t>& word) {
       const std::uint32_t seen = word.load(std::memory_order_acquire);
       const std::uint32_t issued = s.issued.load(std::memory_order_acquire);
       // A gate shut at the last look and nothing opened since: its time is up.
-      if (!Reached(seen, issued) && seen == last_word && issued == last_issued && Raise(word, issued)) {
-        const std::uint64_t at = NowNs();
-        pause_ns = pause_ns == 0 || at > last_forced_ns + kForgiveAfterNs ? kFirstPauseNs
-                                                                          : std::min(2 * pause_ns, kMaxPauseNs);
-        last_forced_ns = at;
-        s.paused_until_ns.store(at + pause_ns, std::memory_order_relaxed);
-        if (++forced == 1 || pause_ns == kMaxPauseNs) {
-          Log(1, "a gated measurement's launch call had not returned after %llu ms (%llu so far): the watchdog "
-                 "opened its gate; no gate for %llu ms (docs/compute-limit.md)",
-              static_cast<unsigned long long>(kDeadlineNs / 1'000'000),
-              static_cast<unsigned long long>(forced), static_cast<unsigned long long>(pause_ns / 1'000'000));
-        }
-      }
+      opened = !Reached(seen, issued) && seen == last_word && issued == last_issued && Raise(word, issued);
       last_word = seen;
       last_issued = issued;
     });
+    if (!opened) continue;
+    const std::uint64_t at = NowNs();
+    pause_ns = pause_ns == 0 || at > last_forced_ns + kForgiveAfterNs ? kFirstPauseNs
+                                                                      : std::min(2 * pause_ns, kMaxPauseNs);
+    last_forced_ns = at;
+    s.paused_until_ns.store(at + pause_ns, std::memory_order_relaxed);
+    // (Not while announced in `users`: a write to a stderr nobody reads could block a context's destruction.)
+    if (++forced == 1 || pause_ns == kMaxPauseNs) {
+      Log(1, "a gated measurement's launch call had not returned after %llu ms (%llu so far): the watchdog opened its "
+             "gate; no gate for %llu ms (docs/compute-limit.md)",
+          static_cast<unsigned long long>(kDeadlineNs / 1'000'000), static_cast<unsigned long long>(forced),
+          static_cast<unsigned long long>(pause_ns / 1'000'000));
+    }
   }
   return nullptr;
 }
