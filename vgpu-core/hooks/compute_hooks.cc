@@ -24,6 +24,12 @@ constexpr std::uint64_t kBurstNs = 20'000'000;
 constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then about one launch per kMeasureSpacingNs of its run time
 constexpr std::uint64_t kMeasureSpacingNs = 250'000;
 constexpr std::uint64_t kMeasureAtLeastOneIn = 64;
+// A steady kernel (policy::Admission::steady) is measured about once per kSteadySpacingNs of its run time, at least one
+// launch in kSteadyAtLeastOneIn: a measured launch costs the host ~4 us (a gate, two records) and the GPU a few us more
+// that a synchronize waits for; one in 64 tiny launches was ~1 % of a launch + synchronize on the H100 (docs/results-gpu.md,
+// "Ninth run").
+constexpr std::uint64_t kSteadySpacingNs = 1'000'000;
+constexpr std::uint64_t kSteadyAtLeastOneIn = 256;
 // A measurement window (launches queued back to back on one stream, one event between windows) ends after this
 // many launches or this much estimated GPU time, whichever comes first (docs/compute-limit.md): a quarter of what
 // may be queued unmeasured (LimiterConfig::in_flight_max_ns), so that windows settle while more are queued.
@@ -69,7 +75,7 @@ constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances 
 // not the host's launch call (~3 us on an H100: most of a tiny kernel's pair). A longer kernel's pair is left ungated:
 // the call is a few percent of it at most, and each gate leaves the context with nothing to run until the host writes
 // the word, which under time-slicing hands the GPU to another container (kernels of this length are measured at every
-// launch: see MeasuredOneIn).
+// launch unless they are steady: see MeasuredOneIn).
 constexpr std::uint64_t kGateBelowNs = 250'000;
 
 // A measurement waiting for its end event: a pair around one launch, or a window around several.
@@ -547,7 +553,7 @@ struct Plan {
   bool gate = false;  // a pair to gate (gates.h)
 };
 
-bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns);
+bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns, bool steady);
 const void* ThisThread();
 
 // The state of `stream` (made on first use; the last one used is kept at hand). Caller holds d.mutex.
@@ -565,7 +571,7 @@ StreamState& StateOf(DeviceLimiter& d, CUstream stream) {
 // driver says is busy (the last mark not reached yet, or the stream not idle), so that it never starts on an idle
 // GPU. Any other launch closes the stream's window, and gets a pair of its own if sampled; a kernel never measured
 // gets a pair every time. Caller holds d.mutex; updates the stream's estimate of its queue.
-Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t launches_before, bool force_sample,
+Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t launches_before, bool steady, bool force_sample,
                 CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns, std::uint64_t at,
                 bool unknown_cost) {
   Plan plan;
@@ -632,7 +638,7 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
   state.mark = nullptr;
   state.last_launch_ns = at;
   // A kernel never measured is measured every time; the others as sampled (the charge is the estimate).
-  if (plan.unknown_cost || force_sample || SampleThisLaunch(launches_before, charged_ns)) {
+  if (plan.unknown_cost || force_sample || SampleThisLaunch(launches_before, charged_ns, steady)) {
     RelaxedCapture relaxed;
     setup = TakeEvent(d, context, plan.start);
     if (setup == CUDA_SUCCESS) setup = TakeEvent(d, context, plan.end);
@@ -649,11 +655,12 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
 // PlanLaunch, or, when the host is out of memory (planning a first launch on a stream or of a kernel needs the heap;
 // PlanLaunch changes nothing before it has it), the admission cancelled: the launch is refused, nothing ran, nothing
 // is owed. Caller holds d.mutex.
-bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before,
+bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before, bool steady,
                   bool force_sample, CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns,
                   std::uint64_t at, bool unknown_cost) {
   try {
-    plan = PlanLaunch(d, key, launches_before, force_sample, stream, context, setup, charged_ns, at, unknown_cost);
+    plan = PlanLaunch(d, key, launches_before, steady, force_sample, stream, context, setup, charged_ns, at,
+                      unknown_cost);
     return true;
   } catch (const std::bad_alloc&) {
     d.limiter->Cancel(key, charged_ns);
@@ -668,9 +675,12 @@ bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, st
 // launch after a pause" would pick the launches whose event pair also times the host's gap before an idle stream
 // starts them (5 us kernels at a 30 % cap got 27 %). Random, so that a tenant cannot put its heavy work where
 // nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
-// A launch of a kernel that usually runs `estimate_ns` is measured one time in this many (see SampleThisLaunch).
-std::uint64_t MeasuredOneIn(std::uint64_t estimate_ns) {
-  return std::clamp<std::uint64_t>(kMeasureSpacingNs / std::max<std::uint64_t>(estimate_ns, 1), 1, kMeasureAtLeastOneIn);
+// A launch of a kernel that usually runs `estimate_ns` is measured one time in this many (see SampleThisLaunch); a
+// steady one less often (kSteadySpacingNs).
+std::uint64_t MeasuredOneIn(std::uint64_t estimate_ns, bool steady) {
+  const std::uint64_t estimate = std::max<std::uint64_t>(estimate_ns, 1);
+  return steady ? std::clamp<std::uint64_t>(kSteadySpacingNs / estimate, 1, kSteadyAtLeastOneIn)
+                : std::clamp<std::uint64_t>(kMeasureSpacingNs / estimate, 1, kMeasureAtLeastOneIn);
 }
 
 // One draw: is this launch, of a kernel measured one time in `one_in`, measured?
@@ -684,8 +694,8 @@ bool DrawMeasured(std::uint64_t one_in) {
   return ((state >> 32) * one_in) >> 32 == 0;  // uniform in [0, one_in): a multiply, not a division
 }
 
-bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns) {
-  return launches_before < kAlwaysMeasureFirst || DrawMeasured(MeasuredOneIn(estimate_ns));
+bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns, bool steady) {
+  return launches_before < kAlwaysMeasureFirst || DrawMeasured(MeasuredOneIn(estimate_ns, steady));
 }
 
 std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared) {
@@ -840,7 +850,7 @@ LaunchBook* FreeBookPlace(DeviceLimiter& d) {
 // d.mutex. Evicts a book of this device if the thread has no free place (one of another device is left alone: its
 // mutex is not held).
 void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context, std::uint64_t estimate_ns,
-              std::uint64_t now) {
+              bool steady, std::uint64_t now) {
   StreamState& state = StateOf(d, stream);
   if (state.many_threads || state.start != nullptr || state.launching.load(std::memory_order_relaxed) > 0) return;
   if (state.books_skipped > 0) {
@@ -852,7 +862,7 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
   // The launches the sampling leaves unmeasured next, drawn now; the book ends before the first one it measures.
   std::uint32_t unmeasured = 0;
   bool measure_next = false;
-  const std::uint64_t one_in = MeasuredOneIn(estimate_ns);
+  const std::uint64_t one_in = MeasuredOneIn(estimate_ns, steady);
   if (one_in <= 1) return;  // every launch measured: nothing to book
   while (unmeasured < kBookLaunches && !(measure_next = DrawMeasured(one_in))) ++unmeasured;
   std::uint64_t each = 0;
@@ -1046,7 +1056,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       // (Measured kernels stay known: a launch planned later may read `unknown` from before a wait.)
       unknown_cost = !admission.known;
       if (admission.ready_at_ns <= now) {
-        if (!PlanOrCancel(*d, plan, key, admission.launches, force_sample, stream, context, setup,
+        if (!PlanOrCancel(*d, plan, key, admission.launches, admission.steady, force_sample, stream, context, setup,
                           admission.charged_ns, now, unknown_cost)) {
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -1059,7 +1069,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
           // settled now, in this critical section (given back below if the driver refuses the launch).
           accounted_early = d->limiter->SettleUnmeasured(key, admission.charged_ns, now);
           settled_early = true;
-          if (setup == CUDA_SUCCESS) OpenBook(*d, key, stream, context, admission.charged_ns, now);
+          if (setup == CUDA_SUCCESS) OpenBook(*d, key, stream, context, admission.charged_ns, admission.steady, now);
         }
       } else if (setup == CUDA_SUCCESS) {
         // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
@@ -1094,7 +1104,7 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (!planned) {
     SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
-    if (!PlanOrCancel(*d, plan, key, admission.launches, force_sample, stream, context, setup, admission.charged_ns,
+    if (!PlanOrCancel(*d, plan, key, admission.launches, admission.steady, force_sample, stream, context, setup, admission.charged_ns,
                       at, unknown_cost)) {
       return CUDA_ERROR_OUT_OF_MEMORY;
     }

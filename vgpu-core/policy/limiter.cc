@@ -131,6 +131,7 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_
     return admission;
   }
   admission.known = cost.count > 0;
+  admission.steady = cost.count > 0 && cost.longer_sum <= 2 * estimate * std::min<std::uint32_t>(cost.count, 64);
   admission.launches = cost.launches;
   if (cost.launches != std::numeric_limits<std::uint32_t>::max()) ++cost.launches;
   if (cost.count == 0) ++cost.unknown_in_flight;

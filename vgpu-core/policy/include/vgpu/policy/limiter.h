@@ -65,6 +65,9 @@ struct Admission {
   std::uint64_t charged_ns = 0;      // what was taken from the budget; Settle gives back the difference
   bool known = false;                // the kernel has been measured at least once
   std::uint32_t launches = 0;        // launches of the kernel admitted before this one (for the caller's sampling)
+  // Its recent measurements are steady: their mean is within twice their median (the charge). The caller may measure
+  // such a kernel less often: what an unmeasured launch is settled at barely moves.
+  bool steady = false;
 };
 
 class Limiter {
