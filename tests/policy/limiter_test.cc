@@ -147,6 +147,30 @@ TEST(Limiter, ARunIsChargedWhatItMeasured) {
   }
 }
 
+// A kernel's recent measurements are steady while their mean stays within twice their median (Admission::steady: the
+// shim then measures it less often). One launch in eight running 40 times longer makes it unsteady at once.
+TEST(Limiter, AKernelIsSteadyWhileItsMeanStaysWithinTwiceItsMedian) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 1000, 20 * kMs, 0);
+  Limiter limiter(cell, Share(1000));
+  EXPECT_FALSE(limiter.Admit(kKernel, 0).steady) << "a kernel never measured is not steady";
+  limiter.Cancel(kKernel, 100 * kUs);
+  for (int i = 0; i < 16; ++i) {
+    const Admission a = limiter.Admit(kKernel, 0);
+    limiter.Settle(kKernel, a.charged_ns, (i % 2 == 0 ? 40 : 60) * kUs, 0);
+  }
+  Admission a = limiter.Admit(kKernel, 0);
+  EXPECT_TRUE(a.steady) << "40 and 60 us runs: mean 50, median 60";
+  limiter.Settle(kKernel, a.charged_ns, 50 * kUs, 0);
+  for (int i = 0; i < 8; ++i) {
+    a = limiter.Admit(kKernel, 0);
+    limiter.Settle(kKernel, a.charged_ns, (i == 7 ? 2000 : 50) * kUs, 0);
+  }
+  a = limiter.Admit(kKernel, 0);
+  EXPECT_FALSE(a.steady) << "a 2 ms run among 50 us ones: the mean is past twice the median";
+  limiter.Cancel(kKernel, a.charged_ns);
+}
+
 // A measurement settled without learning (the shim's first launch of a kernel, which may have loaded its module inside
 // the launch call) is charged in full but leaves the kernel unknown, and what unmeasured launches are settled at is
 // learned from the measurements after it only. (Learned, a 5 ms first launch of a 10 us kernel set every unmeasured
