@@ -6,10 +6,10 @@
 // part of the launch alone.
 //
 // A launch call that itself waits for the GPU (a push buffer shared with the stalled stream) would wait forever for a
-// word it has not written yet: a watchdog thread (started with the first gate, every signal blocked, parked after
-// 100 ms without gates) writes the word once it has not moved for 5-10 ms while a gate is shut, and then pauses
-// gates for 100 ms, twice as long at each such opening in a row (to a minute). Whoever opens a gate first, its owner
-// learns whether it was still shut: if not, the pair was not gated.
+// word it has not written yet: a watchdog thread (started with the first gate, every signal but a fault's blocked,
+// parked after 100 ms without gates) writes the word once it has not moved for 5-10 ms while a gate is shut, and then
+// pauses gates for 100 ms, twice as long at each such opening in a row (to a minute). Whoever opens a gate first, its
+// owner learns whether it was still shut: if not, the pair was not gated.
 #pragma once
 
 #include <cuda.h>
