@@ -325,7 +325,8 @@ def test_threads_launching_into_one_stream_are_held_to_the_cap(fake_gpu, shim_pa
     measures both kernels: it is settled at the kernel's usual cost, not learned from. Regression: counting such pairs
     held this process to 21.5–27.7 % (a kernel's mean learned from pairs that timed other threads' kernels too); the
     shim before the windows gave it 100 %. Held to its 30 % by the device's trace, within the run-to-run noise of a
-    kernel measured at random (+/- 3 points over a few seconds: tests/shim/compute_test.cc)."""
+    kernel measured at random: about 3 points (one deviation) over 4 s (tests/shim/compute_test.cc), which failed this
+    test's 4-point bounds about one run in six (34.8 % once in CI, 2026-11-23); over 16 s about 1.5."""
     trace_path = fake_gpu.enable_trace()
     contain(fake_gpu, shim_path, "threads", 30)
     report = fake_gpu.run_py("""
@@ -335,7 +336,7 @@ def test_threads_launching_into_one_stream_are_held_to_the_cap(fake_gpu, shim_pa
         _, context = cuda_context(0)
         _, function = load_spin_kernel()
         start_ns = time.monotonic_ns()
-        deadline = time.monotonic() + 4.0
+        deadline = time.monotonic() + 16.0
         launched = [0] * 4
 
         def worker(index):
