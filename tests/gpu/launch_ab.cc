@@ -215,6 +215,37 @@ int main(int argc, char** argv) {
     print_calls("16 deep", part.c_str(), [&](Calls& c) { return c.at[i]; });
   }
   measure("launch+sync", launch_sync);
+  // LAUNCH_AB_TOUCH="K ...": what reading K cache lines costs right after a driver launch, K lines each on a page of
+  // its own ("pages K") and K lines of one page ("lines K"), against the driver's launch alone (16 deep). A shim's
+  // booked launch reads a few lines of its own, on a few pages; the driver's launch in between may have displaced
+  // them (caches, TLB). Run without the shim: both paths are the driver's, the difference is the reads.
+  if (const char* touch = std::getenv("LAUNCH_AB_TOUCH")) {
+    std::vector<unsigned char> pages(64 * 4096 + 4096);
+    unsigned sink = 0;
+    for (char* next = nullptr; ; touch = next) {
+      const long k = std::strtol(touch, &next, 10);
+      if (next == touch || k <= 0 || k > 64) break;
+      for (const bool spread : {true, false}) {
+        const std::size_t stride = spread ? 4096 : 64;
+        const auto touched = [&](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shared, CUstream s, void** p, void** e) {
+          for (long i = 0; i < k; ++i) sink += pages[static_cast<std::size_t>(i) * stride];
+          return driver(f, gx, gy, gz, bx, by, bz, shared, s, p, e);  // (driver: never the hook)
+        };
+        static decltype(touched)* current = nullptr;
+        current = &touched;
+        const LaunchFunction through_touch = [](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                unsigned by, unsigned bz, unsigned shared, CUstream s, void** p,
+                                                void** e) { return (*current)(f, gx, gy, gz, bx, by, bz, shared, s, p, e); };
+        const std::string name = std::string(spread ? "pages " : "lines ") + std::to_string(k);
+        const auto batch = [&](LaunchFunction f, Calls& calls) {
+          return sixteen_deep(&calls == &through_hook ? through_touch : f, calls);  // the first path: touch, then the driver
+        };
+        measure(name.c_str(), batch);
+      }
+    }
+    if (sink == 1) std::printf("{}\n");
+  }
   print_calls("launch+sync", "launch", [](Calls& c) { return c.launch; });
   print_calls("launch+sync", "synchronize", [](Calls& c) { return c.sync; });
   if (failed != CUDA_SUCCESS) {
