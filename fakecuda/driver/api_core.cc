@@ -335,11 +335,16 @@ FAKECUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
 }
 
 // The export tables are private interfaces between the driver and the CUDA runtime; fakecuda does not
-// model them, so libcudart-based programs (PyTorch) do not run on it. Driver API clients do.
+// model the runtime's, so libcudart-based programs (PyTorch) do not run on it. Driver API clients do. It has one
+// table of its own, standing in for what a private table can do past an interposer: allocation and free that no
+// exported symbol names (kPrivateTableId; docs/fakecuda.md).
 FAKECUDA_EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
   if (const CUresult fault = EnterCall("cuGetExportTable"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
+  if (table != nullptr && id != nullptr && std::memcmp(id->bytes, kPrivateTableId, sizeof kPrivateTableId) == 0) {
+    *table = PrivateExportTable();
+    return CUDA_SUCCESS;
+  }
   if (table != nullptr) *table = nullptr;
-  (void)id;
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 

@@ -519,6 +519,36 @@ FAKECUDA_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
   return AllocateDevice(d, "cuMemAlloc_v2", pointer, bytes, AllocationKind::device, bytes);
 }
 
+// ---- the private export table ------------------------------------------------------------------------------------
+// A stand-in for the driver's private interfaces (docs/fakecuda.md, "A private export table"): allocation and free
+// through functions no exported symbol names, so that an interposer (the shim) never sees them -- as with the real
+// driver's export tables, which the CUDA runtime uses. Bypass tests take it through cuGetExportTable.
+
+namespace {
+
+CUresult PrivateAlloc(CUdeviceptr* pointer, size_t bytes) {
+  FAKECUDA_ENTER("cuGetExportTable");
+  if (pointer == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  return AllocateDevice(d, "private alloc", pointer, bytes, AllocationKind::device, bytes);
+}
+
+CUresult PrivateFree(CUdeviceptr pointer);
+
+struct PrivateTable {
+  std::size_t size;
+  CUresult (*alloc)(CUdeviceptr*, size_t);
+  CUresult (*free)(CUdeviceptr);
+};
+const PrivateTable kPrivateTable{sizeof(PrivateTable), &PrivateAlloc, &PrivateFree};
+
+}  // namespace
+
+namespace fakecuda::driver {
+const void* PrivateExportTable() { return &kPrivateTable; }
+}  // namespace fakecuda::driver
+
 FAKECUDA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t* pitch, size_t width, size_t height,
                                             unsigned int element_bytes) {
   FAKECUDA_ENTER("cuMemAllocPitch_v2");
@@ -544,8 +574,9 @@ FAKECUDA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* pointer, size_t bytes, u
   return AllocateDevice(d, "cuMemAllocManaged", pointer, bytes, AllocationKind::managed, bytes);
 }
 
-FAKECUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
-  FAKECUDA_ENTER("cuMemFree_v2");
+namespace {
+
+CUresult FreeDevice(CUdeviceptr pointer) {
   if (pointer == 0) return CUDA_SUCCESS;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
@@ -560,6 +591,18 @@ FAKECUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
   }
   ReleaseAllocation(d, it);
   return CUDA_SUCCESS;
+}
+
+CUresult PrivateFree(CUdeviceptr pointer) {
+  FAKECUDA_ENTER("cuGetExportTable");
+  return FreeDevice(pointer);
+}
+
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
+  FAKECUDA_ENTER("cuMemFree_v2");
+  return FreeDevice(pointer);
 }
 
 FAKECUDA_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {

@@ -253,6 +253,11 @@ Context* CurrentContext(Driver& d);
 // What a call needing a context returns when CurrentContext is null: CUDA_ERROR_CONTEXT_IS_DESTROYED if the
 // thread's current context was destroyed, else CUDA_ERROR_INVALID_CONTEXT (as the real driver).
 CUresult NoContextError(Driver& d);
+
+// The private export table (api_memory.cc; docs/fakecuda.md): what cuGetExportTable gives for kPrivateTableId.
+const void* PrivateExportTable();
+// Its id: the 16 bytes of "fakecuda-private".
+inline constexpr char kPrivateTableId[16] = {'f', 'a', 'k', 'e', 'c', 'u', 'd', 'a', '-', 'p', 'r', 'i', 'v', 'a', 't', 'e'};
 // The thread's context stack (top = current). Entries may have been destroyed: checked on use.
 std::vector<Context*>& ContextStack();
 

@@ -2,6 +2,8 @@
 // the device map (CUDA ordinal -> region device by UUID) and the charge/uncharge primitives of the ledger.
 #include "shim.h"
 
+#include <time.h>
+
 #include <pthread.h>
 #include <unistd.h>
 
@@ -10,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+
+#include "vgpu/verdict/verdict_file.h"
 
 namespace vgpu::hooks {
 namespace {
@@ -244,8 +248,10 @@ int RegionDeviceOfUuid(int ordinal, const std::uint8_t uuid[16]) {
   if (index >= 0) {
     const std::uint64_t limit = MemoryLimit(ordinal);
     if (limit != 0) shim.region->SetLimitForMonitoring(index, limit);
+    std::string text = verdict::UuidText(uuid);
     std::lock_guard<std::mutex> guard(shim.mutex);
     shim.region_device[ordinal] = index;
+    shim.device_uuid[ordinal] = std::move(text);
   }
   return index;
 }
@@ -271,6 +277,74 @@ int CurrentOrdinal(CUresult& error) {
   return -1;
 }
 
+namespace {
+
+std::uint64_t RealtimeNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+std::uint64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// What the shim last said about the verdict (one log line per change).
+enum VerdictState { kVerdictUsed, kVerdictMissing, kVerdictUnreadable, kVerdictMalformed, kVerdictStale, kVerdictBack };
+
+// Reads the verdict again if kVerdictReadNs have passed. Caller holds monitor.mutex.
+void RefreshVerdict(const std::string& path, MonitorVerdict& monitor) {
+  const std::uint64_t now = MonotonicNs();
+  if (monitor.read_ns != 0 && now - monitor.read_ns < kVerdictReadNs) return;
+  monitor.read_ns = now;
+  monitor.usable = false;
+  std::string text, error;
+  bool missing = false;
+  VerdictState state = kVerdictUsed;
+  verdict::Verdict read;
+  if (!verdict::ReadWhole(path, text, missing, error)) {
+    state = missing ? kVerdictMissing : kVerdictUnreadable;
+  } else if (!verdict::Parse(text, read, error)) {
+    state = kVerdictMalformed;
+  } else if (!verdict::IsFresh(read.stamp_ns, RealtimeNs())) {
+    state = kVerdictStale;
+  } else if (read.seq < monitor.seq) {
+    state = kVerdictBack;
+  }
+  if (state != monitor.reported) {
+    static const char* const kSaid[] = {"in use", "missing", "unreadable", "malformed", "stale (older than 1 s, or "
+                                        "stamped ahead of this host's clock)", "going back (its seq is lower than one "
+                                        "already used)"};
+    // A missing verdict is the usual case without a monitor: said only at level 3; the others at 2.
+    Log(state == kVerdictMissing || state == kVerdictUsed ? 3 : 2, "the node monitor's verdict %s is %s%s%s",
+        path.c_str(), kSaid[state], error.empty() || state == kVerdictMissing ? "" : ": ", 
+        state == kVerdictMissing ? "" : error.c_str());
+    monitor.reported = state;
+  }
+  if (state != kVerdictUsed) return;
+  monitor.seq = read.seq;
+  monitor.verdict = std::move(read);
+  monitor.usable = true;
+}
+
+}  // namespace
+
+bool WithVerdict(int ordinal, const std::function<bool(const verdict::Verdict&, const std::string& uuid)>& use) {
+  Shim& shim = TheShim();
+  if (shim.config.verdict_path.empty() || ordinal < 0 || ordinal >= policy::kMaxDevices) return false;
+  std::string uuid;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    uuid = shim.device_uuid[ordinal];
+  }
+  if (uuid.empty()) return false;
+  std::lock_guard<std::mutex> guard(shim.monitor.mutex);
+  RefreshVerdict(shim.config.verdict_path, shim.monitor);
+  return shim.monitor.usable && use(shim.monitor.verdict, uuid);
+}
+
 bool Charge(int ordinal, std::uint64_t bytes) {
   Shim& shim = TheShim();
   if (bytes == 0) return true;
@@ -278,6 +352,21 @@ bool Charge(int ordinal, std::uint64_t bytes) {
   if (device < 0) {
     // A device we cannot name is one no limit can be enforced on: refuse rather than let it through uncounted.
     return MemoryLimit(ordinal) == 0;
+  }
+  // The driver's figures for the whole container, from the node monitor: over its limit there (colluding processes,
+  // private entry points), nothing more is allocated through the hooks, whatever the region says.
+  std::uint64_t driver_used = 0, driver_limit = 0;
+  if (WithVerdict(ordinal, [&](const verdict::Verdict& verdict, const std::string& uuid) {
+        const verdict::Device* line = verdict.FindDevice(uuid);
+        if (line == nullptr || !line->MemoryOver()) return false;
+        driver_used = line->memory_used;
+        driver_limit = line->memory_limit;
+        return true;
+      })) {
+    Log(2, "device %d: %llu bytes refused: the node monitor shows the container holding %llu of %llu bytes", ordinal,
+        static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(driver_used),
+        static_cast<unsigned long long>(driver_limit));
+    return false;
   }
   std::uint64_t limit = MemoryLimit(ordinal);
   if (limit == 0) limit = UINT64_MAX;  // counted, not limited: another device of the process has a limit

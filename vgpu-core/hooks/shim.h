@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
@@ -12,6 +13,7 @@
 #include "hook_table.h"
 #include "vgpu/policy/config.h"
 #include "vgpu/region/region.h"
+#include "vgpu/verdict/verdict.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
 
@@ -23,6 +25,17 @@ enum class Mode : int {
   limited = 2,       // limits apply
   failed = 3,        // configuration or region unusable: fail closed (no GPU rather than the whole GPU)
 };
+
+// The node monitor's verdict on this container as last read (docs/node-monitor.md). Guarded by its own mutex.
+struct MonitorVerdict {
+  std::mutex mutex;
+  std::uint64_t read_ns = 0;      // CLOCK_MONOTONIC of the last read (0: never): read again after kVerdictReadNs
+  bool usable = false;            // `verdict` parsed, fresh when read, and its seq did not go back
+  verdict::Verdict verdict;
+  std::uint64_t seq = 0;          // the highest seq used
+  int reported = -1;              // the last state logged (one line per change)
+};
+inline constexpr std::uint64_t kVerdictReadNs = 10'000'000;
 
 // One per process; rebuilt in a fork child.
 struct Shim {
@@ -37,6 +50,7 @@ struct Shim {
   std::mutex primary_mutex;  // serializes primary-context retain/release/reset: check-and-charge is one step
   // CUDA ordinal -> region device index; -1 until looked up (needs the device's UUID).
   int region_device[policy::kMaxDevices];
+  std::string device_uuid[policy::kMaxDevices];  // NVML's form of each looked-up device's UUID (for the verdict)
   struct Allocation {
     int ordinal;
     std::uint64_t bytes;
@@ -68,6 +82,7 @@ struct Shim {
   };
   std::unordered_map<CUcontext, Context> contexts;           // explicit contexts
   std::uint64_t primary_bytes[policy::kMaxDevices] = {};     // the primary context's charge, per ordinal
+  MonitorVerdict monitor;
   CUcontext primary_context[policy::kMaxDevices] = {};       // its handle, to forget its allocations with it
 };
 
@@ -104,6 +119,11 @@ int CurrentOrdinal();
 // device could not be told" (-1, `error` the driver's error): a call that would be counted must then be refused with
 // that error, never let through uncounted.
 int CurrentOrdinal(CUresult& error);
+
+// The node monitor's verdict, if one is usable now (read at most once per kVerdictReadNs, fresh, seq not gone back):
+// `use` is called with it under its mutex and its answer returned; false without a usable verdict. The device
+// `ordinal`'s line is found by its UUID (known once RegionDevice has looked the device up).
+bool WithVerdict(int ordinal, const std::function<bool(const verdict::Verdict&, const std::string& uuid)>& use);
 
 // Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit.
 bool Charge(int ordinal, std::uint64_t bytes);

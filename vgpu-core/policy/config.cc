@@ -15,6 +15,7 @@ constexpr std::string_view kSmLimit = "CUDA_DEVICE_SM_LIMIT";
 constexpr std::string_view kSharedCache = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 constexpr std::string_view kPolicy = "GPU_CORE_UTILIZATION_POLICY";
 constexpr std::string_view kLogLevel = "LIBCUDA_LOG_LEVEL";
+constexpr std::string_view kVerdictFile = "VGPU_VERDICT_FILE";
 
 // The longest path open(2) takes (PATH_MAX counts the terminating NUL); spelled out to keep this file OS-free.
 constexpr std::size_t kMaxPathBytes = 4095;
@@ -216,7 +217,8 @@ bool ParseSize(std::string_view text, std::uint64_t& bytes) {
 }
 
 bool IsConfigKey(std::string_view key) {
-  if (key == kMemoryLimit || key == kSmLimit || key == kSharedCache || key == kPolicy || key == kLogLevel) {
+  if (key == kMemoryLimit || key == kSmLimit || key == kSharedCache || key == kPolicy || key == kLogLevel ||
+      key == kVerdictFile) {
     return true;
   }
   for (const std::string_view base : {kMemoryLimit, kSmLimit}) {
@@ -280,6 +282,16 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     config.region_path = *text;
   }
 
+  if (const auto text = lookup(kVerdictFile)) {
+    // Empty turns the node monitor's verdict off; a relative path would depend on the working directory.
+    if (!text->empty() && !IsAbsolutePath(*text)) {
+      error = ValueError(kVerdictFile, *text, source, "an absolute path (or empty: no verdict is read)",
+                         kDefaultVerdictFile);
+      return false;
+    }
+    config.verdict_path = *text;
+  }
+
   if (const auto text = lookup(kPolicy)) {
     if (!ParsePolicy(*text, config.policy)) {
       error = ValueError(kPolicy, *text, source, "one of default, force, disable (or DEFAULT, FORCE, DISABLE)",
@@ -303,8 +315,14 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
 
 bool ParseConfigFile(std::string_view text, std::string_view path,
                      std::function<void(std::string_view key, std::string_view value)> on_entry, std::string& error) {
+  return ParseConfigFile(text, path, std::move(on_entry), {}, error);
+}
+
+bool ParseConfigFile(std::string_view text, std::string_view path,
+                     std::function<void(std::string_view key, std::string_view value)> on_entry,
+                     const std::vector<std::string_view>& extra, std::string& error) {
   const std::string where = "vgpu: " + Printable(path) + ":";
-  // At most one entry per known key (5 + 2 * 16), so a linear search stays cheap.
+  // At most one entry per known key (6 + 2 * 16), so a linear search stays cheap.
   std::vector<std::pair<std::string_view, std::size_t>> seen;
   std::size_t line_number = 0;
   std::size_t start = 0;
@@ -324,10 +342,13 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
       return false;
     }
     const std::string_view value = Trim(line.substr(equals + 1));
-    if (!IsConfigKey(key)) {
+    if (!IsConfigKey(key) && std::find(extra.begin(), extra.end(), key) == extra.end()) {
+      std::string also;
+      for (const std::string_view name : extra) also += ", " + std::string(name);
       error = where + std::to_string(line_number) + ": '" + Printable(key) +
               "' is not a known variable (CUDA_DEVICE_MEMORY_LIMIT[_0.._15], CUDA_DEVICE_SM_LIMIT[_0.._15], "
-              "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL); "
+              "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE" + also +
+              "); "
               "e.g. CUDA_DEVICE_MEMORY_LIMIT=4Gi";
       return false;
     }

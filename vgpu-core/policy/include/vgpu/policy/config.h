@@ -9,10 +9,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace vgpu::policy {
 
 inline constexpr int kMaxDevices = 16;
+// Where the platform mounts the node monitor's verdict for the container (docs/node-monitor.md).
+inline constexpr const char* kDefaultVerdictFile = "/etc/vgpu/monitor/verdict";
 
 enum class ComputePolicy { standard, force, disable };  // GPU_CORE_UTILIZATION_POLICY: default | force | disable
 
@@ -24,6 +27,8 @@ struct Config {
   // CUDA_DEVICE_MEMORY_SHARED_CACHE. ParseConfig leaves it empty when unset or empty (it cannot know the uid);
   // LoadConfig then fills in DefaultRegionPath(getuid()).
   std::string region_path;
+  // VGPU_VERDICT_FILE: the node monitor's verdict on this container (docs/node-monitor.md); empty: none is read.
+  std::string verdict_path = kDefaultVerdictFile;
   ComputePolicy policy = ComputePolicy::standard;
   int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
   std::string source;                    // "environment" or the config file's path, for messages
@@ -51,6 +56,11 @@ bool ParseSize(std::string_view text, std::uint64_t& bytes);
 // comment only as a line's first non-blank character (a value may contain '#'); a key set twice is an error.
 bool ParseConfigFile(std::string_view text, std::string_view path,
                      std::function<void(std::string_view key, std::string_view value)> on_entry, std::string& error);
+// The same syntax with more keys: `extra` names the keys accepted besides the contract's (vgpu-monitor's container
+// files: VGPU_CGROUP, VGPU_DEVICES), listed in the error for an unknown key.
+bool ParseConfigFile(std::string_view text, std::string_view path,
+                     std::function<void(std::string_view key, std::string_view value)> on_entry,
+                     const std::vector<std::string_view>& extra, std::string& error);
 
 // The OS side: if the file at `system_path` (default VGPU_SYSTEM_CONFIG, /etc/vgpu/vgpu.conf) exists it is the
 // configuration and the environment is ignored; else the file named by VGPU_CONFIG_FILE if set; else the
@@ -61,7 +71,7 @@ bool LoadConfig(Config& out, std::string& error, const char* system_path = nullp
 // check it first, since where it exists the environment is ignored.
 const char* SystemConfigPath();
 
-// True for the names of the contract: the five base names, and CUDA_DEVICE_MEMORY_LIMIT_<i> and
+// True for the names of the contract: the six base names, and CUDA_DEVICE_MEMORY_LIMIT_<i> and
 // CUDA_DEVICE_SM_LIMIT_<i> for i = 0..15 written without leading zeros.
 bool IsConfigKey(std::string_view key);
 

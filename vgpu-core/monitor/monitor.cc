@@ -1,0 +1,217 @@
+// The node monitor's judgement: docs/node-monitor.md.
+#include "vgpu/monitor/monitor.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+namespace vgpu::monitor {
+namespace {
+
+constexpr std::string_view kCgroupKey = "VGPU_CGROUP";
+constexpr std::string_view kDevicesKey = "VGPU_DEVICES";
+
+std::string_view NextLine(std::string_view& text) {
+  const std::size_t newline = text.find('\n');
+  const std::string_view line = text.substr(0, newline);
+  text = newline == std::string_view::npos ? std::string_view{} : text.substr(newline + 1);
+  return line;
+}
+
+// Whether `ancestor` is `path` or a whole-component prefix of it.
+bool Covers(std::string_view ancestor, std::string_view path) {
+  if (ancestor == "/") return !path.empty() && path.front() == '/';
+  return path.substr(0, ancestor.size()) == ancestor && (path.size() == ancestor.size() || path[ancestor.size()] == '/');
+}
+
+}  // namespace
+
+bool IsContainerName(std::string_view name) {
+  if (name.empty() || name.size() > 64 || name.front() == '.') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+bool ParseContainer(std::string_view name, std::string_view text, std::string_view path, Container& out,
+                    std::string& error) {
+  const std::string where = "vgpu-monitor: " + policy::Printable(path) + ": ";
+  if (!IsContainerName(name)) {
+    error = where + "'" + policy::Printable(name) +
+            "' cannot name a container (1 to 64 of A-Z a-z 0-9 . _ -, not starting with '.'); e.g. team-a.conf";
+    return false;
+  }
+  std::vector<std::pair<std::string, std::string>> entries;
+  if (!policy::ParseConfigFile(
+          text, path, [&](std::string_view key, std::string_view value) { entries.emplace_back(key, value); },
+          {kCgroupKey, kDevicesKey}, error)) {
+    return false;
+  }
+  const auto find = [&entries](std::string_view key) -> std::optional<std::string> {
+    for (const auto& [entry_key, value] : entries) {
+      if (entry_key == key) return value;
+    }
+    return std::nullopt;
+  };
+  Container container;
+  container.name = std::string(name);
+  const std::optional<std::string> cgroup = find(kCgroupKey);
+  if (!cgroup || cgroup->empty() || cgroup->front() != '/' || cgroup->find("//") != std::string::npos ||
+      (cgroup->size() > 1 && cgroup->back() == '/')) {
+    error = where + "VGPU_CGROUP " + (cgroup ? "'" + policy::Printable(*cgroup) + "' is not an absolute cgroup path" : "is not set") +
+            "; e.g. VGPU_CGROUP=/kubepods.slice/kubepods-pod1234.slice (the container's cgroup, as /proc/<pid>/cgroup "
+            "shows it)";
+    return false;
+  }
+  container.cgroup = *cgroup;
+  if (const std::optional<std::string> devices = find(kDevicesKey)) {
+    std::string_view rest = *devices;
+    while (true) {
+      const std::size_t comma = rest.find(',');
+      const std::string_view uuid = rest.substr(0, comma);
+      if (!verdict::IsDeviceUuid(uuid) ||
+          std::find(container.devices.begin(), container.devices.end(), uuid) != container.devices.end()) {
+        error = where + "VGPU_DEVICES '" + policy::Printable(*devices) + "': '" + policy::Printable(uuid) +
+                "' is not a device UUID, or is listed twice; e.g. "
+                "VGPU_DEVICES=GPU-5f0c1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b,GPU-77aa1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b";
+        return false;
+      }
+      container.devices.emplace_back(uuid);
+      if (comma == std::string_view::npos) break;
+      rest = rest.substr(comma + 1);
+    }
+    if (container.devices.size() > static_cast<std::size_t>(policy::kMaxDevices)) {
+      error = where + "VGPU_DEVICES lists " + std::to_string(container.devices.size()) + " devices; at most " +
+              std::to_string(policy::kMaxDevices);
+      return false;
+    }
+  }
+  const policy::Lookup lookup = [&find](std::string_view key) { return find(key); };
+  if (!policy::ParseConfig(lookup, path, container.limits, error)) return false;
+  out = std::move(container);
+  return true;
+}
+
+int ContainerOf(const std::vector<Container>& containers, std::string_view cgroup) {
+  int best = -1;
+  for (std::size_t i = 0; i < containers.size(); ++i) {
+    if (!Covers(containers[i].cgroup, cgroup)) continue;
+    if (best < 0 || containers[i].cgroup.size() > containers[static_cast<std::size_t>(best)].cgroup.size()) {
+      best = static_cast<int>(i);
+    }
+  }
+  return best;
+}
+
+bool CgroupPath(std::string_view proc_cgroup, std::string& path) {
+  std::optional<std::string_view> memory;
+  while (!proc_cgroup.empty()) {
+    const std::string_view line = NextLine(proc_cgroup);
+    // hierarchy-ID:controller-list:path
+    const std::size_t first = line.find(':');
+    const std::size_t second = first == std::string_view::npos ? first : line.find(':', first + 1);
+    if (second == std::string_view::npos) continue;
+    const std::string_view id = line.substr(0, first);
+    const std::string_view controllers = line.substr(first + 1, second - first - 1);
+    const std::string_view where = line.substr(second + 1);
+    if (where.empty() || where.front() != '/') continue;
+    if (id == "0" && controllers.empty()) {
+      path = std::string(where);
+      return true;
+    }
+    std::string_view list = controllers;
+    while (!list.empty()) {
+      const std::size_t comma = list.find(',');
+      if (list.substr(0, comma) == "memory") memory = where;
+      list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    }
+  }
+  if (!memory) return false;
+  path = std::string(*memory);
+  return true;
+}
+
+std::uint32_t NamespacePid(std::string_view proc_status) {
+  while (!proc_status.empty()) {
+    std::string_view line = NextLine(proc_status);
+    if (line.substr(0, 6) != "NSpid:") continue;
+    line.remove_prefix(6);
+    std::uint32_t last = 0;
+    while (!line.empty()) {
+      while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+      std::uint64_t value = 0;
+      std::size_t digits = 0;
+      while (digits < line.size() && line[digits] >= '0' && line[digits] <= '9' && digits < 10) {
+        value = value * 10 + static_cast<std::uint64_t>(line[digits] - '0');
+        ++digits;
+      }
+      if (digits == 0) break;
+      if (value > 0 && value <= UINT32_MAX) last = static_cast<std::uint32_t>(value);
+      line.remove_prefix(digits);
+    }
+    return last;
+  }
+  return 0;
+}
+
+std::vector<Judgement> Judge(const std::vector<Container>& containers, const std::vector<std::string>& devices,
+                             const std::vector<Reading>& readings, bool kill) {
+  std::vector<Judgement> judgements(containers.size());
+  std::vector<int> owner(readings.size());
+  for (std::size_t r = 0; r < readings.size(); ++r) {
+    owner[r] = readings[r].cgroup.empty() ? -1 : ContainerOf(containers, readings[r].cgroup);
+  }
+  for (std::size_t c = 0; c < containers.size(); ++c) {
+    const Container& container = containers[c];
+    Judgement& judgement = judgements[c];
+    judgement.container = c;
+    // The container's devices, by its own ordinals.
+    const std::vector<std::string>& its = container.devices.empty() ? devices : container.devices;
+    std::uint64_t kill_bytes = 0;
+    for (std::size_t ordinal = 0; ordinal < its.size() && ordinal < static_cast<std::size_t>(policy::kMaxDevices);
+         ++ordinal) {
+      const std::string& uuid = its[ordinal];
+      if (std::find(devices.begin(), devices.end(), uuid) == devices.end()) continue;  // not answered this period
+      verdict::Device device;
+      device.uuid = uuid;
+      device.memory_limit = container.limits.memory_limit_bytes[ordinal];
+      device.sm_limit = container.limits.sm_limit_percent[ordinal] * 10;
+      std::uint64_t sm = 0;
+      for (std::size_t r = 0; r < readings.size(); ++r) {
+        const Reading& reading = readings[r];
+        if (owner[r] != static_cast<int>(c) || reading.device != uuid) continue;
+        device.memory_used += reading.memory_used;
+        sm += reading.sm_used;
+        // (Two host processes may share a pid in the container's view -- nested pid namespaces: one line for both.)
+        const std::uint32_t pid = reading.pid != 0 ? reading.pid : reading.host_pid;
+        auto& processes = judgement.verdict.processes;
+        const auto same = std::find_if(processes.begin(), processes.end(),
+                                       [&](const verdict::Process& p) { return p.pid == pid && p.device == uuid; });
+        if (same != processes.end()) {
+          same->memory_used += reading.memory_used;
+          same->sm_used = std::min<std::uint32_t>(same->sm_used + reading.sm_used, 1000);
+        } else {
+          processes.push_back({pid, uuid, reading.memory_used, std::min<std::uint32_t>(reading.sm_used, 1000)});
+        }
+      }
+      device.sm_used = static_cast<std::uint32_t>(std::min<std::uint64_t>(sm, 1000));
+      if (device.MemoryOver()) {
+        judgement.memory_over.push_back(uuid);
+        if (kill) {
+          for (std::size_t r = 0; r < readings.size(); ++r) {
+            const Reading& reading = readings[r];
+            if (owner[r] == static_cast<int>(c) && reading.device == uuid && reading.memory_used > kill_bytes) {
+              kill_bytes = reading.memory_used;
+              judgement.kill_host_pid = reading.host_pid;
+            }
+          }
+        }
+      }
+      judgement.verdict.devices.push_back(std::move(device));
+    }
+  }
+  return judgements;
+}
+
+}  // namespace vgpu::monitor

@@ -1,0 +1,464 @@
+// vgpu-monitor: the node side of the limits (docs/node-monitor.md). Every period it reads NVML's per-process figures
+// and /proc, judges each container (monitor.h) and writes its verdict; with --action kill it ends the largest process
+// of a container the driver shows over its memory limit.
+//
+//   vgpu-monitor --containers /etc/vgpu/containers --verdicts /run/vgpu/verdicts [--period-ms 100]
+//                [--action report|kill] [--periods N] [--log-level 0..4]
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <nvml.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+#include "vgpu/monitor/monitor.h"
+#include "vgpu/verdict/verdict.h"
+#include "vgpu/verdict/verdict_file.h"
+
+namespace {
+
+using vgpu::monitor::Container;
+using vgpu::monitor::Reading;
+
+volatile sig_atomic_t g_stop = 0;
+int g_log_level = 1;
+
+void Log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+void Log(int level, const char* format, ...) {
+  if (level > g_log_level) return;
+  std::fprintf(stderr, "vgpu-monitor: ");
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(stderr, format, args);
+  va_end(args);
+  std::fputc('\n', stderr);
+}
+
+std::uint64_t Now(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+struct Options {
+  std::string containers;
+  std::string verdicts;
+  std::uint64_t period_ms = 100;
+  bool kill = false;
+  std::uint64_t periods = 0;  // 0: until SIGTERM or SIGINT
+};
+
+const char* const kUsage =
+    "usage: vgpu-monitor --containers DIR --verdicts DIR [--period-ms 10..60000] [--action report|kill] "
+    "[--periods N] [--log-level 0..4]\n"
+    "  --containers DIR  one <name>.conf per container: VGPU_CGROUP=..., VGPU_DEVICES=... (optional) and its limits\n"
+    "                    (CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT, ...): docs/node-monitor.md\n"
+    "  --verdicts DIR    where <name>/verdict is written for each container (mounted read-only into it)\n"
+    "  --action kill     also SIGKILL the largest process of a container over its memory limit, one per period\n"
+    "  --periods N       stop after N periods (default: run until SIGTERM or SIGINT)\n"
+    "  --cgroup-of PID   print the cgroup path the monitor sees for a process (what VGPU_CGROUP names), and exit\n";
+
+bool ParseCount(const char* text, std::uint64_t low, std::uint64_t high, std::uint64_t& value) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long parsed = std::strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || parsed < low || parsed > high) return false;
+  value = parsed;
+  return true;
+}
+
+bool ReadSmall(const std::string& path, std::string& text) {
+  bool missing = false;
+  std::string error;
+  return vgpu::verdict::ReadWhole(path, text, missing, error);
+}
+
+// False (and a message on stderr naming the option, the value and what is accepted) on bad input.
+bool ParseOptions(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    if (name == "--help" || name == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (name == "--cgroup-of") {
+      // What the monitor takes a process's cgroup to be (for writing VGPU_CGROUP): printed, then exit.
+      std::uint64_t pid = 0;
+      std::string text, path;
+      if (i + 1 >= argc || !ParseCount(argv[i + 1], 1, UINT32_MAX, pid)) {
+        std::fprintf(stderr, "vgpu-monitor: --cgroup-of needs a pid (a whole number from 1); e.g. --cgroup-of 1\n");
+        std::exit(2);
+      }
+      if (!ReadSmall("/proc/" + std::to_string(pid) + "/cgroup", text) || !vgpu::monitor::CgroupPath(text, path)) {
+        std::fprintf(stderr, "vgpu-monitor: no cgroup path for process %llu (gone, or /proc/%llu/cgroup has neither a "
+                             "unified nor a memory line)\n", static_cast<unsigned long long>(pid),
+                     static_cast<unsigned long long>(pid));
+        std::exit(1);
+      }
+      std::printf("%s\n", path.c_str());
+      std::exit(0);
+    }
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (value == nullptr) {
+      std::fprintf(stderr, "vgpu-monitor: %s needs a value\n%s", name.c_str(), kUsage);
+      return false;
+    }
+    ++i;
+    std::uint64_t number = 0;
+    if (name == "--containers") {
+      options.containers = value;
+    } else if (name == "--verdicts") {
+      options.verdicts = value;
+    } else if (name == "--period-ms") {
+      if (!ParseCount(value, 10, 60000, number)) {
+        std::fprintf(stderr, "vgpu-monitor: --period-ms '%s' is not a whole number of ms from 10 to 60000; e.g. 100\n",
+                     value);
+        return false;
+      }
+      options.period_ms = number;
+    } else if (name == "--action") {
+      if (std::strcmp(value, "report") != 0 && std::strcmp(value, "kill") != 0) {
+        std::fprintf(stderr, "vgpu-monitor: --action '%s' is not report or kill\n", value);
+        return false;
+      }
+      options.kill = std::strcmp(value, "kill") == 0;
+    } else if (name == "--periods") {
+      if (!ParseCount(value, 1, UINT32_MAX, number)) {
+        std::fprintf(stderr, "vgpu-monitor: --periods '%s' is not a whole number from 1; e.g. 10\n", value);
+        return false;
+      }
+      options.periods = number;
+    } else if (name == "--log-level") {
+      if (!ParseCount(value, 0, 4, number)) {
+        std::fprintf(stderr, "vgpu-monitor: --log-level '%s' is not 0, 1, 2, 3 or 4\n", value);
+        return false;
+      }
+      g_log_level = static_cast<int>(number);
+    } else {
+      std::fprintf(stderr, "vgpu-monitor: unknown option '%s'\n%s", name.c_str(), kUsage);
+      return false;
+    }
+  }
+  if (options.containers.empty() || options.verdicts.empty()) {
+    std::fprintf(stderr, "vgpu-monitor: --containers and --verdicts are required\n%s", kUsage);
+    return false;
+  }
+  return true;
+}
+
+
+// The containers folder, read again every period. A file that does not parse is reported once per content.
+class ContainerFiles {
+ public:
+  explicit ContainerFiles(std::string folder) : folder_(std::move(folder)) {}
+
+  std::vector<Container> Load() {
+    std::vector<Container> containers;
+    DIR* dir = opendir(folder_.c_str());
+    if (dir == nullptr) {
+      if (!folder_reported_) Log(1, "cannot read the containers folder %s: %s", folder_.c_str(), std::strerror(errno));
+      folder_reported_ = true;
+      return containers;
+    }
+    folder_reported_ = false;
+    std::vector<std::string> names;
+    while (const dirent* entry = readdir(dir)) {
+      const std::string file = entry->d_name;
+      if (file.size() > 5 && file.compare(file.size() - 5, 5, ".conf") == 0 && file.front() != '.') names.push_back(file);
+    }
+    closedir(dir);
+    std::sort(names.begin(), names.end());
+    for (const std::string& file : names) {
+      const std::string path = folder_ + "/" + file;
+      std::string text;
+      if (!ReadSmall(path, text)) continue;
+      Container container;
+      std::string error;
+      if (!vgpu::monitor::ParseContainer(file.substr(0, file.size() - 5), text, path, container, error)) {
+        if (reported_[path] != text) Log(1, "%s (its container is not judged until the file is fixed)", error.c_str());
+        reported_[path] = text;
+        continue;
+      }
+      reported_.erase(path);
+      containers.push_back(std::move(container));
+    }
+    return containers;
+  }
+
+ private:
+  std::string folder_;
+  bool folder_reported_ = false;
+  std::map<std::string, std::string> reported_;
+};
+
+// NVML, loaded at run time (the node's driver, or fakecuda's under test).
+struct Nvml {
+  decltype(&nvmlInit_v2) init = nullptr;
+  decltype(&nvmlDeviceGetCount_v2) count = nullptr;
+  decltype(&nvmlDeviceGetHandleByIndex_v2) handle = nullptr;
+  decltype(&nvmlDeviceGetUUID) uuid = nullptr;
+  decltype(&nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
+  decltype(&nvmlDeviceGetProcessUtilization) utilization = nullptr;
+  decltype(&nvmlErrorString) error_string = nullptr;
+
+  bool Load(std::string& error) {
+    void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* why = dlerror();
+      error = std::string("cannot load libnvidia-ml.so.1: ") + (why != nullptr ? why : "unknown");
+      return false;
+    }
+    const auto get = [&](auto& function, const char* name) {
+      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(library, name));
+      if (function == nullptr) error = std::string("libnvidia-ml.so.1 has no ") + name;
+      return function != nullptr;
+    };
+    return get(init, "nvmlInit_v2") && get(count, "nvmlDeviceGetCount_v2") &&
+           get(handle, "nvmlDeviceGetHandleByIndex_v2") && get(uuid, "nvmlDeviceGetUUID") &&
+           get(processes, "nvmlDeviceGetComputeRunningProcesses_v3") &&
+           get(utilization, "nvmlDeviceGetProcessUtilization") && get(error_string, "nvmlErrorString");
+  }
+  const char* Why(nvmlReturn_t r) const { return error_string != nullptr ? error_string(r) : "?"; }
+};
+
+// One device's figures this period, or false (reported at log level 2) when NVML would not give them.
+bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector<Reading>& readings,
+                std::map<std::string, unsigned long long>& last_sample_us) {
+  nvmlDevice_t device = nullptr;
+  char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+  nvmlReturn_t r = nvml.handle(index, &device);
+  if (r == NVML_SUCCESS) r = nvml.uuid(device, text, sizeof text);
+  if (r != NVML_SUCCESS || !vgpu::verdict::IsDeviceUuid(text)) {
+    Log(2, "device %u: no handle or UUID (%s)", index, nvml.Why(r));
+    return false;
+  }
+  uuid = text;
+  std::vector<nvmlProcessInfo_t> processes(64);
+  for (int attempt = 0;; ++attempt) {
+    unsigned count = static_cast<unsigned>(processes.size());
+    r = nvml.processes(device, &count, processes.data());
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE && attempt < 3 && count > processes.size() && count <= 65536) {
+      processes.resize(count + 16);
+      continue;
+    }
+    if (r != NVML_SUCCESS || count > processes.size()) {
+      Log(2, "%s: no process list (%s)", uuid.c_str(), nvml.Why(r));
+      return false;
+    }
+    processes.resize(count);
+    break;
+  }
+  // SM use per process: the mean of its samples since the last period's newest.
+  std::map<unsigned, std::pair<std::uint64_t, unsigned>> sm;  // pid -> (sum of percents, samples)
+  unsigned long long& last = last_sample_us[uuid];
+  unsigned count = 0;
+  r = nvml.utilization(device, nullptr, &count, last);
+  if (r == NVML_ERROR_INSUFFICIENT_SIZE && count > 0 && count <= 65536) {
+    std::vector<nvmlProcessUtilizationSample_t> samples(count);
+    r = nvml.utilization(device, samples.data(), &count, last);
+    if (r == NVML_SUCCESS && count <= samples.size()) {
+      unsigned long long newest = last;
+      for (unsigned i = 0; i < count; ++i) {
+        if (samples[i].timeStamp <= last || samples[i].smUtil > 100) continue;
+        auto& [sum, n] = sm[samples[i].pid];
+        sum += samples[i].smUtil;
+        ++n;
+        newest = std::max(newest, samples[i].timeStamp);
+      }
+      last = newest;
+    }
+  }
+  for (const nvmlProcessInfo_t& process : processes) {
+    if (process.usedGpuMemory == static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE)) {
+      Log(2, "%s: process %u's memory is not available: the device is not judged this period", uuid.c_str(),
+          process.pid);
+      return false;
+    }
+  }
+  for (const nvmlProcessInfo_t& process : processes) {
+    Reading reading;
+    reading.host_pid = process.pid;
+    reading.device = uuid;
+    reading.memory_used = process.usedGpuMemory;
+    if (const auto found = sm.find(process.pid); found != sm.end() && found->second.second > 0) {
+      reading.sm_used = static_cast<std::uint32_t>(found->second.first * 10 / found->second.second);
+    }
+    const std::string proc = "/proc/" + std::to_string(process.pid);
+    std::string cgroup_text, status_text;
+    if (ReadSmall(proc + "/cgroup", cgroup_text)) vgpu::monitor::CgroupPath(cgroup_text, reading.cgroup);
+    if (ReadSmall(proc + "/status", status_text)) reading.pid = vgpu::monitor::NamespacePid(status_text);
+    readings.push_back(std::move(reading));
+  }
+  return true;
+}
+
+// The seq a container's next verdict carries: above the last one written (read back from the file at first sight,
+// so that a restarted monitor never goes back), and at least the realtime clock in ns.
+std::uint64_t NextSeq(std::map<std::string, std::uint64_t>& seqs, const std::string& name, const std::string& path,
+                      std::uint64_t now_ns) {
+  auto found = seqs.find(name);
+  if (found == seqs.end()) {
+    std::uint64_t previous = 0;
+    std::string text, error;
+    vgpu::verdict::Verdict old;
+    if (ReadSmall(path, text) && vgpu::verdict::Parse(text, old, error)) previous = old.seq;
+    found = seqs.emplace(name, previous).first;
+  }
+  found->second = std::max(found->second + 1, now_ns);
+  return found->second;
+}
+
+std::string WhyNot(const std::string& what, const std::string& path, int error_number) {
+  return what + " " + path + ": " + std::strerror(error_number);
+}
+
+// Writes `text` to `path` so that a reader sees either the old file or the whole new one: to `path`.tmp in the same
+// folder, then renamed over `path` (mode 0644). On failure returns false and sets `error` (naming the path and errno).
+bool WriteWhole(const std::string& path, const std::string& text, std::string& error) {
+  const std::string temporary = path + ".tmp";
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    error = WhyNot("cannot create", temporary, errno);
+    return false;
+  }
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) {
+      error = WhyNot("cannot write", temporary, wrote < 0 ? errno : ENOSPC);
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      return false;
+    }
+    done += static_cast<std::size_t>(wrote);
+  }
+  // (A file created with O_CREAT takes the umask; readers in the container need to read it.)
+  if (::fchmod(fd, 0644) != 0 || ::close(fd) != 0) {
+    error = WhyNot("cannot finish", temporary, errno);
+    ::unlink(temporary.c_str());
+    return false;
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    error = WhyNot("cannot rename into place", path, errno);
+    ::unlink(temporary.c_str());
+    return false;
+  }
+  return true;
+}
+
+void OnSignal(int) { g_stop = 1; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (!ParseOptions(argc, argv, options)) return 2;
+  Nvml nvml;
+  std::string error;
+  if (!nvml.Load(error)) {
+    Log(0, "%s", error.c_str());
+    return 1;
+  }
+  if (const nvmlReturn_t r = nvml.init(); r != NVML_SUCCESS) {
+    Log(0, "nvmlInit_v2 failed: %s", nvml.Why(r));
+    return 1;
+  }
+  if (mkdir(options.verdicts.c_str(), 0755) != 0 && errno != EEXIST) {
+    Log(0, "cannot create the verdicts folder %s: %s", options.verdicts.c_str(), std::strerror(errno));
+    return 1;
+  }
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+
+  ContainerFiles files(options.containers);
+  std::map<std::string, unsigned long long> last_sample_us;
+  std::map<std::string, std::uint64_t> seqs;
+  std::set<std::string> over;  // container/device pairs over their memory limit at the last period
+  std::set<std::string> write_failed;
+  const std::uint64_t period_ns = options.period_ms * 1'000'000;
+  std::uint64_t next = Now(CLOCK_MONOTONIC);
+  Log(2, "judging every %llu ms, action %s", static_cast<unsigned long long>(options.period_ms),
+      options.kill ? "kill" : "report");
+  for (std::uint64_t period = 0; g_stop == 0 && (options.periods == 0 || period < options.periods); ++period) {
+    const std::vector<Container> containers = files.Load();
+    std::vector<std::string> devices;
+    std::vector<Reading> readings;
+    unsigned device_count = 0;
+    if (const nvmlReturn_t r = nvml.count(&device_count); r != NVML_SUCCESS) {
+      Log(2, "nvmlDeviceGetCount_v2 failed: %s", nvml.Why(r));
+      device_count = 0;
+    }
+    for (unsigned index = 0; index < device_count && index < 64; ++index) {
+      std::string uuid;
+      std::vector<Reading> found;
+      if (ReadDevice(nvml, index, uuid, found, last_sample_us)) {
+        devices.push_back(uuid);
+        readings.insert(readings.end(), found.begin(), found.end());
+      }
+    }
+    const auto judgements = vgpu::monitor::Judge(containers, devices, readings, options.kill);
+    for (const auto& judgement : judgements) {
+      const Container& container = containers[judgement.container];
+      const std::string folder = options.verdicts + "/" + container.name;
+      const std::string path = folder + "/verdict";
+      vgpu::verdict::Verdict verdict = judgement.verdict;
+      verdict.stamp_ns = Now(CLOCK_REALTIME);
+      verdict.seq = NextSeq(seqs, container.name, path, verdict.stamp_ns);
+      if ((mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) ||
+          !WriteWhole(path, vgpu::verdict::Format(verdict), error)) {
+        if (write_failed.insert(container.name).second) {
+          Log(1, "%s: cannot write its verdict: %s", container.name.c_str(), error.c_str());
+        }
+      } else {
+        write_failed.erase(container.name);
+      }
+      for (const auto& device : verdict.devices) {
+        const std::string key = container.name + " " + device.uuid;
+        const bool is_over = device.MemoryOver();
+        if (is_over && over.insert(key).second) {
+          Log(1, "%s: over its memory limit on %s: the driver shows %llu of %llu bytes", container.name.c_str(),
+              device.uuid.c_str(), static_cast<unsigned long long>(device.memory_used),
+              static_cast<unsigned long long>(device.memory_limit));
+        } else if (!is_over && over.erase(key) > 0) {
+          Log(1, "%s: back under its memory limit on %s", container.name.c_str(), device.uuid.c_str());
+        }
+      }
+      if (judgement.kill_host_pid != 0) {
+        if (kill(static_cast<pid_t>(judgement.kill_host_pid), SIGKILL) == 0) {
+          Log(1, "%s: killed process %u (host pid), the largest of a container over its memory limit",
+              container.name.c_str(), judgement.kill_host_pid);
+        } else {
+          Log(1, "%s: cannot kill process %u: %s", container.name.c_str(), judgement.kill_host_pid,
+              std::strerror(errno));
+        }
+      }
+    }
+    next += period_ns;
+    const std::uint64_t now = Now(CLOCK_MONOTONIC);
+    if (next <= now) {
+      next = now;  // a slow period: the next one starts now, none is run twice to catch up
+      continue;
+    }
+    const timespec wait{static_cast<time_t>((next - now) / 1'000'000'000), static_cast<long>((next - now) % 1'000'000'000)};
+    nanosleep(&wait, nullptr);
+  }
+  return 0;
+}
