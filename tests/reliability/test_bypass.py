@@ -6,6 +6,9 @@ Run by the reliability suite (tests/reliability/conftest.py): fixtures fake_gpu,
 
 from __future__ import annotations
 
+import signal
+import time
+
 import pytest
 
 RAISE_THEN_ALLOCATE = """
@@ -73,8 +76,8 @@ print(json.dumps({"first": int(first), "used": used, "zeroed": zeroed, "second":
 
 def test_writing_the_region_file_does_not_raise_the_limit(fake_gpu, figures):
     """A process that zeroes its usage in the region file (which every process of the container can write) and
-    allocates again stays under its limit: the shim keeps its own count and puts the file's figures back.
-    (Two processes colluding still can, for a moment: tests/region RegionTamper, docs/threat-model.md.)"""
+    allocates again stays under its limit: the shim keeps its own count and puts the file's figures back. (Two
+    processes colluding are held by the node monitor: test_two_colluding_processes_do_not_raise_the_limit.)"""
     contain(fake_gpu, memory_limit="2Gi")
     result = fake_gpu.run_py(ALLOCATE_REWRITE_ALLOCATE).json
     assert result["first"] == 0, result
@@ -83,3 +86,146 @@ def test_writing_the_region_file_does_not_raise_the_limit(fake_gpu, figures):
                    region_words_zeroed=result["zeroed"])
     assert result["second"] == 2, f"CUDA_ERROR_OUT_OF_MEMORY expected after the rewrite: {result}"
     assert result["used_after"] == result["used"], f"the shim's view did not come back: {result}"
+
+
+# ---- routes only the node sees (docs/node-monitor.md) -------------------------------------------------------------
+
+HOLD = """
+import json, sys
+from cuda.bindings import driver as cu
+assert cu.cuInit(0)[0] == cu.CUresult.CUDA_SUCCESS
+err, dev = cu.cuDeviceGet(0)
+err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+cu.cuCtxSetCurrent(ctx)
+err, ptr = cu.cuMemAlloc(int(sys.argv[1]))
+_, free, total = cu.cuMemGetInfo()
+print(json.dumps({"alloc": int(err), "used": int(total) - int(free)}), flush=True)
+sys.stdin.readline()  # quiet (no CUDA call) until told to end
+"""
+
+# The second of two colluding processes: zeroes the first one's figures in the region (its slot and the container's
+# total), allocates what the region then lets through, and keeps asking for 1 MiB more, timing the first refusal.
+COLLUDE = """
+import json, mmap, os, struct, sys, time
+from cuda.bindings import driver as cu
+first_used = int(sys.argv[1])
+assert cu.cuInit(0)[0] == cu.CUresult.CUDA_SUCCESS
+err, dev = cu.cuDeviceGet(0)
+err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+cu.cuCtxSetCurrent(ctx)
+_, free, total = cu.cuMemGetInfo()
+container_used = int(total) - int(free)
+zeroed = 0
+with open(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "r+b") as f:
+    m = mmap.mmap(f.fileno(), 0)
+    for offset in range(0, len(m) - 7, 8):
+        if struct.unpack_from("<Q", m, offset)[0] in (first_used, container_used):
+            struct.pack_into("<Q", m, offset, 0)
+            zeroed += 1
+    m.close()
+second, _ = cu.cuMemAlloc(int(sys.argv[2]))
+start = time.monotonic()
+refused_after = None
+while time.monotonic() - start < 5:
+    err, p = cu.cuMemAlloc(1 << 20)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        refused_after = time.monotonic() - start
+        break
+    cu.cuMemFree(p)
+    time.sleep(0.005)
+print(json.dumps({"zeroed": zeroed, "second": int(second), "refused_after": refused_after}))
+"""
+
+GIB = 1024 ** 3
+
+
+def test_two_colluding_processes_do_not_raise_the_limit(fake_gpu, node_monitor, figures):
+    """Two processes of one container: the second zeroes the first's figures in the region and allocates what the
+    region then lets through, past the container's limit (the region alone cannot hold this: tests/region
+    RegionTamper.DISABLED_TwoProcessesCannotPassTheLimitTogetherByRewritingTheFile). The node monitor sees the
+    driver's figures; once they show the container over, no allocation through the hooks succeeds. Fails if the
+    colluders can still allocate a second after going over."""
+    contain(fake_gpu, memory_limit="4Gi")
+    node_monitor.contain(memory_limit="4Gi")
+    node_monitor.start(action="report", period_ms=50)
+    first = fake_gpu.start_py(HOLD, str(2 * GIB))
+    held = first.next_json(timeout=30)
+    assert held["alloc"] == 0, held
+    result = fake_gpu.run_py(COLLUDE, str(held["used"]), str(2 * GIB)).json
+    first.finish(timeout=30)
+    assert result["zeroed"] >= 2, f"the route was not tried: {result}"
+    # The route works at the hooks: the region let the second 2 GiB through, past the 4 GiB limit.
+    assert result["second"] == 0, f"the region refused the colluders' allocation: the test tried nothing: {result}"
+    figures.record("bypass", collusion="held" if result["refused_after"] is not None else "RAISED",
+                   collusion_refused_after_ms=None if result["refused_after"] is None
+                   else round(result["refused_after"] * 1000))
+    assert result["refused_after"] is not None, f"the colluders kept allocating for 5 s: {result}"
+    # One period to see it (50 ms), the shim's 10 ms cache, and slack for a loaded machine.
+    assert result["refused_after"] < 1.0, result
+    assert "over its memory limit" in node_monitor.log()
+
+
+PRIVATE_ALLOCATE = """
+import ctypes, json, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+table = ctypes.c_void_p()
+found = cuda.cuGetExportTable(ctypes.byref(table), ctypes.create_string_buffer(b"fakecuda-private", 16))
+class Table(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p)]
+alloc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)(
+    Table.from_address(table.value).alloc)
+pointer = ctypes.c_uint64()
+private = alloc(ctypes.byref(pointer), int(sys.argv[1]))
+print(json.dumps({"table": found, "private": private}), flush=True)
+start = time.monotonic()
+refused_after = None
+while time.monotonic() - start < 5:
+    if cuda.cuMemAlloc_v2(ctypes.byref(pointer), 1 << 20) != 0:
+        refused_after = time.monotonic() - start
+        break
+    cuda.cuMemFree_v2(pointer)
+    time.sleep(0.005)
+print(json.dumps({"refused_after": refused_after}), flush=True)
+time.sleep(float(sys.argv[2]))
+print(json.dumps({"survived": True}), flush=True)
+"""
+
+
+def test_memory_taken_through_a_private_export_table_does_not_raise_the_limit(fake_gpu, node_monitor, figures):
+    """A process allocates 3 GiB under a 1 GiB limit through a private export table (cuGetExportTable: the route
+    the CUDA runtime takes, which no hook sees; fakecuda's stands in for the driver's). With --action kill the node
+    monitor ends it within about two periods; before that, nothing more is allocated through the hooks. Fails if
+    the process keeps its 3 GiB for 2 s."""
+    contain(fake_gpu, memory_limit="1Gi")
+    node_monitor.contain(memory_limit="1Gi")
+    node_monitor.start(action="kill", period_ms=50)
+    client = fake_gpu.start_py(PRIVATE_ALLOCATE, str(3 * GIB), "2")
+    took = client.next_json(timeout=30)
+    allocated_at = time.monotonic()
+    assert took == {"table": 0, "private": 0}, f"the route was not tried (fakecuda's private table): {took}"
+    result = client.finish(timeout=30)
+    held_for = time.monotonic() - allocated_at
+    figures.record("bypass", export_table="held" if result.returncode == -signal.SIGKILL else "RAISED",
+                   export_table_held_ms=round(held_for * 1000))
+    assert '"survived"' not in result.stdout, f"the process kept 3 GiB under a 1 GiB limit: {result.describe()}"
+    assert result.returncode == -signal.SIGKILL, result.describe()
+    assert held_for < 1.5, f"killed only after {held_for:.2f} s"
+    assert "killed process" in node_monitor.log()
+
+
+def test_with_report_only_a_private_allocation_stops_every_hooked_one(fake_gpu, node_monitor):
+    """--action report kills nothing, but once the driver shows the container over, its hooked allocations fail."""
+    contain(fake_gpu, memory_limit="1Gi")
+    node_monitor.contain(memory_limit="1Gi")
+    node_monitor.start(action="report", period_ms=50)
+    client = fake_gpu.start_py(PRIVATE_ALLOCATE, str(3 * GIB), "0")
+    assert client.next_json(timeout=30) == {"table": 0, "private": 0}
+    refused = client.next_json(timeout=30)
+    result = client.finish(timeout=30)
+    assert result.returncode == 0, result.describe()
+    assert refused["refused_after"] is not None and refused["refused_after"] < 1.0, refused

@@ -36,9 +36,8 @@ bool IsContainerName(std::string_view name) {
 
 bool ParseContainer(std::string_view name, std::string_view text, std::string_view path, Container& out,
                     std::string& error) {
-  const std::string where = "vgpu-monitor: " + policy::Printable(path) + ": ";
   if (!IsContainerName(name)) {
-    error = where + "'" + policy::Printable(name) +
+    error = "'" + policy::Printable(name) +
             "' cannot name a container (1 to 64 of A-Z a-z 0-9 . _ -, not starting with '.'); e.g. team-a.conf";
     return false;
   }
@@ -59,7 +58,7 @@ bool ParseContainer(std::string_view name, std::string_view text, std::string_vi
   const std::optional<std::string> cgroup = find(kCgroupKey);
   if (!cgroup || cgroup->empty() || cgroup->front() != '/' || cgroup->find("//") != std::string::npos ||
       (cgroup->size() > 1 && cgroup->back() == '/')) {
-    error = where + "VGPU_CGROUP " + (cgroup ? "'" + policy::Printable(*cgroup) + "' is not an absolute cgroup path" : "is not set") +
+    error = "VGPU_CGROUP " + (cgroup ? "'" + policy::Printable(*cgroup) + "' is not an absolute cgroup path" : "is not set") +
             "; e.g. VGPU_CGROUP=/kubepods.slice/kubepods-pod1234.slice (the container's cgroup, as /proc/<pid>/cgroup "
             "shows it)";
     return false;
@@ -72,7 +71,7 @@ bool ParseContainer(std::string_view name, std::string_view text, std::string_vi
       const std::string_view uuid = rest.substr(0, comma);
       if (!verdict::IsDeviceUuid(uuid) ||
           std::find(container.devices.begin(), container.devices.end(), uuid) != container.devices.end()) {
-        error = where + "VGPU_DEVICES '" + policy::Printable(*devices) + "': '" + policy::Printable(uuid) +
+        error = "VGPU_DEVICES '" + policy::Printable(*devices) + "': '" + policy::Printable(uuid) +
                 "' is not a device UUID, or is listed twice; e.g. "
                 "VGPU_DEVICES=GPU-5f0c1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b,GPU-77aa1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b";
         return false;
@@ -82,7 +81,7 @@ bool ParseContainer(std::string_view name, std::string_view text, std::string_vi
       rest = rest.substr(comma + 1);
     }
     if (container.devices.size() > static_cast<std::size_t>(policy::kMaxDevices)) {
-      error = where + "VGPU_DEVICES lists " + std::to_string(container.devices.size()) + " devices; at most " +
+      error = "VGPU_DEVICES lists " + std::to_string(container.devices.size()) + " devices; at most " +
               std::to_string(policy::kMaxDevices);
       return false;
     }

@@ -190,7 +190,10 @@ class ContainerFiles {
       Container container;
       std::string error;
       if (!vgpu::monitor::ParseContainer(file.substr(0, file.size() - 5), text, path, container, error)) {
-        if (reported_[path] != text) Log(1, "%s (its container is not judged until the file is fixed)", error.c_str());
+        if (reported_[path] != text) {
+          Log(1, "container file %s: %s (its container is not judged until the file is fixed)", path.c_str(),
+              error.c_str());
+        }
         reported_[path] = text;
         continue;
       }

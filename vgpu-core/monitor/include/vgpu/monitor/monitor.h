@@ -26,7 +26,7 @@ bool IsContainerName(std::string_view name);
 
 // Parses a container file: KEY=VALUE lines (the shim's config file syntax), VGPU_CGROUP (required, an absolute
 // path), VGPU_DEVICES (optional, comma-separated device UUIDs) and the shim's limit names. On failure returns false
-// and sets `error` to one line naming the file, the line or key, the value and an accepted example.
+// and sets `error` to one line naming the line or key, the value and an accepted example (the caller names the file).
 bool ParseContainer(std::string_view name, std::string_view text, std::string_view path, Container& out,
                     std::string& error);
 
