@@ -12,7 +12,7 @@
 //     when non-zero, else the all-devices one), SM limits 0..99 (100 stored as 0), log level 0..4;
 //   - a refused config names the first wrong variable in the parser's order, leaves `out` untouched, and its message
 //     is one line of printable ASCII starting "vgpu: ";
-//   - ParseConfig asks its lookup for the contract's names only; IsConfigKey agrees with the list of 37 names;
+//   - ParseConfig asks its lookup for the contract's names only; IsConfigKey agrees with the list of 38 names;
 //   - the config file grammar (trimmed KEY=VALUE lines, '#' comments, no duplicates, no unknown keys) matches an
 //     oracle line by line, and a refusal names a line that exists.
 #include <fcntl.h>
@@ -66,10 +66,11 @@ constexpr const char* kSm = "CUDA_DEVICE_SM_LIMIT";
 constexpr const char* kCache = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 constexpr const char* kPolicy = "GPU_CORE_UTILIZATION_POLICY";
 constexpr const char* kLog = "LIBCUDA_LOG_LEVEL";
+constexpr const char* kVerdict = "VGPU_VERDICT_FILE";
 
 const std::set<std::string>& ContractNames() {
   static const std::set<std::string> names = [] {
-    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog};
+    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict};
     for (int i = 0; i < kMaxDevices; ++i) {
       all.insert(std::string(kMemory) + "_" + std::to_string(i));
       all.insert(std::string(kSm) + "_" + std::to_string(i));
@@ -178,6 +179,12 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     if (!text->empty() && !absolute) return refuse(kCache);
     config.region_path = *text;
   }
+  if (const auto text = Find(entries, kVerdict)) {
+    const bool absolute = !text->empty() && text->front() == '/' && text->size() <= 4095 &&
+                          text->find('\0') == std::string::npos;
+    if (!text->empty() && !absolute) return refuse(kVerdict);
+    config.verdict_path = *text;
+  }
   if (const auto text = Find(entries, kPolicy)) {
     const auto policy = OraclePolicy(*text);
     if (!policy) return refuse(kPolicy);
@@ -194,7 +201,7 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
 
 bool SameConfig(const Config& a, const Config& b) {
   return a.memory_limit_bytes == b.memory_limit_bytes && a.sm_limit_percent == b.sm_limit_percent &&
-         a.region_path == b.region_path && a.policy == b.policy && a.log_level == b.log_level && a.source == b.source;
+         a.region_path == b.region_path && a.verdict_path == b.verdict_path && a.policy == b.policy && a.log_level == b.log_level && a.source == b.source;
 }
 
 // A message the shim prints once on stderr: one line, printable ASCII, bounded, starting "vgpu: ".
@@ -211,6 +218,7 @@ void CheckRanges(const Config& config) {
   CHECK(config.policy == ComputePolicy::standard || config.policy == ComputePolicy::force ||
         config.policy == ComputePolicy::disable);
   CHECK(config.region_path.empty() || (config.region_path.front() == '/' && config.region_path.size() <= 4095));
+  CHECK(config.verdict_path.empty() || (config.verdict_path.front() == '/' && config.verdict_path.size() <= 4095));
   bool any_memory = false, any = false;
   for (std::size_t i = 0; i < kMaxDevices; ++i) {
     any_memory = any_memory || config.memory_limit_bytes[i] != 0;

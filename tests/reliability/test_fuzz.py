@@ -3,6 +3,7 @@
 fuzz_config    the shim's configuration: the config file, LoadConfig and the environment (vgpu-core/policy)
 fuzz_scenario  scenario files: the YAML-subset reader and the validator, with a round trip (sim/scenario)
 fuzz_region    the region loader: Attachment::Open and ReadSnapshot on files of any content, size and kind
+fuzz_verdict   the node monitor's verdict, as the shim parses it (vgpu-core/verdict, docs/node-monitor.md)
 
 The test builds nothing: it runs the programs of the fuzz preset (`cmake --preset fuzz && cmake --build --preset
 fuzz`, which .ci/setup does), found in $VGPU_FUZZ_DIR or build/fuzz/bin, and skips a target whose program is absent.
@@ -28,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 FUZZ_SOURCES = REPO_ROOT / "tests" / "fuzz"
 FUZZ_DIR = Path(os.environ.get("VGPU_FUZZ_DIR", REPO_ROOT / "build" / "fuzz" / "bin")).resolve()
 SECONDS = int(os.environ.get("VGPU_FUZZ_SECONDS", "20"))
-TARGETS = ["config", "scenario", "region"]
+TARGETS = ["config", "scenario", "region", "verdict"]
 # One input taking longer than this is a hang (libFuzzer's -timeout): the slowest seen is a few milliseconds.
 INPUT_TIMEOUT_S = 10
 OUTPUT_TAIL_LINES = 60
