@@ -410,6 +410,41 @@ TEST(Limiter, AProcessThatRewritesTheCellIsStillHeldToItsShare) {
   EXPECT_NEAR(static_cast<double>(busy) / static_cast<double>(now), 0.30, 0.01);
 }
 
+TEST(Limiter, AProcessScaledByTheNodeMonitorGetsThatPartOfItsShareWhateverTheCellSays) {
+  BudgetCell cell{};
+  Limiter::InitCell(cell, 300, 20 * kMs, 0);
+  Limiter limiter(cell, Share(300));
+  limiter.ScaleOwn(500, 0);
+  EXPECT_EQ(limiter.own_scale_permille(), 500u);
+  std::uint64_t now = 0, busy = 0;
+  while (now < 5000 * kMs) {
+    cell.budget_ns = std::int64_t{1} << 50;  // colluders' writes: only the process's own count holds it
+    cell.rate_permille = 1000;
+    const Admission admission = limiter.Admit(kKernel, now);
+    now = std::max(now, admission.ready_at_ns);
+    now += kMs;
+    limiter.Settle(kKernel, admission.charged_ns, kMs, now);
+    busy += kMs;
+  }
+  EXPECT_NEAR(static_cast<double>(busy) / static_cast<double>(now), 0.15, 0.01);
+  limiter.ScaleOwn(0, now);
+  EXPECT_EQ(limiter.own_scale_permille(), 1u) << "never zero: the process still runs";
+  limiter.ScaleOwn(5000, now);
+  EXPECT_EQ(limiter.own_scale_permille(), 1000u);
+}
+
+TEST(Limiter, TheMonitorsScaleFollowsTheContainersUseOutsideAMargin) {
+  EXPECT_EQ(NextMonitorScale(1000, 600, 300), 500u) << "two colluders at 30 % each: each to half";
+  EXPECT_EQ(NextMonitorScale(500, 300, 300), 500u) << "held: kept";
+  EXPECT_EQ(NextMonitorScale(500, 340, 300), 500u) << "within the margin: kept";
+  EXPECT_EQ(NextMonitorScale(1000, 340, 300), 1000u) << "an honest container a few points over in NVML: untouched";
+  EXPECT_EQ(NextMonitorScale(500, 150, 300), 1000u) << "one colluder left: back up";
+  EXPECT_EQ(NextMonitorScale(500, 200, 300), 750u);
+  EXPECT_EQ(NextMonitorScale(500, 0, 300), 1000u) << "idle: back to the share";
+  EXPECT_EQ(NextMonitorScale(1000, 1000, 10), kMonitorLeastScalePermille) << "never below the least scale";
+  EXPECT_EQ(NextMonitorScale(200, 1000, 0), 1000u) << "no limit: no scale";
+}
+
 TEST(Limiter, DefaultPolicyLendsTheIdleGpuAndTakesItBack) {
   BudgetCell cell{};
   Limiter::InitCell(cell, 300, 20 * kMs, 0);

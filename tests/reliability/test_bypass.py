@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from fakegpu_harness import read_trace
 
 RAISE_THEN_ALLOCATE = """
 import json, os
@@ -229,3 +230,81 @@ def test_with_report_only_a_private_allocation_stops_every_hooked_one(fake_gpu, 
     result = client.finish(timeout=30)
     assert result.returncode == 0, result.describe()
     assert refused["refused_after"] is not None and refused["refused_after"] < 1.0, refused
+
+
+# Writes the container's compute budget cell (docs/region.md: BudgetCell) full, at a lending rate, every millisecond:
+# found in the region file by its configured share and a refill time, as a hostile process of the container would.
+CELL_WRITER = """
+import json, mmap, os, struct, sys, time
+share, seconds = int(sys.argv[1]), float(sys.argv[2])
+deadline = time.monotonic() + seconds
+cell = None
+while cell is None and time.monotonic() < deadline:
+    with open(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+    for offset in range(0, len(m) - 24, 8):
+        rate, configured = struct.unpack_from("<II", m, offset + 16)
+        if configured == share and rate in (share, 1000) and struct.unpack_from("<Q", m, offset + 8)[0] > 10**9:
+            cell = offset
+            break
+    if cell is None:
+        m.close()
+        time.sleep(0.01)
+print(json.dumps({"cell": cell}), flush=True)
+writes = 0
+while cell is not None and time.monotonic() < deadline:
+    struct.pack_into("<q", m, cell, 1 << 40)
+    struct.pack_into("<I", m, cell + 16, 1000)
+    writes += 1
+    time.sleep(0.001)
+print(json.dumps({"writes": writes}), flush=True)
+"""
+
+
+def busy_share(events: list[dict], pids: list[int], from_ns: int, to_ns: int) -> float:
+    """The fraction of [from_ns, to_ns) in which the device ran a kernel of one of `pids` (by the trace)."""
+    spans = [(max(int(e["start_ns"]), from_ns), min(int(e["end_ns"]), to_ns)) for e in events
+             if e.get("ev") == "kernel" and e.get("pid") in pids and int(e["end_ns"]) > from_ns
+             and int(e["start_ns"]) < to_ns]
+    spans.sort()
+    busy, end = 0, from_ns
+    for start, stop in spans:
+        start = max(start, end)
+        if stop > start:
+            busy += stop - start
+            end = stop
+    return busy / (to_ns - from_ns)
+
+
+def test_processes_that_rewrite_the_compute_budget_together_are_held_to_the_share(fake_gpu, node_monitor, figures,
+                                                                                    shim_path):
+    """Two processes of a container capped at 30 %, and a third that keeps the region's budget cell full at a
+    lending rate: each process is still held to 30 % by its own count, so together they take ~60 %. The node
+    monitor's verdict shows the container's NVML use; each process scales its own rate by limit / use, and the
+    container is held to its share. Fails if the two take more than 36 % over the run's last 4 s."""
+    trace = fake_gpu.enable_trace()
+    fake_gpu.env.update({"LD_PRELOAD": str(shim_path), "CUDA_DEVICE_SM_LIMIT": "30",
+                         "GPU_CORE_UTILIZATION_POLICY": "force",
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "box.region")})
+    node_monitor.contain(memory_limit="0", sm_limit=30)
+    node_monitor.start(action="report", period_ms=50)
+    tenants = [fake_gpu.start_tenant("--seconds", "9", "--kernel-us", "1000") for _ in range(2)]
+    writer = fake_gpu.start_py(CELL_WRITER, "300", "9")
+    found = writer.next_json(timeout=30)
+    assert found["cell"] is not None, "the budget cell was not found: the route was not tried"
+    for tenant in tenants:
+        result = tenant.finish(timeout=60)
+        assert result.returncode == 0, result.describe()
+    writer.finish(timeout=30)
+    events = read_trace(trace)
+    pids = [tenant.pid for tenant in tenants]
+    kernels = [e for e in events if e.get("ev") == "kernel" and e.get("pid") in pids]
+    end = max(int(e["end_ns"]) for e in kernels)
+    start = min(int(e["start_ns"]) for e in kernels)
+    first = busy_share(events, pids, start, start + 1_000_000_000)
+    last = busy_share(events, pids, end - 4_000_000_000, end)
+    figures.record("bypass", compute_collusion="held" if last <= 0.36 else "RAISED",
+                   compute_collusion_first_s=round(100 * first, 1), compute_collusion_last_4s=round(100 * last, 1))
+    assert last <= 0.36, (f"two colluders took {100 * last:.1f} % of the device over the last 4 s under a 30 % cap "
+                          f"(first second: {100 * first:.1f} %); monitor log: {node_monitor.log()}")
+    assert last >= 0.20, f"held far under the cap: {100 * last:.1f} %"

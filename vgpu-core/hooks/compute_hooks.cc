@@ -36,6 +36,8 @@ constexpr std::uint64_t kSteadyAtLeastOneIn = 256;
 constexpr std::size_t kWindowLaunches = 256;
 constexpr std::uint64_t kWindowNs = 5'000'000;
 constexpr std::uint64_t kObserveOthersEveryNs = 100'000'000;
+// How often the launch path looks at the node monitor's verdict (read from its file at most every kVerdictReadNs).
+constexpr std::uint64_t kVerdictCheckNs = 20'000'000;
 constexpr std::uint64_t kCompletionPollNs = 200'000;
 // A launch asks the driver about measured launches at most this often (each cuEventQuery is a driver call, ~0.3 us
 // on an H100: a few percent of a small launch), or when this many wait to be settled, or while it waits for them.
@@ -151,6 +153,8 @@ struct DeviceLimiter {
   CUstream last_stream = nullptr;
   StreamState* last_state = nullptr;
   std::atomic<std::uint64_t> last_observed_ns{0};
+  std::atomic<std::uint64_t> verdict_checked_ns{0};  // the launch path's last look at the node monitor's verdict
+  std::uint64_t verdict_stamp_ns = 0;                // the last verdict acted on (guarded by mutex)
   std::deque<Pending> pending;
   std::deque<Pending> abandoned;  // settled at their estimate while still running: events held until done
   std::unordered_map<CUcontext, std::vector<CUevent>> free_events;
@@ -976,6 +980,34 @@ bool LaunchOntoDrained(LaunchBook& book, Launch& launch, CUresult& result) {
   return true;
 }
 
+// The node monitor's verdict on the container's SM use (docs/node-monitor.md): at most once per window of its SM
+// figures, it scales this process's own rate (policy::NextMonitorScale), so that processes that rewrite the region's cell together, or launch past the
+// hooks, are held to the container's share together. No usable verdict: nothing changes.
+void FollowVerdict(DeviceLimiter& d, int ordinal, std::uint64_t now) {
+  std::uint32_t used = 0, limit = 0;
+  std::uint64_t stamp = 0;
+  const bool usable = WithVerdict(ordinal, [&](const verdict::Verdict& verdict, const std::string& uuid) {
+    const verdict::Device* line = verdict.FindDevice(uuid);
+    if (line == nullptr) return false;
+    used = line->sm_used;
+    limit = line->sm_limit;
+    stamp = verdict.stamp_ns;
+    return true;
+  });
+  if (!usable) return;
+  std::lock_guard<std::mutex> guard(d.mutex);
+  // Once per window of the SM figures: the next verdicts still average in the use before this correction.
+  if (d.verdict_stamp_ns != 0 && stamp < d.verdict_stamp_ns + verdict::kSmWindowNs) return;
+  d.verdict_stamp_ns = stamp;
+  const std::uint32_t before = d.limiter->own_scale_permille();
+  const std::uint32_t after = policy::NextMonitorScale(before, used, limit);
+  if (after == before) return;
+  d.limiter->ScaleOwn(after, now);
+  Log(after < before ? 2 : 3, "device %d: the node monitor shows the container at %u.%u %% of the SM time against "
+      "%u.%u %%: this process's rate scaled to %u.%u %% of its share", ordinal, used / 10, used % 10, limit / 10,
+      limit % 10, after / 10, after % 10);
+}
+
 // Admits, waits, launches, measures. `launch` performs the real launch on `stream`; `per_thread` says that a null
 // stream means the per-thread default stream (the _ptsz entry points).
 template <typename Launch>
@@ -1014,6 +1046,10 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   if (d == nullptr) return unknown != CUDA_SUCCESS ? unknown : launch();
   const policy::KernelKey key{function, shape};
   std::uint64_t now = NowNs();
+  if (now >= d->verdict_checked_ns.load(std::memory_order_relaxed) + kVerdictCheckNs) {
+    d->verdict_checked_ns.store(now, std::memory_order_relaxed);  // a benign race: two threads may both look
+    FollowVerdict(*d, ordinal, now);
+  }
   if (d->lend && now >= d->last_observed_ns + kObserveOthersEveryNs) {
     d->last_observed_ns = now;  // a benign race: at worst two threads read NVML in the same period
     std::uint64_t period_start = 0;

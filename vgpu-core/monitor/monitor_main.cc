@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <type_traits>
@@ -240,8 +241,20 @@ struct Nvml {
 };
 
 // One device's figures this period, or false (reported at log level 2) when NVML would not give them.
+struct Sample {
+  unsigned long long timestamp_us;
+  unsigned pid;
+  unsigned percent;
+};
+
+// A device's NVML samples of the last verdict::kSmWindowNs, and the newest one's time (the next read asks after it).
+struct SampleHistory {
+  unsigned long long newest_us = 0;
+  std::deque<Sample> samples;
+};
+
 bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector<Reading>& readings,
-                std::map<std::string, unsigned long long>& last_sample_us) {
+                std::map<std::string, SampleHistory>& histories) {
   nvmlDevice_t device = nullptr;
   char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
   nvmlReturn_t r = nvml.handle(index, &device);
@@ -266,25 +279,34 @@ bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector
     processes.resize(count);
     break;
   }
-  // SM use per process: the mean of its samples since the last period's newest.
-  std::map<unsigned, std::pair<std::uint64_t, unsigned>> sm;  // pid -> (sum of percents, samples)
-  unsigned long long& last = last_sample_us[uuid];
+  // SM use per process over the last verdict::kSmWindowNs. NVML's samples are the device's utilization over one
+  // sampling window each, named to the process that held the device longest in it (one process per window under
+  // time-slicing: docs/h100-notes.md): a process's use is the sum of its samples over the number of windows.
+  SampleHistory& history = histories[uuid];
   unsigned count = 0;
-  r = nvml.utilization(device, nullptr, &count, last);
+  r = nvml.utilization(device, nullptr, &count, history.newest_us);
   if (r == NVML_ERROR_INSUFFICIENT_SIZE && count > 0 && count <= 65536) {
     std::vector<nvmlProcessUtilizationSample_t> samples(count);
-    r = nvml.utilization(device, samples.data(), &count, last);
+    r = nvml.utilization(device, samples.data(), &count, history.newest_us);
     if (r == NVML_SUCCESS && count <= samples.size()) {
-      unsigned long long newest = last;
+      const unsigned long long after = history.newest_us;
       for (unsigned i = 0; i < count; ++i) {
-        if (samples[i].timeStamp <= last || samples[i].smUtil > 100) continue;
-        auto& [sum, n] = sm[samples[i].pid];
-        sum += samples[i].smUtil;
-        ++n;
-        newest = std::max(newest, samples[i].timeStamp);
+        if (samples[i].timeStamp <= after || samples[i].smUtil > 100) continue;
+        history.samples.push_back({samples[i].timeStamp, samples[i].pid, samples[i].smUtil});
+        history.newest_us = std::max(history.newest_us, samples[i].timeStamp);
       }
-      last = newest;
     }
+  }
+  const unsigned long long now_us = Now(CLOCK_REALTIME) / 1000;
+  const unsigned long long window_us = vgpu::verdict::kSmWindowNs / 1000;
+  while (!history.samples.empty() && history.samples.front().timestamp_us + window_us < now_us) {
+    history.samples.pop_front();
+  }
+  std::map<unsigned, std::uint64_t> sm;  // pid -> sum of its samples' percents
+  std::set<unsigned long long> windows;  // the samples' timestamps
+  for (const Sample& sample : history.samples) {
+    sm[sample.pid] += sample.percent;
+    windows.insert(sample.timestamp_us);
   }
   for (const nvmlProcessInfo_t& process : processes) {
     if (process.usedGpuMemory == static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE)) {
@@ -298,8 +320,8 @@ bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector
     reading.host_pid = process.pid;
     reading.device = uuid;
     reading.memory_used = process.usedGpuMemory;
-    if (const auto found = sm.find(process.pid); found != sm.end() && found->second.second > 0) {
-      reading.sm_used = static_cast<std::uint32_t>(found->second.first * 10 / found->second.second);
+    if (const auto found = sm.find(process.pid); found != sm.end() && !windows.empty()) {
+      reading.sm_used = static_cast<std::uint32_t>(std::min<std::uint64_t>(found->second * 10 / windows.size(), 1000));
     }
     const std::string proc = "/proc/" + std::to_string(process.pid);
     std::string cgroup_text, status_text;
@@ -392,7 +414,7 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &action, nullptr);
 
   ContainerFiles files(options.containers);
-  std::map<std::string, unsigned long long> last_sample_us;
+  std::map<std::string, SampleHistory> histories;
   std::map<std::string, std::uint64_t> seqs;
   std::set<std::string> over;  // container/device pairs over their memory limit at the last period
   std::set<std::string> write_failed;
@@ -412,7 +434,7 @@ int main(int argc, char** argv) {
     for (unsigned index = 0; index < device_count && index < 64; ++index) {
       std::string uuid;
       std::vector<Reading> found;
-      if (ReadDevice(nvml, index, uuid, found, last_sample_us)) {
+      if (ReadDevice(nvml, index, uuid, found, histories)) {
         devices.push_back(uuid);
         readings.insert(readings.end(), found.begin(), found.end());
       }

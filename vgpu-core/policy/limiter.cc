@@ -76,7 +76,33 @@ void Limiter::RefillOwn(std::uint64_t now_ns) {
   const std::uint64_t gap = std::min(now_ns - own_refilled_at_ns_, kMaxRefillGapNs);
   own_refilled_at_ns_ = now_ns;
   if (own_budget_ns_ >= burst) return;
-  own_budget_ns_ = std::min(own_budget_ns_ + static_cast<std::int64_t>(gap * own_rate_permille_ / 1000), burst);
+  own_budget_ns_ = std::min(own_budget_ns_ + static_cast<std::int64_t>(gap * OwnRate() / 1000), burst);
+}
+
+std::uint32_t Limiter::OwnRate() const {
+  return std::max<std::uint32_t>(static_cast<std::uint32_t>(std::uint64_t{own_rate_permille_} * own_scale_permille_ / 1000),
+                                 1);
+}
+
+void Limiter::ScaleOwn(std::uint32_t scale_permille, std::uint64_t now_ns) {
+  scale_permille = std::clamp<std::uint32_t>(scale_permille, 1, 1000);
+  if (scale_permille == own_scale_permille_) return;
+  if (own_refilled_at_ns_ != 0) RefillOwn(now_ns);  // the time so far refills at the old rate
+  own_scale_permille_ = scale_permille;
+}
+
+std::uint32_t NextMonitorScale(std::uint32_t scale_permille, std::uint32_t used_permille, std::uint32_t limit_permille) {
+  if (limit_permille == 0) return 1000;
+  const auto scaled = [&](std::uint32_t used) {
+    return static_cast<std::uint32_t>(std::uint64_t{scale_permille} * limit_permille / std::max<std::uint32_t>(used, 1));
+  };
+  if (used_permille > limit_permille + kMonitorMarginPermille) {
+    return std::max(kMonitorLeastScalePermille, scaled(used_permille));
+  }
+  if (scale_permille < 1000 && used_permille + kMonitorMarginPermille < limit_permille) {
+    return std::min<std::uint32_t>(1000, std::max(scale_permille, scaled(used_permille)));
+  }
+  return scale_permille;
 }
 
 void Limiter::AdjustOwn(std::int64_t delta_ns) {
@@ -162,7 +188,7 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_
   RefillOwn(now_ns);
   own_budget_ns_ -= static_cast<std::int64_t>(estimate);
   if (own_budget_ns_ < 0) {
-    const std::uint32_t rate = std::max<std::uint32_t>(own_rate_permille_, 1);
+    const std::uint32_t rate = OwnRate();
     const auto debt = static_cast<std::uint64_t>(-own_budget_ns_) + PaceNs();
     admission.ready_at_ns = std::max(admission.ready_at_ns, now_ns + (debt * 1000 + rate - 1) / rate);
   }

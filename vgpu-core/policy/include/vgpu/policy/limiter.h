@@ -26,6 +26,15 @@ struct BudgetCell {
   std::uint32_t busy_ns[kBuckets];  // measured GPU time per 10 ms bucket, a ring indexed by epoch % kBuckets
 };
 
+// The node monitor's verdict shows the container's SM use (NVML's, summed over its processes) against its limit,
+// both permille of the device (docs/node-monitor.md). Each process scales its own rate by the same factor: down by
+// limit / used while the container is more than kMonitorMarginPermille over (processes that rewrite the cell
+// together, or launch past the hooks, are then held together), back up the same way once it is as far under; never
+// below kMonitorLeastScalePermille. Returns the next scale from the current one.
+inline constexpr std::uint32_t kMonitorMarginPermille = 50;  // NVML's samples move by a few points
+inline constexpr std::uint32_t kMonitorLeastScalePermille = 50;
+std::uint32_t NextMonitorScale(std::uint32_t scale_permille, std::uint32_t used_permille, std::uint32_t limit_permille);
+
 // What identifies a kernel for cost learning: the function and the launch shape.
 struct KernelKey {
   const void* function;
@@ -124,6 +133,11 @@ class Limiter {
   // above, it is held to its share.
   void ObserveOthers(double others_busy_fraction, std::uint64_t now_ns);
 
+  // The node monitor's correction of this process's own rate (docs/node-monitor.md): its own count refills at its
+  // rate times `scale_permille` / 1000 (1..1000; 1000: none). Colluding processes rewrite the cell, not this.
+  void ScaleOwn(std::uint32_t scale_permille, std::uint64_t now_ns);
+  std::uint32_t own_scale_permille() const { return own_scale_permille_; }
+
   // The container's measured share over the last second (the 100 whole buckets before `now_ns`).
   static double PublishedShare(const BudgetCell& cell, std::uint64_t now_ns);
   // The container's measured busy time in [from_ns, to_ns) as a fraction of it (partial buckets pro rata). A run is
@@ -185,6 +199,8 @@ class Limiter {
   std::int64_t own_budget_ns_ = 0;
   std::uint64_t own_refilled_at_ns_ = 0;   // 0: not started (the first Admit starts it full)
   std::uint32_t own_rate_permille_ = 0;    // what this process decided: the share, or 1000 while it lends
+  std::uint32_t own_scale_permille_ = 1000;  // the node monitor's correction (ScaleOwn)
+  std::uint32_t OwnRate() const;           // own_rate_permille_ scaled, at least 1
   // `defer_busy`: busy time not yet added to the cell, all in bucket `busy_epoch_`.
   std::uint64_t busy_epoch_ = 0;
   std::uint64_t busy_held_ns_ = 0;

@@ -18,13 +18,16 @@ inline constexpr std::size_t kMaxProcesses = 4096;
 inline constexpr std::size_t kMaxBytes = 1 << 20;
 // How old a verdict may be (and how far ahead of the reader's clock) to be used: docs/node-monitor.md.
 inline constexpr std::uint64_t kFreshNs = 1'000'000'000;
+// The SM figures (sm_used) are NVML's samples of the last kSmWindowNs (a few samples: NVML's windows are ~100-200 ms);
+// a shim acts on them at most once per window, so that one excess is not corrected twice.
+inline constexpr std::uint64_t kSmWindowNs = 1'000'000'000;
 
 struct Device {
   std::string uuid;  // NVML's form: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
   std::uint64_t memory_limit = 0;  // bytes; 0: no limit
   std::uint64_t memory_used = 0;   // bytes, the driver's count over the container's processes
   std::uint32_t sm_limit = 0;      // permille of the device; 0: no limit
-  std::uint32_t sm_used = 0;       // permille, over the last period, summed over the container's processes
+  std::uint32_t sm_used = 0;       // permille, over the last kSmWindowNs, summed over the container's processes
 
   bool MemoryOver() const { return memory_limit != 0 && memory_used > memory_limit; }
 };
