@@ -218,7 +218,8 @@ void CheckRanges(const Config& config) {
   CHECK(config.policy == ComputePolicy::standard || config.policy == ComputePolicy::force ||
         config.policy == ComputePolicy::disable);
   CHECK(config.region_path.empty() || (config.region_path.front() == '/' && config.region_path.size() <= 4095));
-  CHECK(config.verdict_path.empty() || (config.verdict_path.front() == '/' && config.verdict_path.size() <= 4095));
+  CHECK(!config.verdict_path || config.verdict_path->empty() ||
+        (config.verdict_path->front() == '/' && config.verdict_path->size() <= 4095));
   bool any_memory = false, any = false;
   for (std::size_t i = 0; i < kMaxDevices; ++i) {
     any_memory = any_memory || config.memory_limit_bytes[i] != 0;

@@ -315,7 +315,7 @@ TEST(ParseConfig, AsksOnlyForKnownKeys) {
         return std::nullopt;
       },
       "test", config, error));
-  EXPECT_EQ(asked.size(), 5u + 2u * kMaxDevices);
+  EXPECT_EQ(asked.size(), 6u + 2u * kMaxDevices);
   for (const auto& key : asked) EXPECT_TRUE(IsConfigKey(key)) << key;
 }
 

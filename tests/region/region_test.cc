@@ -301,9 +301,10 @@ TEST(RegionTamper, AProcessCannotPassTheLimitByRewritingTheFile) {
   EXPECT_EQ(a->Used(0), 1000u);
 }
 
-// Not held (docs/threat-model.md): a process that rewrites the file between another process's calls lets a third
-// reserve what the second holds, until the second's next call puts its figure back. Enable when the limit no
-// longer rests on numbers a container process can write.
+// Not held by the region (docs/threat-model.md): a process that rewrites the file between another process's calls
+// lets a third reserve what the second holds, until the second's next call puts its figure back. The node monitor
+// holds it (docs/node-monitor.md; tests/reliability/test_bypass.py::test_two_colluding_processes_do_not_raise_the_limit):
+// disabled here, where there is no monitor, as the record of what the region alone cannot do.
 TEST(RegionTamper, DISABLED_TwoProcessesCannotPassTheLimitTogetherByRewritingTheFile) {
   test::TempFolder folder;
   auto a = MustOpen(folder.File("region"));

@@ -333,7 +333,8 @@ void RefreshVerdict(const std::string& path, MonitorVerdict& monitor) {
 
 bool WithVerdict(int ordinal, const std::function<bool(const verdict::Verdict&, const std::string& uuid)>& use) {
   Shim& shim = TheShim();
-  if (shim.config.verdict_path.empty() || ordinal < 0 || ordinal >= policy::kMaxDevices) return false;
+  const std::optional<std::string>& configured = shim.config.verdict_path;
+  if ((configured && configured->empty()) || ordinal < 0 || ordinal >= policy::kMaxDevices) return false;
   std::string uuid;
   {
     std::lock_guard<std::mutex> guard(shim.mutex);
@@ -341,7 +342,7 @@ bool WithVerdict(int ordinal, const std::function<bool(const verdict::Verdict&, 
   }
   if (uuid.empty()) return false;
   std::lock_guard<std::mutex> guard(shim.monitor.mutex);
-  RefreshVerdict(shim.config.verdict_path, shim.monitor);
+  RefreshVerdict(configured ? *configured : std::string(policy::kDefaultVerdictFile), shim.monitor);
   return shim.monitor.usable && use(shim.monitor.verdict, uuid);
 }
 

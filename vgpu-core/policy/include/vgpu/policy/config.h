@@ -27,8 +27,10 @@ struct Config {
   // CUDA_DEVICE_MEMORY_SHARED_CACHE. ParseConfig leaves it empty when unset or empty (it cannot know the uid);
   // LoadConfig then fills in DefaultRegionPath(getuid()).
   std::string region_path;
-  // VGPU_VERDICT_FILE: the node monitor's verdict on this container (docs/node-monitor.md); empty: none is read.
-  std::string verdict_path = kDefaultVerdictFile;
+  // VGPU_VERDICT_FILE: the node monitor's verdict on this container (docs/node-monitor.md). Unset (nullopt):
+  // kDefaultVerdictFile; empty: none is read. (Not the default string itself: a Config is built where the heap may
+  // fail, and must not allocate.)
+  std::optional<std::string> verdict_path;
   ComputePolicy policy = ComputePolicy::standard;
   int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
   std::string source;                    // "environment" or the config file's path, for messages
