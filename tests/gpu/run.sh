@@ -15,7 +15,7 @@
 #   OUT                   report folder (default <repo>/gpu-report)
 #   VGPU_COMMIT           the commit the tree is (a copied tree's .git may be stale); default: git rev-parse HEAD
 #   VGPU_GPU_BUILD_DIR    use this build folder as it is (no build)
-#   VGPU_GPU_STAGES       stages to run, comma-separated (default conformance,memory,compute,overhead,fidelity)
+#   VGPU_GPU_STAGES       stages to run, comma-separated (default conformance,memory,compute,overhead,fidelity,monitor)
 #   VGPU_GPU_BUDGET_S     seconds the whole command may take; stages that would not fit are skipped (default 520)
 #   VGPU_GPU_POINT_S      seconds per measured point of the compute sweep (default 3)
 #   VGPU_GPU_FAKE=1       plumbing test without a GPU: run everything over fakecuda (LD_LIBRARY_PATH must point at
@@ -83,7 +83,7 @@ build_tree() {
   fi
   # What every stage needs; then fakecuda (the conformance tests link it; the fakecuda runs need it), then the
   # scenario runner (vgpu._native, else the static libraries for run_scenario.cc). Only the first is required.
-  timeout 400 cmake --build "$build" -j"$(nproc)" --target vgpu vgpu-tenant vgpu-sampler >>"$log" 2>&1 || return 1
+  timeout 400 cmake --build "$build" -j"$(nproc)" --target vgpu vgpu-tenant vgpu-sampler vgpu-monitor >>"$log" 2>&1 || return 1
   timeout 400 cmake --build "$build" -j"$(nproc)" --target fakecuda_cuda fakecuda_nvml "${keep[@]}" >>"$log" 2>&1 \
     || build_info+="fakecuda did NOT build (see build.log): no fakecuda runs; "
   local native=0

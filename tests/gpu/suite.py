@@ -32,7 +32,9 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 WORKLOADS = os.path.join(HERE, "torch_workloads.py")
-STAGES = ("conformance", "memory", "compute", "overhead", "fidelity")
+# A hostile process of a container that keeps the region's compute budget cell full (tests/reliability/test_bypass.py).
+CELL_WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "clients", "cell_writer.py")
+STAGES = ("conformance", "memory", "compute", "overhead", "fidelity", "monitor")
 # Suites whose tests compare free memory or list the GPU's processes: run one test at a time on the real GPU.
 SERIAL_SUITES = {"array", "memory", "nvml", "pool", "vmm", "driver_init"}
 MIB = 1 << 20
@@ -727,6 +729,96 @@ class Suite:
             entry["error"] = tail(done["stderr"] or done["stdout"], 1200)
         return entry
 
+    # -- stage 6: the node monitor (docs/node-monitor.md) beside capped tenants --
+
+    def monitor(self) -> dict:
+        """vgpu-monitor on this GPU: (1) what its verdict says of a capped tenant holding 2 GiB, against the host's
+        own per-process view; (2) two processes capped at 30 % whose region's budget cell a third keeps full, with
+        the verdict (each scales its own rate) and without (each held by its own count only)."""
+        binary = os.path.join(self.build, "bin", "vgpu-monitor")
+        if not os.path.exists(binary):
+            return {"status": "skipped", "note": "vgpu-monitor was not built (see build.log)"}
+        folder = os.path.join(self.tmp, "monitor")
+        containers, verdicts = os.path.join(folder, "containers"), os.path.join(folder, "verdicts")
+        os.makedirs(containers, exist_ok=True)
+        cgroup = run([binary, "--cgroup-of", str(os.getpid())], timeout=10)["stdout"].strip()
+        with open(os.path.join(containers, "box.conf"), "w") as conf:
+            conf.write(f"VGPU_CGROUP={cgroup}\nCUDA_DEVICE_MEMORY_LIMIT=4g\nCUDA_DEVICE_SM_LIMIT=30\n")
+        verdict_path = os.path.join(verdicts, "box", "verdict")
+        log_path = os.path.join(self.out, "monitor.log")
+        result = {"status": "done", "cgroup": cgroup, "period_ms": 100}
+        with open(log_path, "w") as monitor_log:
+            monitor = subprocess.Popen([binary, "--containers", containers, "--verdicts", verdicts, "--period-ms", "100",
+                                        "--log-level", "2"], env=self.base_env(), stdout=monitor_log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                result["figures"] = self.monitor_figures(verdict_path)
+                self.report["stages"]["monitor"] = result
+                self.save()
+                result["compute_collusion"] = {
+                    name: self.monitor_collusion(verdict_path if with_verdict else "", name)
+                    for name, with_verdict in (("without_verdict", False), ("with_verdict", True))}
+            finally:
+                kill_group(monitor)
+                monitor.wait(timeout=10)
+        result["log_tail"] = tail(open(log_path).read(), 1500)
+        return result
+
+    @staticmethod
+    def read_verdict(path: str) -> dict:
+        try:
+            text = open(path).read()
+        except OSError:
+            return {}
+        out = {"devices": [], "processes": {}}
+        for line in text.splitlines():
+            words = line.split()
+            if words and words[0] == "device":
+                out["devices"].append({k: int(v) for k, v in (w.split("=") for w in words[2:])})
+            elif words and words[0] == "process":
+                out["processes"][int(words[1])] = {k: (v if k == "device" else int(v))
+                                                   for k, v in (w.split("=") for w in words[2:])}
+        return out
+
+    def monitor_figures(self, verdict_path: str) -> dict:
+        env = self.shim_env("monitor-hold", memory="4g", sm=30, VGPU_VERDICT_FILE=verdict_path)
+        tenant = start([self.tenant, "--alloc", "2g", "--seconds", "5", "--kernel-us", "1000"], env=env)
+        rows = []
+        while tenant.poll() is None:
+            time.sleep(0.25)
+            verdict = self.read_verdict(verdict_path)
+            mine = verdict.get("processes", {}).get(tenant.pid)
+            host = [mib for pid, mib in self.nvml.processes() if pid == tenant.pid]
+            if mine and host:
+                device = verdict["devices"][0]
+                rows.append({"verdict_process_mib": round(mine["memory_used"] / 2**20, 1), "host_mib": host[0],
+                             "verdict_container_mib": round(device["memory_used"] / 2**20, 1),
+                             "sm_used_permille": device["sm_used"], "process_sm_permille": mine["sm_used"]})
+        done = finish(tenant, 30)
+        line = (json_lines(done["stdout"]) or [{}])[-1]
+        held = [r for r in rows if r["host_mib"] > 1024]
+        return {"samples": len(rows), "tenant_busy_fraction": line.get("busy_fraction"),
+                "max_abs_difference_mib": max((abs(r["verdict_process_mib"] - r["host_mib"]) for r in held), default=None),
+                "sm_used_permille": [r["sm_used_permille"] for r in rows], "rows": rows[:40]}
+
+    def monitor_collusion(self, verdict_path: str, name: str) -> dict:
+        env = self.shim_env(f"collude-{name}", sm=30, VGPU_VERDICT_FILE=verdict_path)
+        tenants = [start([self.tenant, "--seconds", "10", "--kernel-us", "1000", "--report-ms", "1000"], env=env)
+                   for _ in range(2)]
+        writer_env = self.base_env()
+        writer_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+        writer = start([sys.executable, CELL_WRITER, "300", "10"], env=writer_env)
+        outputs = [finish(t, 60) for t in tenants]
+        written = finish(writer, 30)
+        per_second = []  # the two tenants' busy time per second, summed: share of the device
+        reports = [[r for r in json_lines(o["stdout"]) if r.get("ev") == "report"] for o in outputs]
+        for k in range(min(len(r) for r in reports)):
+            busy = sum(r[k]["busy_ns"] - (r[k - 1]["busy_ns"] if k else 0) for r in reports)
+            per_second.append(round(100 * busy / 1e9, 1))
+        return {"writer": [json.loads(l) for l in written["stdout"].splitlines() if l.startswith("{")],
+                "share_per_second_percent": per_second,
+                "last_4s_percent": round(sum(per_second[-5:-1]) / 4, 1) if len(per_second) >= 5 else None}
+
     # -- driver --
 
     def main(self) -> int:
@@ -737,7 +829,7 @@ class Suite:
             self.report["error"] = "/etc/vgpu/vgpu.conf exists here"
             self.save()
             return 1
-        minimum = {"conformance": 60, "memory": 40, "compute": 90, "overhead": 40, "fidelity": 40}
+        minimum = {"conformance": 60, "memory": 40, "compute": 90, "overhead": 40, "fidelity": 40, "monitor": 40}
         for stage in stages:
             if stage not in STAGES:
                 log(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
@@ -1053,6 +1145,23 @@ def render(report: dict) -> str:
                     lines.append(f"- {name} {label}: expectations {verdict} (exit {r.get('exit')}, "
                                  f"{r.get('wall_s')} s){extra}{error}")
         lines.append("")
+    mon = stages.get("monitor")
+    if mon:
+        lines += ["## 6. The node monitor (docs/node-monitor.md)", ""]
+        if mon.get("status") != "done":
+            lines += [f"{mon.get('status')}: {mon.get('note') or mon.get('error', '')}", ""]
+        else:
+            f = mon.get("figures") or {}
+            lines += [f"A tenant capped at 4 GiB / 30 % holding 2 GiB: {f.get('samples')} samples of its verdict; the "
+                      f"verdict's memory for the process against the host's view: largest difference "
+                      f"{fmt(f.get('max_abs_difference_mib'), 1, ' MiB')}; the container's sm_used (permille) "
+                      f"{f.get('sm_used_permille')}.", "",
+                      "Two tenants capped at 30 % whose region's budget cell a third process keeps full "
+                      "(tests/python/clients/cell_writer.py), share of the device per second (both together):", "",
+                      "| | per second, % | last 4 s |", "|---|---|---|"]
+            for name, c in (mon.get("compute_collusion") or {}).items():
+                lines.append(f"| {name} | {c.get('share_per_second_percent')} | {fmt(c.get('last_4s_percent'), 1)} |")
+            lines += ["", "```", mon.get("log_tail", ""), "```", ""]
     lines += ["## Stages", "", "| stage | status | wall |", "|---|---|---|"]
     for name, stage in stages.items():
         lines.append(f"| {name} | {stage.get('status')} | {fmt(stage.get('wall_s'), 1, ' s')} |")

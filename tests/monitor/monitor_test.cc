@@ -127,14 +127,31 @@ TEST(MonitorJudge, SumsEachContainersProcessesPerDevice) {
   EXPECT_EQ(a.devices[0].uuid, kGpu0);
   EXPECT_EQ(a.devices[0].memory_used, 2 * kGiB);
   EXPECT_EQ(a.devices[0].memory_limit, 4 * kGiB);
-  EXPECT_EQ(a.devices[0].sm_used, 350u);
+  EXPECT_EQ(a.devices[0].sm_used, 0u) << "shared with b's process: SM use not judged (below)";
   EXPECT_EQ(a.devices[0].sm_limit, 300u);
   EXPECT_EQ(a.devices[1].memory_used, kGiB / 2);
   ASSERT_EQ(a.processes.size(), 3u);
   EXPECT_EQ(a.FindProcess(1001, kGpu0)->sm_used, 200u) << "processes are named by their pid in the container";
+  EXPECT_EQ(a.FindProcess(1002, kGpu0)->sm_used, 150u);
   EXPECT_TRUE(judged[0].memory_over.empty());
   EXPECT_EQ(judged[1].verdict.devices[0].memory_used, 3 * kGiB);
   EXPECT_EQ(judged[1].verdict.devices[0].memory_limit, 0u);
+}
+
+TEST(MonitorJudge, SmUseIsJudgedOnlyWhereTheContainerIsAloneOnTheDevice) {
+  // NVML names one process per window at the device's utilization: beside another container, the container
+  // holding the device longest would be given all of it.
+  const std::vector<Container> cs{MustParse("a", "VGPU_CGROUP=/a\nCUDA_DEVICE_SM_LIMIT=70\n"),
+                                  MustParse("b", "VGPU_CGROUP=/b\nCUDA_DEVICE_SM_LIMIT=30\n")};
+  const auto shared = Judge(cs, {kGpu0, kGpu1},
+                            {On(kGpu0, 1, "/a", kGiB, 950), On(kGpu0, 2, "/b", kGiB, 50), On(kGpu1, 3, "/a", kGiB, 600),
+                             On(kGpu1, 4, "/a", kGiB, 300)},
+                            false);
+  EXPECT_EQ(shared[0].verdict.FindDevice(kGpu0)->sm_used, 0u) << "shared with b: not judged";
+  EXPECT_EQ(shared[1].verdict.FindDevice(kGpu0)->sm_used, 0u);
+  EXPECT_EQ(shared[0].verdict.FindDevice(kGpu1)->sm_used, 900u) << "alone (two processes of its own): judged";
+  const auto unknown = Judge(cs, {kGpu0}, {On(kGpu0, 1, "/a", kGiB, 950), On(kGpu0, 9, "/system", kGiB, 50)}, false);
+  EXPECT_EQ(unknown[0].verdict.FindDevice(kGpu0)->sm_used, 0u) << "beside a process of no container: not judged";
 }
 
 TEST(MonitorJudge, ADeviceNvmlDidNotAnswerForIsNotJudged) {

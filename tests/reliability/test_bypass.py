@@ -232,35 +232,6 @@ def test_with_report_only_a_private_allocation_stops_every_hooked_one(fake_gpu, 
     assert refused["refused_after"] is not None and refused["refused_after"] < 1.0, refused
 
 
-# Writes the container's compute budget cell (docs/region.md: BudgetCell) full, at a lending rate, every millisecond:
-# found in the region file by its configured share and a refill time, as a hostile process of the container would.
-CELL_WRITER = """
-import json, mmap, os, struct, sys, time
-share, seconds = int(sys.argv[1]), float(sys.argv[2])
-deadline = time.monotonic() + seconds
-cell = None
-while cell is None and time.monotonic() < deadline:
-    with open(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "r+b") as f:
-        m = mmap.mmap(f.fileno(), 0)
-    for offset in range(0, len(m) - 24, 8):
-        rate, configured = struct.unpack_from("<II", m, offset + 16)
-        if configured == share and rate in (share, 1000) and struct.unpack_from("<Q", m, offset + 8)[0] > 10**9:
-            cell = offset
-            break
-    if cell is None:
-        m.close()
-        time.sleep(0.01)
-print(json.dumps({"cell": cell}), flush=True)
-writes = 0
-while cell is not None and time.monotonic() < deadline:
-    struct.pack_into("<q", m, cell, 1 << 40)
-    struct.pack_into("<I", m, cell + 16, 1000)
-    writes += 1
-    time.sleep(0.001)
-print(json.dumps({"writes": writes}), flush=True)
-"""
-
-
 def busy_share(events: list[dict], pids: list[int], from_ns: int, to_ns: int) -> float:
     """The fraction of [from_ns, to_ns) in which the device ran a kernel of one of `pids` (by the trace)."""
     spans = [(max(int(e["start_ns"]), from_ns), min(int(e["end_ns"]), to_ns)) for e in events
@@ -289,7 +260,7 @@ def test_processes_that_rewrite_the_compute_budget_together_are_held_to_the_shar
     node_monitor.contain(memory_limit="0", sm_limit=30)
     node_monitor.start(action="report", period_ms=50)
     tenants = [fake_gpu.start_tenant("--seconds", "9", "--kernel-us", "1000") for _ in range(2)]
-    writer = fake_gpu.start_py(CELL_WRITER, "300", "9")
+    writer = fake_gpu.start_py("cell_writer.py", "300", "9")
     found = writer.next_json(timeout=30)
     assert found["cell"] is not None, "the budget cell was not found: the route was not tried"
     for tenant in tenants:

@@ -194,7 +194,15 @@ std::vector<Judgement> Judge(const std::vector<Container>& containers, const std
           processes.push_back({pid, uuid, reading.memory_used, std::min<std::uint32_t>(reading.sm_used, 1000)});
         }
       }
-      device.sm_used = static_cast<std::uint32_t>(std::min<std::uint64_t>(sm, 1000));
+      // NVML names one process per sampling window at the device's utilization (docs/node-monitor.md): the figures
+      // are the container's own only while it is alone on the device. Beside another container's processes, the
+      // one holding the device longest would be given all of it (an honest 70 % container beside a 30 % one would
+      // read ~100 %): its SM use is then not judged (0).
+      bool alone = true;
+      for (std::size_t r = 0; r < readings.size(); ++r) {
+        if (readings[r].device == uuid && owner[r] != static_cast<int>(c)) alone = false;
+      }
+      device.sm_used = alone ? static_cast<std::uint32_t>(std::min<std::uint64_t>(sm, 1000)) : 0;
       if (device.MemoryOver()) {
         judgement.memory_over.push_back(uuid);
         if (kill) {
