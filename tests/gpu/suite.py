@@ -788,15 +788,16 @@ class Suite:
             time.sleep(0.25)
             verdict = self.read_verdict(verdict_path)
             mine = verdict.get("processes", {}).get(tenant.pid)
-            host = [mib for pid, mib in self.nvml.processes() if pid == tenant.pid]
-            if mine and host:
+            host = [mib for pid, mib in self.nvml.processes() if pid == tenant.pid] if self.nvml.ok else []
+            if mine:
                 device = verdict["devices"][0]
-                rows.append({"verdict_process_mib": round(mine["memory_used"] / 2**20, 1), "host_mib": host[0],
+                rows.append({"verdict_process_mib": round(mine["memory_used"] / 2**20, 1),
+                             "host_mib": host[0] if host else None,
                              "verdict_container_mib": round(device["memory_used"] / 2**20, 1),
                              "sm_used_permille": device["sm_used"], "process_sm_permille": mine["sm_used"]})
         done = finish(tenant, 30)
         line = (json_lines(done["stdout"]) or [{}])[-1]
-        held = [r for r in rows if r["host_mib"] > 1024]
+        held = [r for r in rows if (r["host_mib"] or 0) > 1024]
         return {"samples": len(rows), "tenant_busy_fraction": line.get("busy_fraction"),
                 "max_abs_difference_mib": max((abs(r["verdict_process_mib"] - r["host_mib"]) for r in held), default=None),
                 "sm_used_permille": [r["sm_used_permille"] for r in rows], "rows": rows[:40]}
