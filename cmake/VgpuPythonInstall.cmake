@@ -8,7 +8,7 @@ install(TARGETS vgpu_native LIBRARY DESTINATION vgpu COMPONENT python)
 # The shared libraries under their run-time names only (libcuda.so.1, libnvidia-ml.so.1, libvgpu.so): wheels
 # hold no symlinks, and nothing links against these by their development names.
 set(_vgpu_wheel_libraries vgpu fakecuda_cuda fakecuda_nvml)
-set(_vgpu_wheel_programs vgpu-tenant vgpu-sampler)
+set(_vgpu_wheel_programs vgpu-tenant vgpu-sampler vgpu-monitor)
 foreach(_target IN LISTS _vgpu_wheel_libraries _vgpu_wheel_programs)
   if(NOT TARGET ${_target})
     message(FATAL_ERROR "a wheel needs the target ${_target}, which this tree does not define")

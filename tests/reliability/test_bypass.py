@@ -48,7 +48,8 @@ def test_resetting_the_environment_after_start_does_not_raise_the_limit(fake_gpu
 
 
 ALLOCATE_REWRITE_ALLOCATE = """
-import json, mmap, os, struct
+import json
+from clientlib import zero_region_words
 from cuda.bindings import driver as cu
 GIB = 1024 ** 3
 assert cu.cuInit(0)[0] == cu.CUresult.CUDA_SUCCESS
@@ -60,14 +61,7 @@ _, free, total = cu.cuMemGetInfo()
 used = int(total) - int(free)
 # A hostile process of the container zeroes every figure of its usage in the region file (its own slot and the
 # container's total: the only 8-byte words that hold exactly `used`).
-zeroed = 0
-with open(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "r+b") as f:
-    m = mmap.mmap(f.fileno(), 0)
-    for offset in range(0, len(m) - 7, 8):
-        if struct.unpack_from("<Q", m, offset)[0] == used:
-            struct.pack_into("<Q", m, offset, 0)
-            zeroed += 1
-    m.close()
+zeroed = zero_region_words({used})
 second, _ = cu.cuMemAlloc(GIB)
 _, free_after, _ = cu.cuMemGetInfo()
 print(json.dumps({"first": int(first), "used": used, "zeroed": zeroed, "second": int(second),
@@ -107,7 +101,8 @@ sys.stdin.readline()  # quiet (no CUDA call) until told to end
 # The second of two colluding processes: zeroes the first one's figures in the region (its slot and the container's
 # total), allocates what the region then lets through, and keeps asking for 1 MiB more, timing the first refusal.
 COLLUDE = """
-import json, mmap, os, struct, sys, time
+import json, sys, time
+from clientlib import zero_region_words
 from cuda.bindings import driver as cu
 first_used = int(sys.argv[1])
 assert cu.cuInit(0)[0] == cu.CUresult.CUDA_SUCCESS
@@ -116,14 +111,7 @@ err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
 cu.cuCtxSetCurrent(ctx)
 _, free, total = cu.cuMemGetInfo()
 container_used = int(total) - int(free)
-zeroed = 0
-with open(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "r+b") as f:
-    m = mmap.mmap(f.fileno(), 0)
-    for offset in range(0, len(m) - 7, 8):
-        if struct.unpack_from("<Q", m, offset)[0] in (first_used, container_used):
-            struct.pack_into("<Q", m, offset, 0)
-            zeroed += 1
-    m.close()
+zeroed = zero_region_words({first_used, container_used})
 second, _ = cu.cuMemAlloc(int(sys.argv[2]))
 start = time.monotonic()
 refused_after = None

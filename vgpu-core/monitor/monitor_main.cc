@@ -467,7 +467,16 @@ int main(int argc, char** argv) {
         }
       }
       if (judgement.kill_host_pid != 0) {
-        if (kill(static_cast<pid_t>(judgement.kill_host_pid), SIGKILL) == 0) {
+        // The pid is this period's: a process that ended meanwhile could have left it to another. Still the
+        // container's (its cgroup read again), or left alone.
+        std::string text, cgroup;
+        const bool still = ReadSmall("/proc/" + std::to_string(judgement.kill_host_pid) + "/cgroup", text) &&
+                           vgpu::monitor::CgroupPath(text, cgroup) &&
+                           vgpu::monitor::ContainerOf(containers, cgroup) == static_cast<int>(judgement.container);
+        if (!still) {
+          Log(2, "%s: process %u is gone (or no longer the container's): not killed", container.name.c_str(),
+              judgement.kill_host_pid);
+        } else if (kill(static_cast<pid_t>(judgement.kill_host_pid), SIGKILL) == 0) {
           Log(1, "%s: killed process %u (host pid), the largest of a container over its memory limit",
               container.name.c_str(), judgement.kill_host_pid);
         } else {

@@ -98,3 +98,21 @@ def launch_spin(function, ns_per_block: int, grid_x: int = 1, block_x: int = 32,
     params = _KernelParams(ns_per_block, style)
     check("cuLaunchKernel", driver.cuLaunchKernel(function, grid_x, 1, 1, block_x, 1, 1, 0, stream,
                                                   params.argument, 0))
+
+
+def zero_region_words(values) -> int:
+    """What a hostile process of a container can do to its region file (CUDA_DEVICE_MEMORY_SHARED_CACHE): every
+    aligned 8-byte word holding one of `values` is set to 0. Returns how many were."""
+    import mmap
+    import os
+    import struct
+
+    zeroed = 0
+    with open(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "r+b") as f:
+        region = mmap.mmap(f.fileno(), 0)
+        for offset in range(0, len(region) - 7, 8):
+            if struct.unpack_from("<Q", region, offset)[0] in values:
+                struct.pack_into("<Q", region, offset, 0)
+                zeroed += 1
+        region.close()
+    return zeroed
