@@ -35,9 +35,9 @@ namespace v = vgpu::verdict;
   std::abort();
 }
 
-#define CHECK(condition, ...)                              \
-  do {                                                     \
-    if (!(condition)) Fail(#condition, ##__VA_ARGS__);     \
+#define CHECK(condition, ...)                          \
+  do {                                                 \
+    if (!(condition)) Fail(#condition, ##__VA_ARGS__); \
   } while (false)
 
 bool Same(const v::Verdict& a, const v::Verdict& b) {
@@ -54,7 +54,8 @@ bool Same(const v::Verdict& a, const v::Verdict& b) {
   }
   for (std::size_t i = 0; i < a.processes.size(); ++i) {
     const v::Process &x = a.processes[i], &y = b.processes[i];
-    if (x.pid != y.pid || x.device != y.device || x.memory_used != y.memory_used || x.sm_used != y.sm_used) return false;
+    if (x.pid != y.pid || x.device != y.device || x.memory_used != y.memory_used || x.sm_used != y.sm_used)
+      return false;
   }
   return true;
 }

@@ -62,14 +62,15 @@ TEST(MonitorContainer, BadFilesAreRefusedNamingTheKeyTheValueAndAnExample) {
   }
   EXPECT_NE(ParseError("a", "VGPU_CGROUP=/a\nVGPU_DEVICES=gpu0\n").find("'gpu0' is not a device UUID"),
             std::string::npos);
-  EXPECT_NE(ParseError("a", std::string("VGPU_CGROUP=/a\nVGPU_DEVICES=") + kGpu0 + "," + kGpu0 + "\n")
-                .find("listed twice"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseError("a", std::string("VGPU_CGROUP=/a\nVGPU_DEVICES=") + kGpu0 + "," + kGpu0 + "\n").find("listed twice"),
+      std::string::npos);
   EXPECT_NE(ParseError("a", "VGPU_CGROUP=/a\nCUDA_DEVICE_MEMORY_LIMIT=lots\n").find("CUDA_DEVICE_MEMORY_LIMIT"),
             std::string::npos);
   const std::string unknown = ParseError("a", "VGPU_CGROUP=/a\nVGPU_COLOUR=red\n");
   EXPECT_NE(unknown.find("VGPU_COLOUR"), std::string::npos) << unknown;
-  EXPECT_NE(unknown.find("VGPU_CGROUP, VGPU_DEVICES"), std::string::npos) << "the accepted keys are listed: " << unknown;
+  EXPECT_NE(unknown.find("VGPU_CGROUP, VGPU_DEVICES"), std::string::npos)
+      << "the accepted keys are listed: " << unknown;
   EXPECT_NE(ParseError("../etc", "VGPU_CGROUP=/a\n").find("cannot name a container"), std::string::npos);
   EXPECT_NE(ParseError(".hidden", "VGPU_CGROUP=/a\n").find("cannot name a container"), std::string::npos);
 }
@@ -115,10 +116,11 @@ TEST(MonitorCgroups, TheContainersPidIsTheLastNsPid) {
 }
 
 TEST(MonitorJudge, SumsEachContainersProcessesPerDevice) {
-  const std::vector<Container> cs{MustParse("a", "VGPU_CGROUP=/a\nCUDA_DEVICE_MEMORY_LIMIT=4Gi\nCUDA_DEVICE_SM_LIMIT=30\n"),
-                                  MustParse("b", "VGPU_CGROUP=/b\n")};
-  const std::vector<Reading> readings{On(kGpu0, 1, "/a/x", kGiB, 200), On(kGpu0, 2, "/a/y", kGiB, 150),
-                                      On(kGpu1, 1, "/a/x", kGiB / 2), On(kGpu0, 3, "/b", 3 * kGiB, 500),
+  const std::vector<Container> cs{
+      MustParse("a", "VGPU_CGROUP=/a\nCUDA_DEVICE_MEMORY_LIMIT=4Gi\nCUDA_DEVICE_SM_LIMIT=30\n"),
+      MustParse("b", "VGPU_CGROUP=/b\n")};
+  const std::vector<Reading> readings{On(kGpu0, 1, "/a/x", kGiB, 200),      On(kGpu0, 2, "/a/y", kGiB, 150),
+                                      On(kGpu1, 1, "/a/x", kGiB / 2),       On(kGpu0, 3, "/b", 3 * kGiB, 500),
                                       On(kGpu0, 4, "/elsewhere", 9 * kGiB), On(kGpu0, 5, "", 9 * kGiB)};
   const auto judged = Judge(cs, {kGpu0, kGpu1}, readings, false);
   ASSERT_EQ(judged.size(), 2u);
@@ -168,9 +170,9 @@ TEST(MonitorJudge, ADeviceNvmlDidNotAnswerForIsNotJudged) {
 }
 
 TEST(MonitorJudge, LimitsFollowTheContainersOwnDeviceOrder) {
-  const std::vector<Container> cs{MustParse(
-      "a", std::string("VGPU_CGROUP=/a\nVGPU_DEVICES=") + kGpu1 + "," + kGpu0 +
-               "\nCUDA_DEVICE_MEMORY_LIMIT_0=1Gi\nCUDA_DEVICE_MEMORY_LIMIT_1=2Gi\n")};
+  const std::vector<Container> cs{
+      MustParse("a", std::string("VGPU_CGROUP=/a\nVGPU_DEVICES=") + kGpu1 + "," + kGpu0 +
+                         "\nCUDA_DEVICE_MEMORY_LIMIT_0=1Gi\nCUDA_DEVICE_MEMORY_LIMIT_1=2Gi\n")};
   const auto judged = Judge(cs, {kGpu0, kGpu1}, {}, false);
   ASSERT_EQ(judged[0].verdict.devices.size(), 2u);
   EXPECT_EQ(judged[0].verdict.FindDevice(kGpu1)->memory_limit, kGiB) << "its ordinal 0";

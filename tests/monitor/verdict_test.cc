@@ -129,8 +129,9 @@ TEST(Verdict, AProcessLineNamesAPidAndADeviceListedAbove) {
   EXPECT_NE(ParseError(kHead + kDevice + process + process).find("listed twice"), std::string::npos);
   EXPECT_NE(ParseError(kHead + kDevice + "process 0 device=" + kGpu + " memory_used=1 sm_used=2\n").find("pid"),
             std::string::npos);
-  EXPECT_NE(ParseError(kHead + kDevice + "process 4294967296 device=" + kGpu + " memory_used=1 sm_used=2\n").find("pid"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseError(kHead + kDevice + "process 4294967296 device=" + kGpu + " memory_used=1 sm_used=2\n").find("pid"),
+      std::string::npos);
   EXPECT_NE(ParseError(kHead + kDevice + "process 7 device=GPU-x memory_used=1 sm_used=2\n").find("device UUID"),
             std::string::npos);
 }

@@ -981,8 +981,9 @@ bool LaunchOntoDrained(LaunchBook& book, Launch& launch, CUresult& result) {
 }
 
 // The node monitor's verdict on the container's SM use (docs/node-monitor.md): at most once per window of its SM
-// figures, it scales this process's own rate (policy::NextMonitorScale), so that processes that rewrite the region's cell together, or launch past the
-// hooks, are held to the container's share together. No usable verdict: nothing changes.
+// figures, it scales this process's own rate (policy::NextMonitorScale), so that processes that rewrite the region's
+// cell together, or launch past the hooks, are held to the container's share together. No usable verdict: nothing
+// changes.
 void FollowVerdict(DeviceLimiter& d, int ordinal, std::uint64_t now) {
   std::uint32_t used = 0, limit = 0;
   std::uint64_t stamp = 0;

@@ -319,7 +319,7 @@ void RefreshVerdict(const std::string& path, MonitorVerdict& monitor) {
                                         "already used)"};
     // A missing verdict is the usual case without a monitor: said only at level 3; the others at 2.
     Log(state == kVerdictMissing || state == kVerdictUsed ? 3 : 2, "the node monitor's verdict %s is %s%s%s",
-        path.c_str(), kSaid[state], error.empty() || state == kVerdictMissing ? "" : ": ", 
+        path.c_str(), kSaid[state], error.empty() || state == kVerdictMissing ? "" : ": ",
         state == kVerdictMissing ? "" : error.c_str());
     monitor.reported = state;
   }

@@ -82,8 +82,9 @@ struct Shim {
   };
   std::unordered_map<CUcontext, Context> contexts;           // explicit contexts
   std::uint64_t primary_bytes[policy::kMaxDevices] = {};     // the primary context's charge, per ordinal
-  MonitorVerdict monitor;
   CUcontext primary_context[policy::kMaxDevices] = {};       // its handle, to forget its allocations with it
+
+  MonitorVerdict monitor;  // (its own mutex)
 };
 
 Shim& TheShim();

@@ -21,7 +21,8 @@ std::string_view NextLine(std::string_view& text) {
 // Whether `ancestor` is `path` or a whole-component prefix of it.
 bool Covers(std::string_view ancestor, std::string_view path) {
   if (ancestor == "/") return !path.empty() && path.front() == '/';
-  return path.substr(0, ancestor.size()) == ancestor && (path.size() == ancestor.size() || path[ancestor.size()] == '/');
+  return path.substr(0, ancestor.size()) == ancestor &&
+         (path.size() == ancestor.size() || path[ancestor.size()] == '/');
 }
 
 }  // namespace
@@ -58,7 +59,8 @@ bool ParseContainer(std::string_view name, std::string_view text, std::string_vi
   const std::optional<std::string> cgroup = find(kCgroupKey);
   if (!cgroup || cgroup->empty() || cgroup->front() != '/' || cgroup->find("//") != std::string::npos ||
       (cgroup->size() > 1 && cgroup->back() == '/')) {
-    error = "VGPU_CGROUP " + (cgroup ? "'" + policy::Printable(*cgroup) + "' is not an absolute cgroup path" : "is not set") +
+    error = "VGPU_CGROUP " +
+            (cgroup ? "'" + policy::Printable(*cgroup) + "' is not an absolute cgroup path" : "is not set") +
             "; e.g. VGPU_CGROUP=/kubepods.slice/kubepods-pod1234.slice (the container's cgroup, as /proc/<pid>/cgroup "
             "shows it)";
     return false;

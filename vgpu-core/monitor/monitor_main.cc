@@ -22,8 +22,8 @@
 #include <deque>
 #include <map>
 #include <set>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "vgpu/monitor/monitor.h"
@@ -106,9 +106,10 @@ bool ParseOptions(int argc, char** argv, Options& options) {
         std::exit(2);
       }
       if (!ReadSmall("/proc/" + std::to_string(pid) + "/cgroup", text) || !vgpu::monitor::CgroupPath(text, path)) {
-        std::fprintf(stderr, "vgpu-monitor: no cgroup path for process %llu (gone, or /proc/%llu/cgroup has neither a "
-                             "unified nor a memory line)\n", static_cast<unsigned long long>(pid),
-                     static_cast<unsigned long long>(pid));
+        std::fprintf(stderr,
+                     "vgpu-monitor: no cgroup path for process %llu (gone, or /proc/%llu/cgroup has neither a "
+                     "unified nor a memory line)\n",
+                     static_cast<unsigned long long>(pid), static_cast<unsigned long long>(pid));
         std::exit(1);
       }
       std::printf("%s\n", path.c_str());
@@ -162,7 +163,6 @@ bool ParseOptions(int argc, char** argv, Options& options) {
   return true;
 }
 
-
 // The containers folder, read again every period. A file that does not parse is reported once per content.
 class ContainerFiles {
  public:
@@ -180,7 +180,8 @@ class ContainerFiles {
     std::vector<std::string> names;
     while (const dirent* entry = readdir(dir)) {
       const std::string file = entry->d_name;
-      if (file.size() > 5 && file.compare(file.size() - 5, 5, ".conf") == 0 && file.front() != '.') names.push_back(file);
+      if (file.size() > 5 && file.compare(file.size() - 5, 5, ".conf") == 0 && file.front() != '.')
+        names.push_back(file);
     }
     closedir(dir);
     std::sort(names.begin(), names.end());
@@ -491,7 +492,8 @@ int main(int argc, char** argv) {
       next = now;  // a slow period: the next one starts now, none is run twice to catch up
       continue;
     }
-    const timespec wait{static_cast<time_t>((next - now) / 1'000'000'000), static_cast<long>((next - now) % 1'000'000'000)};
+    const timespec wait{static_cast<time_t>((next - now) / 1'000'000'000),
+                        static_cast<long>((next - now) % 1'000'000'000)};
     nanosleep(&wait, nullptr);
   }
   return 0;

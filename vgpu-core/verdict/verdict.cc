@@ -10,7 +10,8 @@ namespace {
 
 constexpr std::string_view kHeader = "vgpu-verdict";
 constexpr std::string_view kDeviceExample =
-    "device GPU-5f0c1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b memory_limit=4294967296 memory_used=1048576 sm_limit=300 sm_used=120";
+    "device GPU-5f0c1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b memory_limit=4294967296 memory_used=1048576 sm_limit=300 "
+    "sm_used=120";
 constexpr std::string_view kProcessExample =
     "process 7 device=GPU-5f0c1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b memory_used=1048576 sm_used=120";
 
@@ -66,8 +67,8 @@ struct Fields {
   std::string_view device;
 };
 
-bool ParseFields(const std::vector<std::string_view>& words, std::size_t first, const std::vector<std::string_view>& keys,
-                 Fields& fields, std::string& problem) {
+bool ParseFields(const std::vector<std::string_view>& words, std::size_t first,
+                 const std::vector<std::string_view>& keys, Fields& fields, std::string& problem) {
   std::array<bool, 4> seen{};
   if (words.size() - first != keys.size()) {
     problem = "has " + std::to_string(words.size() - first) + " KEY=VALUE fields, needs " + std::to_string(keys.size());
@@ -160,8 +161,8 @@ std::string Format(const Verdict& verdict) {
             " sm_used=" + std::to_string(d.sm_used) + "\n";
   }
   for (const Process& p : verdict.processes) {
-    text += "process " + std::to_string(p.pid) + " device=" + p.device + " memory_used=" + std::to_string(p.memory_used) +
-            " sm_used=" + std::to_string(p.sm_used) + "\n";
+    text += "process " + std::to_string(p.pid) + " device=" + p.device +
+            " memory_used=" + std::to_string(p.memory_used) + " sm_used=" + std::to_string(p.sm_used) + "\n";
   }
   return text;
 }
@@ -195,8 +196,9 @@ bool Parse(std::string_view text, Verdict& out, std::string& error) {
     const std::string_view head = words[0];
     if (line_number == 1) {
       if (head != kHeader || words.size() != 2 || words[1] != std::to_string(kVersion)) {
-        return fail(line_number, "'" + Shown(line) + "' is not this reader's header (version " +
-                                     std::to_string(kVersion) + ")", "vgpu-verdict 1");
+        return fail(line_number,
+                    "'" + Shown(line) + "' is not this reader's header (version " + std::to_string(kVersion) + ")",
+                    "vgpu-verdict 1");
       }
       continue;
     }
@@ -241,8 +243,10 @@ bool Parse(std::string_view text, Verdict& out, std::string& error) {
         return fail(line_number, "the process line " + problem, kProcessExample);
       }
       if (verdict.FindDevice(fields.device) == nullptr) {
-        return fail(line_number, "process " + std::to_string(pid) + " names device " + std::string(fields.device) +
-                                     ", which no device line above lists", kProcessExample);
+        return fail(line_number,
+                    "process " + std::to_string(pid) + " names device " + std::string(fields.device) +
+                        ", which no device line above lists",
+                    kProcessExample);
       }
       if (verdict.FindProcess(static_cast<std::uint32_t>(pid), fields.device) != nullptr) {
         return fail(line_number, "process " + std::to_string(pid) + " is listed twice on " + std::string(fields.device),
@@ -256,7 +260,8 @@ bool Parse(std::string_view text, Verdict& out, std::string& error) {
     }
   }
   if (!have_seq || !have_stamp) {
-    error = std::string("verdict: no ") + (have_seq ? "stamp_ns" : "seq") + " line; e.g. 'seq 42' and 'stamp_ns 1795420000123456789'";
+    error = std::string("verdict: no ") + (have_seq ? "stamp_ns" : "seq") +
+            " line; e.g. 'seq 42' and 'stamp_ns 1795420000123456789'";
     return false;
   }
   out = std::move(verdict);

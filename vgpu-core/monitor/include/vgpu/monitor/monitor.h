@@ -44,18 +44,18 @@ std::uint32_t NamespacePid(std::string_view proc_status);
 // One process on one device, as the node sees it this period.
 struct Reading {
   std::uint32_t host_pid = 0;
-  std::uint32_t pid = 0;       // as its container sees it (NamespacePid; the host pid when unknown)
-  std::string cgroup;          // empty: unknown (the process is gone, or /proc would not say)
-  std::string device;          // UUID
+  std::uint32_t pid = 0;  // as its container sees it (NamespacePid; the host pid when unknown)
+  std::string cgroup;     // empty: unknown (the process is gone, or /proc would not say)
+  std::string device;     // UUID
   std::uint64_t memory_used = 0;
-  std::uint32_t sm_used = 0;   // permille of the device, mean over the period's samples
+  std::uint32_t sm_used = 0;  // permille of the device over the last second (its NVML samples over the windows)
 };
 
 struct Judgement {
-  std::size_t container = 0;               // index into the containers given
-  verdict::Verdict verdict;                // devices and processes (seq and stamp are the writer's)
-  std::vector<std::string> memory_over;    // devices the container holds more of than its limit
-  std::uint32_t kill_host_pid = 0;         // with `kill`: the process to end this period (0: none)
+  std::size_t container = 0;             // index into the containers given
+  verdict::Verdict verdict;              // devices and processes (seq and stamp are the writer's)
+  std::vector<std::string> memory_over;  // devices the container holds more of than its limit
+  std::uint32_t kill_host_pid = 0;       // with `kill`: the process to end this period (0: none)
 };
 
 // Judges every container for one period. `devices`: the GPUs NVML answered for this period, in NVML's order (a

@@ -23,7 +23,7 @@ inline constexpr std::uint64_t kFreshNs = 1'000'000'000;
 inline constexpr std::uint64_t kSmWindowNs = 1'000'000'000;
 
 struct Device {
-  std::string uuid;  // NVML's form: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+  std::string uuid;                // NVML's form: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
   std::uint64_t memory_limit = 0;  // bytes; 0: no limit
   std::uint64_t memory_used = 0;   // bytes, the driver's count over the container's processes
   std::uint32_t sm_limit = 0;      // permille of the device; 0: no limit

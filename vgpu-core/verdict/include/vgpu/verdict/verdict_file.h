@@ -6,7 +6,8 @@
 
 namespace vgpu::verdict {
 
-// Reads the file at `path` whole (at most kMaxBytes; a larger one is an error). False with `error` set when it is missing
+// Reads the file at `path` whole (at most kMaxBytes; a larger one is an error). False with `error` set when it is
+// missing
 // (`missing` true then) or cannot be read.
 bool ReadWhole(const std::string& path, std::string& text, bool& missing, std::string& error);
 
