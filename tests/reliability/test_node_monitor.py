@@ -141,7 +141,9 @@ def test_a_bad_container_file_is_reported_once_and_the_others_are_still_judged(f
     node_monitor.contain(memory_limit="1Gi")
     (node_monitor.containers / "broken.conf").write_text("VGPU_CGROUP=/x\nCUDA_DEVICE_MEMORY_LIMIT=lots\n")
     node_monitor.start(period_ms=20)
-    time.sleep(0.3)
+    seq = lambda: int(node_monitor.verdict().splitlines()[1].split()[1])  # noqa: E731
+    first = seq()
+    node_monitor.wait_for(lambda: seq() >= first + 5 * 20_000_000 or None, 30, "five more periods")
     log = node_monitor.log()
     assert log.count("broken.conf") == 1, log
     assert "CUDA_DEVICE_MEMORY_LIMIT" in log and "lots" in log, log
@@ -155,10 +157,10 @@ def test_a_restarted_monitor_never_sends_a_containers_seq_back(fake_gpu, node_mo
     node_monitor.verdict_path.parent.mkdir(parents=True)
     node_monitor.verdict_path.write_text(f"vgpu-verdict 1\nseq {far_ahead}\nstamp_ns 1\n")
     node_monitor.start(period_ms=20)
-    seqs = []
-    for _ in range(3):
-        time.sleep(0.05)
-        seqs.append(int(node_monitor.verdict().splitlines()[1].split()[1]))
+    seq = lambda: int(node_monitor.verdict().splitlines()[1].split()[1])  # noqa: E731
+    seqs = [node_monitor.wait_for(lambda: seq() if seq() != far_ahead else None, 30, "the restarted monitor's verdict")]
+    while len(seqs) < 3:
+        seqs.append(node_monitor.wait_for(lambda: seq() if seq() != seqs[-1] else None, 30, "the next verdict"))
     assert seqs[0] > far_ahead and seqs == sorted(seqs) and len(set(seqs)) == 3, seqs
 
 
