@@ -174,3 +174,44 @@ def test_the_monitor_refuses_bad_options_naming_them(tmp_path):
         assert said in run.stderr, (args, run.stderr)
     run = subprocess.run([str(MONITOR), "--containers", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert run.returncode == 2 and "--verdicts are required" in run.stderr, run.stderr
+
+
+def test_nvml_failing_or_answering_garbage_leaves_devices_unjudged_and_the_monitor_running(fake_gpu, node_monitor):
+    """The monitor's NVML calls fail or answer garbage (fakecuda's fault injection): it keeps writing verdicts that
+    parse, judges the container only on figures that hold (the process list read twice and agreeing, nothing past
+    the device's memory), and with --action kill ends nobody over garbage (the container is within its limit)."""
+    contain(fake_gpu, memory_limit="4Gi")
+    node_monitor.contain(memory_limit="4Gi")
+    holder = fake_gpu.start_py(HOLD, str(GIB))
+    held = holder.next_json(timeout=30)
+    assert held["alloc"] == 0, held
+    fake_gpu.env["FAKECUDA_FAULTS"] = ";".join([
+        "nvmlDeviceGetComputeRunningProcesses_v3:error=NVML_ERROR_UNKNOWN:prob=0.2",
+        "nvmlDeviceGetComputeRunningProcesses_v3:garbage:prob=0.3",
+        "nvmlDeviceGetProcessUtilization:error=NVML_ERROR_UNKNOWN:prob=0.5",
+        "nvmlDeviceGetMemoryInfo:error=NVML_ERROR_GPU_IS_LOST:prob=0.2",
+    ])
+    node_monitor.start(action="kill", period_ms=20)
+    judged, unjudged, seen = 0, 0, set()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        text = node_monitor.verdict()
+        seq = text.splitlines()[1]
+        if seq in seen:
+            time.sleep(0.005)
+            continue
+        seen.add(seq)
+        assert text.startswith("vgpu-verdict 1\n") and text.endswith("\n"), text
+        devices = [line for line in text.splitlines() if line.startswith("device ")]
+        if not devices:
+            unjudged += 1
+            continue
+        judged += 1
+        fields = dict(word.split("=") for word in devices[0].split()[2:])
+        assert int(fields["memory_used"]) == held["used"], f"a device judged on garbage: {text}"
+    assert holder.popen.poll() is None, f"the holder was killed: {node_monitor.log()}"
+    result = holder.finish(timeout=30)
+    assert result.returncode == 0, result.describe()
+    assert node_monitor.process.poll() is None, f"the monitor died: {node_monitor.log()}"
+    assert "killed" not in node_monitor.log(), node_monitor.log()
+    assert judged > 5 and unjudged > 5, (judged, unjudged)

@@ -219,6 +219,7 @@ struct Nvml {
   decltype(&nvmlDeviceGetUUID) uuid = nullptr;
   decltype(&nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
   decltype(&nvmlDeviceGetProcessUtilization) utilization = nullptr;
+  decltype(&nvmlDeviceGetMemoryInfo) memory = nullptr;
   decltype(&nvmlErrorString) error_string = nullptr;
 
   bool Load(std::string& error) {
@@ -236,12 +237,37 @@ struct Nvml {
     return get(init, "nvmlInit_v2") && get(count, "nvmlDeviceGetCount_v2") &&
            get(handle, "nvmlDeviceGetHandleByIndex_v2") && get(uuid, "nvmlDeviceGetUUID") &&
            get(processes, "nvmlDeviceGetComputeRunningProcesses_v3") &&
-           get(utilization, "nvmlDeviceGetProcessUtilization") && get(error_string, "nvmlErrorString");
+           get(utilization, "nvmlDeviceGetProcessUtilization") && get(memory, "nvmlDeviceGetMemoryInfo") &&
+           get(error_string, "nvmlErrorString");
   }
   const char* Why(nvmlReturn_t r) const { return error_string != nullptr ? error_string(r) : "?"; }
 };
 
 // One device's figures this period, or false (reported at log level 2) when NVML would not give them.
+// The device's process list (false: NVML would not give it, or gave more entries than room).
+bool ReadProcesses(const Nvml& nvml, nvmlDevice_t device, std::vector<nvmlProcessInfo_t>& processes) {
+  processes.assign(64, nvmlProcessInfo_t{});
+  for (int attempt = 0;; ++attempt) {
+    unsigned count = static_cast<unsigned>(processes.size());
+    const nvmlReturn_t r = nvml.processes(device, &count, processes.data());
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE && attempt < 3 && count > processes.size() && count <= 65536) {
+      processes.resize(count + 16);
+      continue;
+    }
+    if (r != NVML_SUCCESS || count > processes.size()) return false;
+    processes.resize(count);
+    std::sort(processes.begin(), processes.end(),
+              [](const nvmlProcessInfo_t& a, const nvmlProcessInfo_t& b) { return a.pid < b.pid; });
+    return true;
+  }
+}
+
+bool SameProcesses(const std::vector<nvmlProcessInfo_t>& a, const std::vector<nvmlProcessInfo_t>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const nvmlProcessInfo_t& x, const nvmlProcessInfo_t& y) {
+    return x.pid == y.pid && x.usedGpuMemory == y.usedGpuMemory;
+  });
+}
+
 struct Sample {
   unsigned long long timestamp_us;
   unsigned pid;
@@ -265,25 +291,20 @@ bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector
     return false;
   }
   uuid = text;
-  std::vector<nvmlProcessInfo_t> processes(64);
-  for (int attempt = 0;; ++attempt) {
-    unsigned count = static_cast<unsigned>(processes.size());
-    r = nvml.processes(device, &count, processes.data());
-    if (r == NVML_ERROR_INSUFFICIENT_SIZE && attempt < 3 && count > processes.size() && count <= 65536) {
-      processes.resize(count + 16);
-      continue;
-    }
-    if (r != NVML_SUCCESS || count > processes.size()) {
-      Log(2, "%s: no process list (%s)", uuid.c_str(), nvml.Why(r));
-      return false;
-    }
-    processes.resize(count);
-    break;
+  // The process list, read twice: taken only when both reads agree (a driver answering garbage -- a list cut short,
+  // absurd figures -- would otherwise judge a container on it; the real driver's two reads differ only when a
+  // process allocates or ends between them, and the device is then judged next period).
+  std::vector<nvmlProcessInfo_t> processes, again;
+  if (!ReadProcesses(nvml, device, processes) || !ReadProcesses(nvml, device, again) ||
+      !SameProcesses(processes, again)) {
+    Log(2, "%s: no process list this period (an NVML error, or two reads that disagree)", uuid.c_str());
+    return false;
   }
   // SM use per process over the last verdict::kSmWindowNs. NVML's samples are the device's utilization over one
   // sampling window each, named to the process that held the device longest in it (one process per window under
   // time-slicing: docs/h100-notes.md): a process's use is the sum of its samples over the number of windows.
   SampleHistory& history = histories[uuid];
+  const unsigned long long now_us = Now(CLOCK_REALTIME) / 1000;
   unsigned count = 0;
   r = nvml.utilization(device, nullptr, &count, history.newest_us);
   if (r == NVML_ERROR_INSUFFICIENT_SIZE && count > 0 && count <= 65536) {
@@ -292,13 +313,15 @@ bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector
     if (r == NVML_SUCCESS && count <= samples.size()) {
       const unsigned long long after = history.newest_us;
       for (unsigned i = 0; i < count; ++i) {
-        if (samples[i].timeStamp <= after || samples[i].smUtil > 100) continue;
+        // (A sample from the future -- garbage -- would hold every later one back: left out.)
+        if (samples[i].timeStamp <= after || samples[i].timeStamp > now_us + 5'000'000 || samples[i].smUtil > 100) {
+          continue;
+        }
         history.samples.push_back({samples[i].timeStamp, samples[i].pid, samples[i].smUtil});
         history.newest_us = std::max(history.newest_us, samples[i].timeStamp);
       }
     }
   }
-  const unsigned long long now_us = Now(CLOCK_REALTIME) / 1000;
   const unsigned long long window_us = vgpu::verdict::kSmWindowNs / 1000;
   while (!history.samples.empty() && history.samples.front().timestamp_us + window_us < now_us) {
     history.samples.pop_front();
@@ -309,10 +332,25 @@ bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector
     sm[sample.pid] += sample.percent;
     windows.insert(sample.timestamp_us);
   }
+  // Figures that cannot be (a driver answering garbage: a process holding more than the device, a pid 0) leave the
+  // device unjudged this period rather than judge a container on them.
+  nvmlMemory_t memory{};
+  r = nvml.memory(device, &memory);
+  if (r != NVML_SUCCESS || memory.total == 0) {
+    Log(2, "%s: no memory total (%s): the device is not judged this period", uuid.c_str(), nvml.Why(r));
+    return false;
+  }
+  unsigned long long sum = 0;
   for (const nvmlProcessInfo_t& process : processes) {
     if (process.usedGpuMemory == static_cast<unsigned long long>(NVML_VALUE_NOT_AVAILABLE)) {
       Log(2, "%s: process %u's memory is not available: the device is not judged this period", uuid.c_str(),
           process.pid);
+      return false;
+    }
+    sum += std::min<unsigned long long>(process.usedGpuMemory, memory.total + 1);
+    if (process.pid == 0 || process.usedGpuMemory > memory.total || sum > memory.total) {
+      Log(2, "%s: process %u holding %llu of the device's %llu bytes cannot be: the device is not judged this period",
+          uuid.c_str(), process.pid, process.usedGpuMemory, memory.total);
       return false;
     }
   }
@@ -448,8 +486,10 @@ int main(int argc, char** argv) {
       vgpu::verdict::Verdict verdict = judgement.verdict;
       verdict.stamp_ns = Now(CLOCK_REALTIME);
       verdict.seq = NextSeq(seqs, container.name, path, verdict.stamp_ns);
-      if ((mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) ||
-          !WriteWhole(path, vgpu::verdict::Format(verdict), error)) {
+      bool written = mkdir(folder.c_str(), 0755) == 0 || errno == EEXIST;
+      if (!written) error = WhyNot("cannot create", folder, errno);
+      written = written && WriteWhole(path, vgpu::verdict::Format(verdict), error);
+      if (!written) {
         if (write_failed.insert(container.name).second) {
           Log(1, "%s: cannot write its verdict: %s", container.name.c_str(), error.c_str());
         }
