@@ -985,17 +985,10 @@ bool LaunchOntoDrained(LaunchBook& book, Launch& launch, CUresult& result) {
 // cell together, or launch past the hooks, are held to the container's share together. No usable verdict: nothing
 // changes.
 void FollowVerdict(DeviceLimiter& d, int ordinal, std::uint64_t now) {
-  std::uint32_t used = 0, limit = 0;
-  std::uint64_t stamp = 0;
-  const bool usable = WithVerdict(ordinal, [&](const verdict::Verdict& verdict, const std::string& uuid) {
-    const verdict::Device* line = verdict.FindDevice(uuid);
-    if (line == nullptr) return false;
-    used = line->sm_used;
-    limit = line->sm_limit;
-    stamp = verdict.stamp_ns;
-    return true;
-  });
-  if (!usable) return;
+  DeviceVerdict said;
+  if (!VerdictOf(ordinal, said)) return;
+  const std::uint32_t used = said.sm_used, limit = said.sm_limit;
+  const std::uint64_t stamp = said.stamp_ns;
   std::lock_guard<std::mutex> guard(d.mutex);
   // Once per window of the SM figures: the next verdicts still average in the use before this correction.
   if (d.verdict_stamp_ns != 0 && stamp < d.verdict_stamp_ns + verdict::kSmWindowNs) return;

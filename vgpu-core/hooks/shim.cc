@@ -248,10 +248,10 @@ int RegionDeviceOfUuid(int ordinal, const std::uint8_t uuid[16]) {
   if (index >= 0) {
     const std::uint64_t limit = MemoryLimit(ordinal);
     if (limit != 0) shim.region->SetLimitForMonitoring(index, limit);
-    std::string text = verdict::UuidText(uuid);
+    const std::string text = verdict::UuidText(uuid);
     std::lock_guard<std::mutex> guard(shim.mutex);
     shim.region_device[ordinal] = index;
-    shim.device_uuid[ordinal] = std::move(text);
+    std::snprintf(shim.device_uuid[ordinal], sizeof shim.device_uuid[ordinal], "%s", text.c_str());
   }
   return index;
 }
@@ -294,8 +294,9 @@ std::uint64_t MonotonicNs() {
 // What the shim last said about the verdict (one log line per change).
 enum VerdictState { kVerdictUsed, kVerdictMissing, kVerdictUnreadable, kVerdictMalformed, kVerdictStale, kVerdictBack };
 
-// Reads the verdict again if kVerdictReadNs have passed. Caller holds monitor.mutex.
-void RefreshVerdict(const std::string& path, MonitorVerdict& monitor) {
+// Reads the verdict again if kVerdictReadNs have passed (nothing is allocated until then). Caller holds
+// monitor.mutex.
+void RefreshVerdict(const char* path, MonitorVerdict& monitor) {
   const std::uint64_t now = MonotonicNs();
   if (monitor.read_ns != 0 && now - monitor.read_ns < kVerdictReadNs) return;
   monitor.read_ns = now;
@@ -319,7 +320,7 @@ void RefreshVerdict(const std::string& path, MonitorVerdict& monitor) {
                                         "already used)"};
     // A missing verdict is the usual case without a monitor: said only at level 3; the others at 2.
     Log(state == kVerdictMissing || state == kVerdictUsed ? 3 : 2, "the node monitor's verdict %s is %s%s%s",
-        path.c_str(), kSaid[state], error.empty() || state == kVerdictMissing ? "" : ": ",
+        path, kSaid[state], error.empty() || state == kVerdictMissing ? "" : ": ",
         state == kVerdictMissing ? "" : error.c_str());
     monitor.reported = state;
   }
@@ -331,19 +332,24 @@ void RefreshVerdict(const std::string& path, MonitorVerdict& monitor) {
 
 }  // namespace
 
-bool WithVerdict(int ordinal, const std::function<bool(const verdict::Verdict&, const std::string& uuid)>& use) {
+bool VerdictOf(int ordinal, DeviceVerdict& out) {
   Shim& shim = TheShim();
   const std::optional<std::string>& configured = shim.config.verdict_path;
   if ((configured && configured->empty()) || ordinal < 0 || ordinal >= policy::kMaxDevices) return false;
-  std::string uuid;
+  char uuid[sizeof shim.device_uuid[0]];
   {
     std::lock_guard<std::mutex> guard(shim.mutex);
-    uuid = shim.device_uuid[ordinal];
+    std::memcpy(uuid, shim.device_uuid[ordinal], sizeof uuid);
   }
-  if (uuid.empty()) return false;
+  if (uuid[0] == '\0') return false;
   std::lock_guard<std::mutex> guard(shim.monitor.mutex);
-  RefreshVerdict(configured ? *configured : std::string(policy::kDefaultVerdictFile), shim.monitor);
-  return shim.monitor.usable && use(shim.monitor.verdict, uuid);
+  RefreshVerdict(configured ? configured->c_str() : policy::kDefaultVerdictFile, shim.monitor);
+  if (!shim.monitor.usable) return false;
+  const verdict::Device* line = shim.monitor.verdict.FindDevice(uuid);
+  if (line == nullptr) return false;
+  out = DeviceVerdict{line->memory_limit, line->memory_used, line->sm_limit, line->sm_used,
+                      shim.monitor.verdict.stamp_ns};
+  return true;
 }
 
 bool Charge(int ordinal, std::uint64_t bytes) {
@@ -356,17 +362,10 @@ bool Charge(int ordinal, std::uint64_t bytes) {
   }
   // The driver's figures for the whole container, from the node monitor: over its limit there (colluding processes,
   // private entry points), nothing more is allocated through the hooks, whatever the region says.
-  std::uint64_t driver_used = 0, driver_limit = 0;
-  if (WithVerdict(ordinal, [&](const verdict::Verdict& verdict, const std::string& uuid) {
-        const verdict::Device* line = verdict.FindDevice(uuid);
-        if (line == nullptr || !line->MemoryOver()) return false;
-        driver_used = line->memory_used;
-        driver_limit = line->memory_limit;
-        return true;
-      })) {
+  if (DeviceVerdict said; VerdictOf(ordinal, said) && said.MemoryOver()) {
     Log(2, "device %d: %llu bytes refused: the node monitor shows the container holding %llu of %llu bytes", ordinal,
-        static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(driver_used),
-        static_cast<unsigned long long>(driver_limit));
+        static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(said.memory_used),
+        static_cast<unsigned long long>(said.memory_limit));
     return false;
   }
   std::uint64_t limit = MemoryLimit(ordinal);

@@ -3,11 +3,11 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "hook_table.h"
@@ -50,7 +50,9 @@ struct Shim {
   std::mutex primary_mutex;  // serializes primary-context retain/release/reset: check-and-charge is one step
   // CUDA ordinal -> region device index; -1 until looked up (needs the device's UUID).
   int region_device[policy::kMaxDevices];
-  std::string device_uuid[policy::kMaxDevices];  // NVML's form of each looked-up device's UUID (for the verdict)
+  // NVML's form of each looked-up device's UUID (for the verdict; "" until then). Not std::string: the allocation path
+  // reads it, and must not need the heap for that.
+  char device_uuid[policy::kMaxDevices][48] = {};
   struct Allocation {
     int ordinal;
     std::uint64_t bytes;
@@ -121,10 +123,17 @@ int CurrentOrdinal();
 // that error, never let through uncounted.
 int CurrentOrdinal(CUresult& error);
 
-// The node monitor's verdict, if one is usable now (read at most once per kVerdictReadNs, fresh, seq not gone back):
-// `use` is called with it under its mutex and its answer returned; false without a usable verdict. The device
-// `ordinal`'s line is found by its UUID (known once RegionDevice has looked the device up).
-bool WithVerdict(int ordinal, const std::function<bool(const verdict::Verdict&, const std::string& uuid)>& use);
+// What the node monitor's verdict says of one device (docs/node-monitor.md).
+struct DeviceVerdict {
+  std::uint64_t memory_limit = 0, memory_used = 0;  // bytes
+  std::uint32_t sm_limit = 0, sm_used = 0;          // permille
+  std::uint64_t stamp_ns = 0;                       // the verdict's
+  bool MemoryOver() const { return memory_limit != 0 && memory_used > memory_limit; }
+};
+// The device `ordinal`'s line of the node monitor's verdict, if a verdict is usable now (read at most once per
+// kVerdictReadNs, fresh, seq not gone back) and names the device (by its UUID, known once RegionDevice has looked
+// it up). False otherwise. Allocates nothing between reads of the file.
+bool VerdictOf(int ordinal, DeviceVerdict& out);
 
 // Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit.
 bool Charge(int ordinal, std::uint64_t bytes);
