@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU suite (issue 6), started by tests/gpu/run.sh after the build: every stage in one run on a GPU machine.
 
-Stages (VGPU_GPU_STAGES picks some): conformance, memory, compute, overhead, fidelity. After each one the report
+Stages (VGPU_GPU_STAGES picks some): conformance, memory, compute, overhead, fidelity, monitor. After each one the report
 is written again (report.json, report.md in --out), so a run cut short still returns what it measured. Every
 program it starts has a timeout and its own process group, which is killed when the timeout passes.
 
@@ -649,7 +649,45 @@ class Suite:
             result["summary"] = overhead_summary(result["rounds"])
             self.report["stages"]["overhead"] = result
             self.save()
+        result["inproc"] = self.overhead_inproc(configs)
+        self.report["stages"]["overhead"] = result
+        self.save()
         return result
+
+    def overhead_inproc(self, configs: dict) -> dict:
+        """The launch path's cost inside one process (tests/gpu/launch_ab.cc): batches through the hook and straight
+        into the driver's cuLaunchKernel alternate, so the host's slow and fast minutes hit both alike, which separate
+        processes cannot do on a VM (docs/results-gpu.md, "Eleventh run"). Under `none` both paths are the driver's:
+        the A/A check."""
+        if self.fake:
+            return {"status": "skipped", "note": "over fakecuda: launch_ab is built against the real driver"}
+        ab = os.path.join(self.tmp, "launch_ab")
+        cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+        done = run(["g++", "-O2", "-std=c++20", f"-I{cuda}/include", os.path.join(REPO, "tests", "gpu", "launch_ab.cc"),
+                    "-o", ab, f"-L{cuda}/lib64/stubs", "-lcuda"], env=self.base_env(), timeout=120)
+        if done["rc"] != 0:
+            return {"status": "skipped", "note": f"launch_ab did not build: {tail(done['stderr'], 600)}"}
+        cpu = "3" if (os.cpu_count() or 1) > 3 else "0"
+        rounds = []
+        for index in range(3):
+            for name in ("none", "shim", "shim_limits") if index % 2 == 0 else ("shim_limits", "shim", "none"):
+                if self.left() < 15:
+                    break
+                done = run(["taskset", "-c", cpu, ab, os.path.join(REPO, "sim", "tenant", "spin.ptx")],
+                           env=configs[name](), timeout=60)
+                for line in json_lines(done["stdout"]):
+                    if "added" in line:
+                        rounds.append({"round": index, "config": name, "pattern": line["pattern"],
+                                       "added_percent": rnd(line["added"] * 100, 2),
+                                       "hooked_ns": line.get("hooked_ns"), "driver_ns": line.get("driver_ns")})
+        summary = {}
+        for entry in rounds:
+            summary.setdefault(entry["config"], {}).setdefault(entry["pattern"], []).append(entry["added_percent"])
+        summary = {config: {pattern: {"median_added_percent": rnd(median(v), 2), "min": min(v), "max": max(v),
+                                      "rounds": len(v)} for pattern, v in patterns.items()}
+                   for config, patterns in summary.items()}
+        log(f"overhead inside one process: {summary}")
+        return {"status": "done" if rounds else "failed", "rounds": rounds, "summary": summary}
 
     # -- stage 5: fidelity --
 
@@ -1122,6 +1160,17 @@ def render(report: dict) -> str:
             lines.append("")
             lines.append("Noise floor (the no-shim rounds' spread, (max − min) / min, percent): " + ", ".join(
                 f"{k} {v}" for k, v in s["none_round_spread_percent"].items()))
+        inproc = over.get("inproc") or {}
+        if inproc.get("summary"):
+            lines += ["", "Inside one process (tests/gpu/launch_ab.cc: batches through the hook and straight into the "
+                      "driver alternate; `none`: both the driver's, the A/A check), added host time per launch, median "
+                      "over rounds (min .. max):", "", "| config | pattern | added | rounds |", "|---|---|---|---|"]
+            for config, patterns in inproc["summary"].items():
+                for pattern, v in patterns.items():
+                    lines.append(f"| {config} | {pattern} | {fmt(v['median_added_percent'], 2, ' %')} "
+                                 f"({fmt(v['min'], 2)} .. {fmt(v['max'], 2)}) | {v['rounds']} |")
+        elif inproc:
+            lines += ["", f"Inside one process: {inproc.get('status')}: {inproc.get('note', '')}"]
         lines.append("")
     fid = stages.get("fidelity")
     if fid:

@@ -54,6 +54,20 @@ def build_dir() -> Path:
     return BUILD_DIR
 
 
+def built_library(fake_gpu, name: str, why_missing: str = "") -> Path:
+    """<build>/lib/`name` of this machine's build, or skips the test saying it is not built."""
+    path = fake_gpu.library_dir / name
+    if not path.exists():
+        pytest.skip(f"{path} is not built{why_missing}")
+    return path
+
+
+@pytest.fixture
+def shim_path(fake_gpu) -> Path:
+    """The shim, libvgpu.so, of the build under test."""
+    return built_library(fake_gpu, "libvgpu.so")
+
+
 @pytest.fixture
 def fake_gpu(tmp_path: Path, build_dir: Path):
     """A fake machine of this test's own (default: one h100-80gb); see fakegpu_harness.FakeGpu."""

@@ -11,14 +11,6 @@ import pytest
 from fakegpu_harness import kernel_shares, read_trace
 
 
-@pytest.fixture
-def shim_path(fake_gpu):
-    path = fake_gpu.library_dir / "libvgpu.so"
-    if not path.exists():
-        pytest.skip(f"{path} is not built")
-    return path
-
-
 def contain(fake_gpu, shim_path, name: str, percent: int) -> None:
     """Makes the next processes started by `fake_gpu` one container capped at `percent` (force policy)."""
     fake_gpu.env.update({

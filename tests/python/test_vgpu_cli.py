@@ -166,14 +166,6 @@ def test_smi_region_of_a_missing_file(tmp_path, capsys):
         vgpu.scenario.read_region(tmp_path / "none.region")
 
 
-@pytest.fixture
-def shim_path(fake_gpu):
-    path = fake_gpu.library_dir / "libvgpu.so"
-    if not path.exists():
-        pytest.skip(f"{path} is not built")
-    return path
-
-
 @requires_native
 def test_smi_region_shows_a_live_containers_memory_and_share(fake_gpu, tenant_available, shim_path, capsys):
     region = fake_gpu.work_dir / "box.region"

@@ -20,6 +20,44 @@ namespace {
 
 static_assert(sizeof(policy::BudgetCell) <= sizeof(region::Device::compute), "the budget must fit the region");
 
+// Where launches go (libvgpu-path-counters.so, built with VGPU_PATH_COUNTERS=1; docs/compute-limit.md, "Path
+// counters"). Off in libvgpu.so: each count is an atomic add on the launch path. At exit the counts are written to
+// stderr as one line, "vgpu-path-counters {...}".
+#if VGPU_PATH_COUNTERS
+#define VGPU_PATH_COUNTER_NAMES(X)                                                                                       \
+  X(booked_drained) X(booked_window) X(book_refused_queued) X(book_refused_window) X(whole_path) X(waited_for_completion) \
+  X(waited_for_budget) X(waited_for_budget_ns) X(planned_unmeasured) X(planned_pair) X(planned_gated_pair)            \
+  X(planned_window) X(settled_early) X(books_opened) X(window_books_opened) X(book_launches_granted)                   \
+  X(whole_path_charged_ns)
+struct PathCounters {
+  enum Name : int {
+#define VGPU_PATH_COUNTER_ENUM(name) name,
+    VGPU_PATH_COUNTER_NAMES(VGPU_PATH_COUNTER_ENUM)
+#undef VGPU_PATH_COUNTER_ENUM
+        count
+  };
+  std::atomic<std::uint64_t> value[count] = {};
+  ~PathCounters() {
+    static const char* const names[] = {
+#define VGPU_PATH_COUNTER_STRING(name) #name,
+        VGPU_PATH_COUNTER_NAMES(VGPU_PATH_COUNTER_STRING)
+#undef VGPU_PATH_COUNTER_STRING
+    };
+    char line[2048];
+    int at = std::snprintf(line, sizeof line, "vgpu-path-counters {");
+    for (int i = 0; i < count && at > 0 && at < static_cast<int>(sizeof line); ++i) {
+      at += std::snprintf(line + at, sizeof line - static_cast<std::size_t>(at), "%s\"%s\": %llu", i ? ", " : "",
+                          names[i], static_cast<unsigned long long>(value[i].load(std::memory_order_relaxed)));
+    }
+    std::fprintf(stderr, "%s}\n", line);
+  }
+};
+PathCounters g_path_counters;
+#define VGPU_COUNT(name, n) g_path_counters.value[PathCounters::name].fetch_add((n), std::memory_order_relaxed)
+#else
+#define VGPU_COUNT(name, n) ((void)0)
+#endif
+
 constexpr std::uint64_t kBurstNs = 20'000'000;
 constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then about one launch per kMeasureSpacingNs of its run time
 constexpr std::uint64_t kMeasureSpacingNs = 250'000;
@@ -67,9 +105,9 @@ void SleepUntilNs(std::uint64_t deadline) {
 // Books of launches (see LaunchBook): each thread keeps kBooks; a book on a drained stream holds at most kBookLaunches,
 // one into a window kWindowBookLaunches, and either at most kBookNs of GPU time.
 constexpr int kBooks = 4;
-constexpr std::uint32_t kBookLaunches = 32;
-constexpr std::uint32_t kWindowBookLaunches = 64;
-constexpr std::uint64_t kBookNs = 200'000;
+constexpr std::uint32_t kBookLaunches = 128;
+constexpr std::uint32_t kWindowBookLaunches = 256;
+constexpr std::uint64_t kBookNs = 1'000'000;
 constexpr std::uint32_t kBookWorthLaunches = 16;  // a book that served fewer before a queue ended it ...
 constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances of a book off its stream
 
@@ -877,6 +915,8 @@ void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, C
                       g_book_generations.forks.load(std::memory_order_relaxed), each, estimate_ns, now, granted,
                       granted, measure_next && granted == unmeasured, false, false, 0};
   ++state.books;
+  VGPU_COUNT(books_opened, 1);
+  VGPU_COUNT(book_launches_granted, granted);
 }
 
 // After a launch planned into `state`'s open window that does not fill it: a book of the launches of the same kernel
@@ -903,6 +943,8 @@ void OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream str
                       g_book_generations.streams.load(std::memory_order_acquire),
                       g_book_generations.forks.load(std::memory_order_relaxed), each, each, now, granted, granted,
                       false, false, true, state.window_seq.load(std::memory_order_seq_cst)};
+  VGPU_COUNT(window_books_opened, 1);
+  VGPU_COUNT(book_launches_granted, granted);
 }
 
 // Whether a booked launch goes where its book was given. A launch into an ordinary stream runs in that stream's
@@ -1014,8 +1056,13 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
   // one the launch goes to).
   if (LaunchBook* book = OpenBookFor(function, shape, stream)) {
     CUresult result = CUDA_SUCCESS;
-    if (book->window ? LaunchIntoWindow(*book, launch, result) : LaunchOntoDrained(*book, launch, result)) return result;
+    if (book->window ? LaunchIntoWindow(*book, launch, result) : LaunchOntoDrained(*book, launch, result)) {
+      if (book->window) VGPU_COUNT(booked_window, 1); else VGPU_COUNT(booked_drained, 1);
+      return result;
+    }
+    if (book->window) VGPU_COUNT(book_refused_window, 1); else VGPU_COUNT(book_refused_queued, 1);
   }
+  VGPU_COUNT(whole_path, 1);
   const bool force_sample = CloseBookFor(function, shape, stream);
   // A launch into a stream being captured records a graph node, it runs nothing now: it is admitted when the
   // graph is launched. Nothing may be queried or recorded meanwhile (that would invalidate the capture). Asked
@@ -1126,12 +1173,15 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
       continue;
     }
     guard.unlock();
+    VGPU_COUNT(waited_for_completion, 1);
     SleepUntilNs(now + kCompletionPollNs);
     waited_ns += kCompletionPollNs;
     now = NowNs();
   }
   const std::uint64_t at = std::max(now, admission.ready_at_ns);  // about now: one clock read per launch
   if (!planned) {
+    VGPU_COUNT(waited_for_budget, 1);
+    VGPU_COUNT(waited_for_budget_ns, admission.ready_at_ns > now ? admission.ready_at_ns - now : 0);
     SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
     if (!PlanOrCancel(*d, plan, key, admission.launches, admission.steady, force_sample, stream, context, setup, admission.charged_ns,
@@ -1140,6 +1190,12 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     }
   }
 
+  VGPU_COUNT(whole_path_charged_ns, admission.charged_ns);
+  if (plan.how == How::window) VGPU_COUNT(planned_window, 1);
+  else if (plan.how == How::unmeasured) VGPU_COUNT(planned_unmeasured, 1);
+  else if (plan.gate) VGPU_COUNT(planned_gated_pair, 1);
+  else VGPU_COUNT(planned_pair, 1);
+  if (settled_early) VGPU_COUNT(settled_early, 1);
   std::uint64_t launched_ns = 0;
   gates::Gate gate;
   if (plan.how == How::pair) {
