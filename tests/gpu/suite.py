@@ -507,7 +507,8 @@ class Suite:
                     clocks = sampler.between(line["t_start"], line["t_end"])
                     result["torch"].setdefault(line["workload"], {})[str(cap)] = {
                         "ops_per_s": rnd(line["ops_per_s"]), "ops": line["ops"], "elapsed_s": rnd(line["elapsed_s"]),
-                        "description": line["description"], **clocks}
+                        "busy_fraction": rnd(line.get("busy_fraction"), 4), "description": line["description"],
+                        **clocks}
                 if done["rc"] != 0:
                     result["notes"].append(f"torch at cap {cap}: exit {done['rc']}"
                                            f"{' (timed out)' if done['timed_out'] else ''}: {tail(done['stderr'], 800)}")
@@ -1088,15 +1089,16 @@ def render(report: dict) -> str:
         for workload, points in comp.get("torch", {}).items():
             description = next(iter(points.values())).get("description", workload)
             lines += [f"**PyTorch {description}**", "",
-                      "| cap | ops/s | of uncapped | × clock ratio | SM clock MHz (median, min–max) | NVML util % | power W |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| cap | ops/s | of uncapped | × clock ratio | GPU time (event pairs) | SM clock MHz (median, min–max) "
+                      "| NVML util % | power W |",
+                      "|---|---|---|---|---|---|---|---|"]
             for cap in caps:
                 e = points.get(cap)
                 if not e:
                     continue
                 lines.append(f"| {'none' if cap == '0' else cap + ' %'} | {fmt(e.get('ops_per_s'))} | "
                              f"{pct(e.get('fraction_of_uncapped'))} | {pct(e.get('fraction_x_clock_ratio'))} | "
-                             f"{fmt(e.get('sm_mhz_median'), 0)} ({fmt(e.get('sm_mhz_min'), 0)}–{fmt(e.get('sm_mhz_max'), 0)}) | "
+                             f"{pct(e.get('busy_fraction'))} | {fmt(e.get('sm_mhz_median'), 0)} ({fmt(e.get('sm_mhz_min'), 0)}–{fmt(e.get('sm_mhz_max'), 0)}) | "
                              f"{fmt(e.get('util_mean'))} | {fmt(e.get('power_w_mean'), 0)} |")
             lines.append("")
         if comp.get("tenant"):
