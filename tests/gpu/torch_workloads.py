@@ -6,8 +6,7 @@ NVML samples of the SM clock by them). Nothing here reads NVML: the suite sample
   mem [--hold S]                        memory views and allocation until OutOfMemoryError (run under a cap)
   compute --which W[,W..] [--seconds S] [--ready F --go F]
                                         W: mm8192 (bf16 8192x8192 matmul), mm2048 (fp32 2048x2048 matmul, TF32
-                                        off: PyTorch's default), add (x.add_(1) on 1M fp32 elements); the matmuls
-                                        also report their GPU time from an event pair around each step
+                                        off: PyTorch's default), add (x.add_(1) on 1M fp32 elements)
   overhead [--samples N]                synchronous tiny-op latency and launch rate of a tiny op
 """
 
@@ -90,9 +89,6 @@ def memory(args) -> None:
     emit(event="end", recovered_1gib_after_oom=recovered, t=time.time())
 
 
-TIMED = ("mm8192", "mm2048")  # workloads whose steps are timed by event pairs (compute: busy_s, busy_fraction)
-
-
 def make_workload(which: str):
     """(name, step, launches per step, warm-up steps, description)."""
     if which == "mm8192":
@@ -126,34 +122,19 @@ def compute(args) -> None:
             give_up = time.time() + 120
             while not os.path.exists(args.go) and time.time() < give_up:
                 time.sleep(0.002)
-        # The matmuls' own GPU time, exactly: an event pair around each step. In one stream a step's start event
-        # completes when the step before has ended (or at once, on an idle stream), its end event when the step
-        # has, so the pairs add up to the time the stream had work, idle gaps left out. (Not for `add`: around a
-        # ~4 us kernel on an idle stream a pair would time the launch call too.)
-        timed = which in TIMED
-        pairs = []
         start = time.time()
         n = 0
         while True:
             for _ in range(batch):
-                if timed:
-                    begin, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    begin.record()
-                    step()
-                    end_event.record()
-                    pairs.append((begin, end_event))
-                else:
-                    step()
+                step()
             n += batch
             if time.time() - start >= args.seconds:
                 break
         launched = time.time()
         torch.cuda.synchronize()
         end = time.time()
-        busy_s = sum(b.elapsed_time(e) for b, e in pairs) / 1000 if timed else None
         emit(event="result", workload=which, description=description, ops=n, t_start=start, t_launched=launched,
-             t_end=end, elapsed_s=end - start, ops_per_s=n / (end - start), busy_s=busy_s,
-             busy_fraction=busy_s / (end - start) if timed else None)
+             t_end=end, elapsed_s=end - start, ops_per_s=n / (end - start))
 
 
 def overhead(args) -> None:
