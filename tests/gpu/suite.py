@@ -562,6 +562,20 @@ class Suite:
             sampler.stop()
         return result
 
+    def plot_caps(self, result: dict) -> None:
+        """caps.png beside the report: achieved against the cap per workload (tests/gpu/plot_caps.py)."""
+        path = os.path.join(self.out, "caps.png")
+        try:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import plot_caps  # noqa: PLC0415 - beside this file; matplotlib only when there is something to draw
+            series = plot_caps.series_of(self.report)
+            if series:
+                plot_caps.plot(series, path, plot_caps.describe(self.report))
+                result["plot"] = "caps.png"
+                log(f"compute: {path}")
+        except Exception as error:  # noqa: BLE001 - a missing matplotlib must not lose the figures
+            result.setdefault("notes", []).append(f"caps.png not drawn: {type(error).__name__}: {error}")
+
     @staticmethod
     def finish_compute(result) -> None:
         for workload, points in result["torch"].items():
@@ -901,6 +915,8 @@ class Suite:
                 log(f"stage {stage} broke:\n{result['error']}")
             result["wall_s"] = round(time.time() - begin, 1)
             self.report["stages"][stage] = result
+            if stage == "compute":
+                self.plot_caps(result)
             self.save()
         self.report["finished"] = now_utc()
         self.save()
@@ -1093,6 +1109,8 @@ def render(report: dict) -> str:
         lines += [f"## 3. Compute caps ({comp.get('policy')}), {comp.get('point_s')} s per point", ""]
         if comp.get("status") != "done":
             lines += [f"{comp.get('status')}: {comp.get('error', '')}", ""]
+        if comp.get("plot"):
+            lines += [f"![achieved against the cap, per workload]({comp['plot']})", ""]
         caps = ["0"] + [str(c) for c in comp.get("caps", [])]
         for workload, points in comp.get("torch", {}).items():
             description = next(iter(points.values())).get("description", workload)

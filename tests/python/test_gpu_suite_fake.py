@@ -31,3 +31,27 @@ def test_the_gpu_suites_overhead_stage_runs_and_reports_over_fakecuda(fake_gpu, 
     assert overhead["inproc"]["status"] == "skipped" and "fakecuda" in overhead["inproc"]["note"], overhead["inproc"]
     text = (out / "report.md").read_text()
     assert "## 4. Overhead of the shim" in text and "Inside one process: skipped" in text, text[-2000:]
+
+
+def test_the_gpu_suites_compute_stage_draws_achieved_against_the_cap_over_fakecuda(fake_gpu, tenant_available,
+                                                                                      build_dir, tmp_path):
+    out = tmp_path / "report"
+    env = dict(fake_gpu.env)
+    env.update({"VGPU_GPU_FAKE": "1", "VGPU_GPU_STAGES": "compute", "VGPU_COMMIT": "test", "VGPU_GPU_CAPS": "30",
+                "VGPU_GPU_POINT_S": "1"})
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "gpu" / "suite.py"), "--build", str(build_dir),
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"suite.py exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    report = json.loads((out / "report.json").read_text())
+    compute = report["stages"]["compute"]
+    assert compute["status"] == "done" and compute.get("plot") == "caps.png", compute.get("notes")
+    assert (out / "caps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![achieved against the cap, per workload](caps.png)" in (out / "report.md").read_text()
+    # The plot's points are the report's: vgpu-tenant's busy time at the one cap, and the two pairs side by side.
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "gpu"))
+    import plot_caps  # noqa: PLC0415
+    series = {(s.label, s.measure): s.points for s in plot_caps.series_of(report)}
+    (cap, achieved, expected), = series[("vgpu-tenant 1 ms", "busy time")]
+    assert (cap, expected) == (30.0, 30.0) and achieved == 100 * compute["tenant"]["30"]["busy_fraction"]
+    assert [p[0] for p in series[("pair 30/70", "busy time, side by side")]] == [30.0, 70.0]
+    assert series[("5 us kernels, depth 8", "busy time")][0][2] == 30.0
