@@ -57,7 +57,15 @@ def read_report(path: str) -> dict:
         stages = sorted(report.get("stages", {})) if isinstance(report, dict) else []
         raise BadInput(f"{path}: no compute stage with its caps (stages: {', '.join(stages) or 'none'}); expected a "
                        "report of a run with VGPU_GPU_STAGES including compute")
+    for cap in compute["caps"]:
+        if not _is_cap(cap) or cap == 0:
+            raise BadInput(f"{path}: compute caps {compute['caps']!r}: {cap!r} is not a cap; expected whole percents "
+                           "from 1 to 100, as VGPU_GPU_CAPS=10,30,50 gives")
     return report
+
+
+def _is_cap(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 100
 
 
 def read_kernel_time(path: str) -> list[dict]:
@@ -75,6 +83,9 @@ def read_kernel_time(path: str) -> list[dict]:
                 if not isinstance(row, dict) or "cap" not in row or "which" not in row:
                     raise BadInput(f"{path}:{number}: a line without 'which' and 'cap'; expected the lines of "
                                    "tests/gpu/kernel_time.sh (kernel-time.jsonl)")
+                if not _is_cap(row["cap"]) or not isinstance(row["which"], str):
+                    raise BadInput(f"{path}:{number}: cap {row['cap']!r}, which {row['which']!r}; expected a cap of 0 "
+                                   "(no shim) to 100 and a workload name (add, mm8192, mm2048)")
                 rows.append(row)
     except OSError as error:
         raise BadInput(f"{path}: cannot be read ({error.strerror}); expected kernel-time.jsonl of "
@@ -135,7 +146,8 @@ def series_of(report: dict, kernel_time: list[dict] | None = None) -> list[Serie
         shares = {cap: e for cap, e in pair.items() if cap.isdigit() and isinstance(e, dict)}
         label = "pair " + "/".join(sorted(shares, key=int))
         out.append(Series(label, "busy time, side by side",
-                          [(float(c), _percent(e["busy_fraction"]), float(c)) for c, e in sorted(shares.items())
+                          [(float(c), _percent(e["busy_fraction"]), float(c))
+                           for c, e in sorted(shares.items(), key=lambda item: int(item[0]))
                            if e.get("busy_fraction") is not None], side_by_side=True))
 
     names = {"add": "x.add_ 1M", "mm8192": "bf16 matmul 8192", "mm2048": "fp32 matmul 2048"}

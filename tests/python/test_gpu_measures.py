@@ -97,4 +97,12 @@ def test_the_caps_plot_refuses_input_that_is_not_a_suite_report(tmp_path):
     lines.write_text('{"which": "add", "cap": 0, "rc": 0, "busy_fraction": 0.13}\n{"which": "add"}\n')
     done = plot(H100_RUN, "--kernel-time", lines)
     assert done.returncode == 2 and f"{lines}:2" in done.stderr and "'which' and 'cap'" in done.stderr, done.stderr
+    lines.write_text('{"which": "add", "cap": "ten", "rc": 0}\n')
+    done = plot(H100_RUN, "--kernel-time", lines)
+    assert done.returncode == 2 and f"{lines}:1: cap 'ten'" in done.stderr and "0 (no shim) to 100" in done.stderr, \
+        done.stderr
+    bad_caps = tmp_path / "bad-caps.json"
+    bad_caps.write_text('{"stages": {"compute": {"caps": [10, 300]}}}')
+    done = plot(bad_caps)
+    assert done.returncode == 2 and "300 is not a cap" in done.stderr and "1 to 100" in done.stderr, done.stderr
     assert not (tmp_path / "x.png").exists()
