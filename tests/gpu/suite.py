@@ -565,10 +565,14 @@ class Suite:
     def plot_caps(self, result: dict) -> None:
         """caps.png beside the report: achieved against the cap per workload (tests/gpu/plot_caps.py)."""
         path = os.path.join(self.out, "caps.png")
+        if os.path.exists(path):  # an earlier run's, in the same folder: never shown beside this report
+            os.remove(path)
         try:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            here = os.path.dirname(os.path.abspath(__file__))
+            if here not in sys.path:
+                sys.path.insert(0, here)
             import plot_caps  # noqa: PLC0415 - beside this file; matplotlib only when there is something to draw
-            series = plot_caps.series_of(self.report)
+            series = plot_caps.series_of(self.report, source="report.json")
             if series:
                 plot_caps.plot(series, path, plot_caps.describe(self.report))
                 result["plot"] = "caps.png"
