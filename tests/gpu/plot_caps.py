@@ -14,7 +14,9 @@ less the cap, per judged point. Each workload is drawn by every measure the run 
   two vgpu-tenants         their own busy time, side by side (30/70 books the GPU to the full)
   PyTorch, with the probe  the kernels' own time from CUPTI (--kernel-time: the dispatch left out) and NVML's
                            utilization from 1 s into the run (the dispatch counted)
-  PyTorch, in the report   NVML's utilization from 1 s in, where the report has it (`util_mean_all` beside it)
+  PyTorch, in the report   NVML's utilization from 1 s in, where the report has it (`util_mean_all` beside it);
+                           not the bf16 matmul's or x.add_'s throughput (capped, the bf16 matmul runs at a higher
+                           clock than uncapped; x.add_'s launch rate follows the host's)
 
 Which of "dispatch counted" and "dispatch left out" a cap promises for kernels of a few microseconds is open
 (docs/compute-limit.md, "What the share is"); for kernels of a few hundred microseconds they agree.
