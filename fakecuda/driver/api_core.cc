@@ -100,6 +100,13 @@ void LoadKernelCosts(Driver& d) {
                       "using 0", load);
     }
   }
+  if (const char* loading = std::getenv("CUDA_MODULE_LOADING"); loading != nullptr && *loading != '\0') {
+    if (std::strcmp(loading, "EAGER") == 0 || std::strcmp(loading, "LAZY") == 0) {
+      d.eager_loading = loading[0] == 'E';
+    } else {
+      state::LogError("CUDA_MODULE_LOADING='%s' is not EAGER or LAZY; using LAZY", loading);
+    }
+  }
   if (const char* waits = std::getenv("FAKECUDA_LAUNCH_WAITS_FOR_STREAM"); waits != nullptr && *waits != '\0') {
     if (std::strcmp(waits, "1") == 0 || std::strcmp(waits, "0") == 0) {
       d.launch_waits_for_stream = waits[0] == '1';
@@ -925,6 +932,11 @@ FAKECUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
   if (c == nullptr) return NoContextError(d);
+  // The stack is local memory for every thread the device holds: resized at once, up or down (H100: 16 -> 32 KiB a
+  // thread took 4224 MiB more). The heap and the printf FIFO are taken later, or not in device memory.
+  if (limit == CU_LIMIT_STACK_SIZE) {
+    if (const CUresult r = ResizeLocalMemory(d, *c, value); r != CUDA_SUCCESS) return r;
+  }
   c->limits[limit] = value;
   return CUDA_SUCCESS;
 }

@@ -273,6 +273,63 @@ void SpendLaunchCall(std::uint64_t ns) {
   }
 }
 
+}  // namespace
+
+// ---- the driver's own memory (docs/fakecuda.md, "Memory the driver takes by itself") --------------------------------
+
+namespace {
+constexpr std::uint64_t kPageBytes = 2ull << 20;         // the driver maps its own memory in 2 MiB pages
+constexpr std::uint64_t kModuleCodeBytes = kPageBytes;   // a module's code: one page (PTX modules are small)
+constexpr std::uint64_t kDefaultStackBytes = 1024;       // CU_LIMIT_STACK_SIZE's default: in the context's overhead
+constexpr std::uint64_t kHeapSetUpBytes = kPageBytes;    // beside the heap itself (H100: 256 MiB heap took 258)
+
+std::uint64_t RoundUpToPage(std::uint64_t bytes) { return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes; }
+
+// Local memory is reserved for every thread the device can hold at once (H100: 132 SMs x 2048 threads).
+std::uint64_t LocalBytesFor(const model::DeviceSpec& spec, std::uint64_t per_thread) {
+  return std::max(per_thread, kDefaultStackBytes) * spec.sm_count * spec.max_threads_per_sm;
+}
+}  // namespace
+
+CUresult LoadModuleFootprint(Driver& d, Module& module) {
+  if (module.loaded) return CUDA_SUCCESS;
+  if (!ChargeDevice(d, module.context->device, module.footprint_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  module.loaded = true;
+  return CUDA_SUCCESS;
+}
+
+CUresult ResizeLocalMemory(Driver& d, Context& c, std::uint64_t per_thread) {
+  const model::DeviceSpec& spec = Spec(d, c.device);
+  const std::uint64_t now = LocalBytesFor(spec, c.local_per_thread), wanted = LocalBytesFor(spec, per_thread);
+  if (wanted > now) {
+    if (!ChargeDevice(d, c.device, wanted - now)) return CUDA_ERROR_OUT_OF_MEMORY;
+    c.charged_bytes += wanted - now;
+  } else if (wanted < now) {
+    UnchargeDevice(d, c.device, now - wanted);
+    c.charged_bytes -= std::min(c.charged_bytes, now - wanted);
+  }
+  c.local_per_thread = per_thread;
+  return CUDA_SUCCESS;
+}
+
+CUresult TakeLaunchMemory(Driver& d, Function& f, Context& c) {
+  if (const CUresult r = LoadModuleFootprint(d, *f.module); r != CUDA_SUCCESS) return r;
+  // A kernel needing more local memory a thread than reserved raises the reservation (and the stack limit) for good.
+  if (f.local_bytes > std::max<std::uint64_t>(c.local_per_thread, kDefaultStackBytes)) {
+    if (const CUresult r = ResizeLocalMemory(d, c, f.local_bytes); r != CUDA_SUCCESS) return r;
+    c.limits[CU_LIMIT_STACK_SIZE] = f.local_bytes;
+  }
+  if (f.uses_malloc && !c.heap_taken) {
+    const std::uint64_t heap = c.limits[CU_LIMIT_MALLOC_HEAP_SIZE] != 0 ? c.limits[CU_LIMIT_MALLOC_HEAP_SIZE] : 8ull << 20;
+    if (!ChargeDevice(d, c.device, heap + kHeapSetUpBytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    c.charged_bytes += heap + kHeapSetUpBytes;
+    c.heap_taken = true;
+  }
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
 CUresult Launch(const LaunchRequest& r) {
   FAKECUDA_ENTER(r.symbol);
   Driver& d = TheDriver();
@@ -306,6 +363,7 @@ CUresult Launch(const LaunchRequest& r) {
     rs.stream->capture->nodes.push_back(node);
     return CUDA_SUCCESS;
   }
+  if (const CUresult taken = TakeLaunchMemory(d, *f, *c); taken != CUDA_SUCCESS) return taken;
   if (d.launch_waits_for_stream) {
     // As a driver whose launch call waits for the work before it (outside the lock, as a synchronize does).
     guard.unlock();
@@ -500,24 +558,31 @@ CUresult LoadModule(CUmodule* out, std::string_view image) {
     if (state::LogLevel() >= 1) state::LogError("cuModuleLoadData: PTX targets sm_%d, the device is sm_%u%u", parsed.target_sm, spec.cc_major, spec.cc_minor);
     return CUDA_ERROR_INVALID_PTX;
   }
-  auto* module = new Module();
+  auto module = std::make_unique<Module>();
   module->context = c;
   module->ptx_version = parsed.version;
   module->target_sm = parsed.target_sm;
+  module->footprint_bytes = kModuleCodeBytes + RoundUpToPage(parsed.data_bytes);
+  if (d.eager_loading) {
+    if (const CUresult r = LoadModuleFootprint(d, *module); r != CUDA_SUCCESS) return r;
+  }
   for (const ptx::Entry& entry : parsed.entries) {
     auto* f = new Function();
-    f->module = module;
+    f->module = module.get();
     f->name = entry.name;
+    f->local_bytes = entry.local_bytes;
+    f->uses_malloc = entry.uses_malloc;
     for (const ptx::Param& p : entry.params) f->params.push_back({p.offset, p.size});
     f->param_bytes = entry.param_bytes;
     f->spin = entry.name == "vgpu_spin" && !entry.params.empty() && entry.params[0].size == 8;
     f->per_wave_ns = CostOf(d, entry.name);
     module->functions[entry.name] = Register(d, f);
   }
-  *out = reinterpret_cast<CUmodule>(Register(d, module));
+  *out = reinterpret_cast<CUmodule>(Register(d, module.release()));
   return CUDA_SUCCESS;
 }
 
+// Frees the module's objects; its footprint is the caller's to give back (UnloadModule, or the context's teardown).
 void DestroyModule(Driver& d, Module* module) {
   for (auto& [name, f] : module->functions) {
     Unregister(d, f);
@@ -683,7 +748,10 @@ void TearDownContextStreamsAndModules(Driver& d, Context* c) {
       modules.push_back(static_cast<Module*>(const_cast<void*>(handle)));
     }
   }
-  for (Module* module : modules) DestroyModule(d, module);
+  for (Module* module : modules) {
+    if (module->loaded) c->charged_bytes += module->footprint_bytes;  // given back with the context's own memory
+    DestroyModule(d, module);
+  }
 }
 
 }  // namespace fakecuda::driver
@@ -723,6 +791,7 @@ FAKECUDA_EXPORT CUresult cuModuleUnload(CUmodule handle) {
   std::lock_guard<std::mutex> guard(d.mutex);
   Module* module = Lookup<Module>(d, handle, Kind::module);
   if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (module->loaded) UnchargeDevice(d, module->context->device, module->footprint_bytes);
   DestroyModule(d, module);
   return CUDA_SUCCESS;
 }
@@ -763,7 +832,7 @@ FAKECUDA_EXPORT CUresult cuFuncGetAttribute(int* value, CUfunction_attribute att
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = static_cast<int>(spec.max_threads_per_block); break;
     case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *value = 0; break;
     case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *value = 0; break;
-    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *value = static_cast<int>(std::min<std::uint64_t>(f->local_bytes, INT32_MAX)); break;
     case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = 32; break;
     case CU_FUNC_ATTRIBUTE_PTX_VERSION: *value = f->module->ptx_version; break;
     case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *value = static_cast<int>(spec.cc_major * 10 + spec.cc_minor); break;
@@ -1312,6 +1381,9 @@ CUresult GraphLaunch(CUgraphExec handle, CUstream stream, bool per_thread) {
   if (rs.stream != nullptr && rs.stream->capture != nullptr) {
     rs.stream->capture->nodes.insert(rs.stream->capture->nodes.end(), nodes.begin(), nodes.end());
     return CUDA_SUCCESS;
+  }
+  for (const KernelNode& node : nodes) {
+    if (const CUresult taken = TakeLaunchMemory(d, *node.function, *rs.context); taken != CUDA_SUCCESS) return taken;
   }
   return EnqueueKernels(d, guard, stream, per_thread, nodes);
 }

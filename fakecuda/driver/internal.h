@@ -57,8 +57,11 @@ struct Context : Object {
   std::uint64_t id = 0;
   std::uint32_t null_stream = model::kNoSlot;       // shared index of the legacy default stream
   std::uint64_t null_stream_generation = 0;
-  std::uint64_t charged_bytes = 0;                  // the context's own overhead
+  std::uint64_t charged_bytes = 0;                  // the context's own overhead, local memory and heap included
   std::size_t limits[16] = {};
+  // The driver's own memory that grows after creation (docs/fakecuda.md, "Memory the driver takes by itself"):
+  std::uint64_t local_per_thread = 0;               // local memory reserved per thread (0: the stack limit's default)
+  bool heap_taken = false;                          // the device-side malloc heap, set up at the first kernel using it
 };
 
 struct Stream : Object {
@@ -103,6 +106,8 @@ struct Function : Object {
   int max_dynamic_shared = 48 * 1024;
   int carveout = -1;
   bool launched = false;                    // launched before (FAKECUDA_LAZY_LOAD_NS is spent on the first launch)
+  std::uint64_t local_bytes = 0;            // per thread, from the PTX (.local arrays in its body)
+  bool uses_malloc = false;                 // its PTX calls the device-side malloc
 };
 
 struct Module : Object {
@@ -111,6 +116,8 @@ struct Module : Object {
   int ptx_version = 0;                      // e.g. 88 for .version 8.8
   int target_sm = 0;                        // e.g. 75 for .target sm_75
   std::map<std::string, Function*> functions;
+  std::uint64_t footprint_bytes = 0;        // what the driver takes when it loads the module (code and data)
+  bool loaded = false;                      // footprint charged: at load (eager) or a function's first launch (lazy)
 };
 
 struct KernelNode {
@@ -169,7 +176,8 @@ struct Allocation {
   Context* context = nullptr;
   Pool* pool = nullptr;
   bool cached = false;                      // a stream-ordered block freed back to its pool
-  unsigned int host_flags = 0;              // cuMemHostAlloc flags
+  unsigned int host_flags = 0;              // cuMemHostAlloc / cuMemHostRegister flags
+  bool registered = false;                  // host: the application's own memory (cuMemHostRegister), never unmapped
 };
 
 struct VmmHandle {
@@ -225,6 +233,9 @@ struct Driver {
   // FAKECUDA_LAZY_LOAD_NS: host time a function's first launch spends loading it, inside the launch call, before the
   // GPU has the kernel (a real driver loads modules lazily: 1.5-3.1 ms for PyTorch's first kernels on an H100).
   std::uint64_t lazy_load_ns = 0;
+  // CUDA_MODULE_LOADING=EAGER: a module's footprint is taken when it is loaded, not at its first launch (the real
+  // driver's default since CUDA 11.7 is LAZY).
+  bool eager_loading = false;
 };
 
 Driver& TheDriver();
@@ -286,6 +297,16 @@ CUresult WaitStreamIdle(std::uint32_t device, std::uint32_t index, std::uint64_t
 CUresult WaitContextIdle(Context* context);
 // Trims stream-ordered pools to their release thresholds (at synchronization points).
 void TrimPoolsAtSync(Driver& d);
+
+// The driver's own memory a launch of `f` in `c` needs first (docs/fakecuda.md, "Memory the driver takes by itself"):
+// its module's footprint if not loaded yet, more local memory per thread if it needs more than `c` reserves, the
+// malloc heap at the first kernel using it. CUDA_ERROR_OUT_OF_MEMORY (nothing taken) if it does not fit. Caller holds
+// d.mutex.
+CUresult TakeLaunchMemory(Driver& d, Function& f, Context& c);
+// Sets `c`'s local memory to `per_thread` bytes a thread (the stack limit): the difference is charged or given back.
+CUresult ResizeLocalMemory(Driver& d, Context& c, std::uint64_t per_thread);
+// A module's footprint is charged (the module loads); CUDA_ERROR_OUT_OF_MEMORY if it does not fit.
+CUresult LoadModuleFootprint(Driver& d, Module& module);
 
 // Frees everything the context owns and returns its memory (context destroy, primary release/reset).
 void TearDownContext(Driver& d, Context* context);

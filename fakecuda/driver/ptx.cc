@@ -68,6 +68,23 @@ std::uint32_t TypeSize(std::string_view type) {
   return bits / 8;
 }
 
+// The bytes of a variable declared from tokens[i] (a state space) to the next ';': its element type's size times the
+// product of its [N] dimensions (0 when no type fakecuda understands is named, or a dimension is empty).
+std::uint64_t VariableBytes(const std::vector<std::string_view>& tokens, std::size_t i) {
+  std::uint64_t element = 0, count = 1;
+  for (std::size_t j = i + 1; j < tokens.size() && tokens[j] != ";" && tokens[j] != "="; ++j) {
+    if (const std::uint32_t s = TypeSize(tokens[j]); s != 0 && element == 0) element = s;
+    if (tokens[j] == "[" && j + 1 < tokens.size()) {
+      std::uint64_t n = 0;
+      const std::string_view number = tokens[j + 1];
+      if (std::from_chars(number.data(), number.data() + number.size(), n).ptr != number.data() + number.size()) return 0;
+      if (n != 0 && count > (std::uint64_t{1} << 40) / n) return 0;  // absurd: not a size a device could hold
+      count *= n;
+    }
+  }
+  return element * count;
+}
+
 }  // namespace
 
 bool LooksLikePtx(std::string_view text) { return text.find(".version") != std::string_view::npos; }
@@ -80,9 +97,31 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
   }
   const std::string clean = StripComments(text);
   const std::vector<std::string_view> tokens = Tokenize(clean);
+  int depth = 0;                 // braces open
+  int parens = 0;                // parentheses open (parameter lists) outside .entry headers
+  Entry* body = nullptr;         // the .entry whose body is open, if any
+  bool entry_next = false;       // the next '{' at depth 0 opens the last .entry's body
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::string_view t = tokens[i];
-    if (t == ".version" && i + 1 < tokens.size()) {
+    if (t == "{") {
+      if (depth++ == 0 && entry_next) body = &out.entries.back();
+      entry_next = false;
+    } else if (t == "}") {
+      if (depth > 0 && --depth == 0) body = nullptr;
+    } else if (t == ".func") {
+      entry_next = false;
+    } else if (t == ".local" && body != nullptr) {
+      body->local_bytes = std::max(body->local_bytes, VariableBytes(tokens, i));
+    } else if (t == "malloc" && body != nullptr) {
+      body->uses_malloc = true;
+    } else if (t == "(") {
+      ++parens;
+    } else if (t == ")") {
+      if (parens > 0) --parens;
+    } else if ((t == ".global" || t == ".const") && depth == 0 && parens == 0 &&
+               (i == 0 || tokens[i - 1] != ".extern")) {  // a definition of this module's, not a parameter qualifier
+      out.data_bytes += VariableBytes(tokens, i);
+    } else if (t == ".version" && i + 1 < tokens.size()) {
       // ".version 8.8" tokenizes as "8" "." "8" or "8" ".8".
       std::string number;
       for (std::size_t j = i + 1; j < tokens.size() && j < i + 4; ++j) {
@@ -153,6 +192,7 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
         }
       }
       out.entries.push_back(std::move(entry));
+      entry_next = true;
       i = j;
     }
   }

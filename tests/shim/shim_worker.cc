@@ -288,6 +288,18 @@ int Cycle() {
   return Clock::now() <= deadline ? 0 : 3;
 }
 
+// Holds a context and `bytes` of memory, says so on kStartedFd, and waits to be killed (or for its go pipe to close).
+int Hold() {
+  if (cuInit(0) != CUDA_SUCCESS) return 4;
+  CUcontext context = nullptr;
+  if (RetainContext(static_cast<int>(Arg("device", 0)), Clock::now(), context) != CUDA_SUCCESS) return 4;
+  CUdeviceptr held = 0;
+  if (cuMemAlloc_v2(&held, Arg("bytes", 256 << 20)) != CUDA_SUCCESS) return 3;
+  WriteByte(kStartedFd);
+  WaitForGo();
+  return 0;
+}
+
 int Fill() {
   if (cuInit(0) != CUDA_SUCCESS) return 4;
   CUcontext context = nullptr;
@@ -951,6 +963,7 @@ int main(int argc, char** argv) {
   else if (command == "failclosed") status = FailClosed();
   else if (command == "cycle") status = Cycle();
   else if (command == "fill") status = Fill();
+  else if (command == "hold") status = Hold();
   else if (command == "churn") status = Churn();
   else if (command == "observe") status = Observe();
   else if (command == "launch") status = Launch();

@@ -13,6 +13,7 @@
 
 #include "gates.h"
 #include "shim.h"
+#include "driver_memory.h"
 #include "vgpu/policy/limiter.h"
 
 namespace vgpu::hooks {
@@ -1047,7 +1048,7 @@ void FollowVerdict(DeviceLimiter& d, int ordinal, std::uint64_t now) {
 // Admits, waits, launches, measures. `launch` performs the real launch on `stream`; `per_thread` says that a null
 // stream means the per-thread default stream (the _ptsz entry points).
 template <typename Launch>
-CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, bool per_thread, Launch&& launch) {
+CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stream, bool per_thread, Launch&& launch) {
   Shim& shim = TheShim();
   if (CurrentMode() != Mode::limited || !shim.compute_limits) return launch();
   // (A _ptsz entry point's null stream is the per-thread stream: asked about and recorded on as such.)
@@ -1299,6 +1300,15 @@ CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, boo
     CloseWindow(*d, stream, *state, at, false);  // or leaves it to a launch still in flight
   }
   return result;
+}
+
+// Every launch hook's way in: the driver's own memory a first launch takes (driver_memory.h), then the compute limiter.
+// `shape` 0 is a graph launch.
+template <typename Launch>
+CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, bool per_thread, Launch&& launch) {
+  if (!TheShim().memory_limits) return LimitedCompute(function, shape, stream, per_thread, launch);
+  return LaunchCountingDriverMemory(function, shape == 0,
+                                    [&] { return LimitedCompute(function, shape, stream, per_thread, launch); });
 }
 
 }  // namespace

@@ -74,6 +74,17 @@
   X(cuStreamBeginCaptureToGraph_ptsz)                                                         \
   X(cuStreamEndCapture)                                                                       \
   X(cuStreamEndCapture_ptsz)                                                                  \
+  /* the driver's own memory (driver_memory.cc): calls that grow or give it back */          \
+  X(cuCtxSetLimit)                                                                            \
+  X(cuModuleLoad)                                                                             \
+  X(cuModuleLoadData)                                                                         \
+  X(cuModuleLoadDataEx)                                                                       \
+  X(cuModuleLoadFatBinary)                                                                    \
+  X(cuLibraryLoadData)                                                                        \
+  X(cuLibraryLoadFromFile)                                                                    \
+  X(cuModuleUnload)                                                                           \
+  X(cuLibraryUnload)                                                                          \
+  X(cuDeviceGraphMemTrim)                                                                     \
   /* the view */                                                                              \
   X(cuMemGetInfo_v2)                                                                          \
   X(cuDeviceTotalMem_v2)                                                                      \
@@ -106,6 +117,9 @@
   X(cuCtxPushCurrent_v2)     \
   X(cuCtxPopCurrent_v2)      \
   X(cuArrayGetMemoryRequirements) \
+  X(cuFuncGetAttribute)      \
+  X(cuCtxGetLimit)           \
+  X(cuDeviceGetAttribute)    \
   X(cuEventCreate)           \
   X(cuStreamIsCapturing)     \
   X(cuStreamQuery)           \

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shim.h"
+#include "driver_memory.h"
 
 namespace vgpu::hooks {
 namespace {
@@ -40,6 +41,23 @@ CUresult ChargedCall(int ordinal, std::uint64_t bytes, Call&& call) {
   const CUresult result = call();
   if (result != CUDA_SUCCESS) Uncharge(ordinal, bytes);
   return result;
+}
+
+// A context of this process on `ordinal` is gone: the driver's own memory for it went too. With no context left there,
+// none is charged; otherwise NVML says what is left.
+void SettleDriverMemoryAfterContextGone(int ordinal) {
+  Shim& shim = TheShim();
+  bool any_left = false;
+  {
+    std::lock_guard<std::mutex> guard(shim.mutex);
+    any_left = ordinal >= 0 && ordinal < policy::kMaxDevices && shim.primary_bytes[ordinal] != 0;
+    for (const auto& entry : shim.contexts) any_left = any_left || entry.second.ordinal == ordinal;
+  }
+  if (any_left) {
+    ReconcileDriverMemory(ordinal, 0);
+  } else {
+    ForgetDriverGrowth(ordinal);
+  }
 }
 
 // Drops everything the ledger holds for a context the driver has destroyed (its memory went with it).
@@ -210,6 +228,7 @@ CUresult DestroyContext(CUcontext context, CUresult (*real)(CUcontext)) {
     }
   }
   if (charged.ordinal >= 0) Uncharge(charged.ordinal, charged.bytes);
+  if (charged.ordinal >= 0) SettleDriverMemoryAfterContextGone(charged.ordinal);
   return result;
 }
 
@@ -235,6 +254,7 @@ void PrimaryMayHaveGone(CUdevice device, CUcontext primary) {
     }
   }
   Uncharge(device, bytes);
+  SettleDriverMemoryAfterContextGone(device);
 }
 
 CUcontext PrimaryContextOf(CUdevice device) {
@@ -500,14 +520,6 @@ void DropVmmReference(CUmemGenericAllocationHandle handle) {
 
 using namespace vgpu::hooks;
 
-#define VGPU_PASSTHROUGH_UNLESS_LIMITED(real, ...)                 \
-  do {                                                            \
-    if (Real::real == nullptr) ResolveReal();                     \
-    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND;       \
-    const Mode mode_ = CurrentMode();                             \
-    if (mode_ == Mode::failed) return kFailedClosedCuda;          \
-    if (mode_ != Mode::limited) return Real::real(__VA_ARGS__);   \
-  } while (0)
 
 extern "C" VGPU_EXPORT CUresult cuInit(unsigned int flags) try {
   if (!ResolveReal()) return CUDA_ERROR_NOT_INITIALIZED;
@@ -872,6 +884,7 @@ extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* tota
     return result;
   }
   ReconcilePools();
+  RefreshView(ordinal);
   const std::uint64_t total = std::min<std::uint64_t>(limit, physical_total);
   const std::uint64_t used = Used(ordinal);
   // Never wraps (HAMi#1181), never more than the device really has free.

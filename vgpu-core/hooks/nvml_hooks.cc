@@ -6,6 +6,7 @@
 #include <string>
 
 #include "shim.h"
+#include "driver_memory.h"
 
 namespace vgpu::hooks {
 namespace {
@@ -128,12 +129,14 @@ nvmlReturn_t SliceView(nvmlDevice_t device, unsigned long long physical_total, u
   if (ordinal < 0 || limit == 0) return NVML_SUCCESS;
   ReconcilePools();
   int region_device = RegionDevice(ordinal);
+  const bool cuda_started = region_device >= 0;  // then this process may hold memory of its own there
   if (region_device < 0) {
     // CUDA not started in this process (nvidia-smi, a monitoring agent): name the device by NVML's UUID.
     std::uint8_t uuid[16];
     char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     if (UuidOf(device, text, uuid) == NVML_SUCCESS) region_device = RegionDeviceOfUuid(ordinal, uuid);
   }
+  RefreshView(cuda_started ? ordinal : -1);
   total = std::min<unsigned long long>(limit, physical_total);
   used = std::min<unsigned long long>(UsedOnRegionDevice(region_device), total);
   free_bytes = std::min(total - used, physical_free);  // never more than the device really has free

@@ -2,6 +2,8 @@
 // the device map (CUDA ordinal -> region device by UUID) and the charge/uncharge primitives of the ledger.
 #include "shim.h"
 
+#include "driver_memory.h"
+
 #include <time.h>
 
 #include <pthread.h>
@@ -31,16 +33,18 @@ void AfterForkInChild() {
   region::Attachment* attachment = old->region;
   policy::Config config = old->config;
   const Mode mode = old->mode.load(std::memory_order_relaxed);
-  const bool compute_limits = old->compute_limits;
+  const bool compute_limits = old->compute_limits, memory_limits = old->memory_limits;
   // Rebuild in place (the parent's mutexes may have been held by threads that do not exist here); the
   // parent's maps are leaked on purpose: their destructors could touch locked heap state.
   Shim* fresh = new (g_shim_storage) Shim();
   fresh->config = std::move(config);
   fresh->region = attachment;
   fresh->compute_limits = compute_limits;
+  fresh->memory_limits = memory_limits;
   for (int& device : fresh->region_device) device = -1;
   if (attachment != nullptr) attachment->ForgetAfterFork();
   ForgetLaunchBooksAfterFork();
+  ForgetDriverMemoryAfterFork();
   fresh->mode.store(mode, std::memory_order_release);
 }
 
@@ -202,6 +206,8 @@ Mode StartMode(Shim& shim) {
       mode = Mode::failed;
     } else {
       mode = Mode::limited;
+      shim.memory_limits = std::any_of(shim.config.memory_limit_bytes.begin(), shim.config.memory_limit_bytes.end(),
+                                       [](std::uint64_t bytes) { return bytes != 0; });
       shim.compute_limits = shim.config.policy == policy::ComputePolicy::disable ||
                             std::any_of(shim.config.sm_limit_percent.begin(), shim.config.sm_limit_percent.end(),
                                         [](std::uint32_t percent) { return percent != 0; });
@@ -370,6 +376,7 @@ bool Charge(int ordinal, std::uint64_t bytes) {
   }
   std::uint64_t limit = MemoryLimit(ordinal);
   if (limit == 0) limit = UINT64_MAX;  // counted, not limited: another device of the process has a limit
+  ReconcileDriverMemoryIfDue(ordinal);  // the driver's own memory: at most every 100 ms
   if (shim.region->Reserve(device, bytes, limit)) return true;
   // Pools may hold memory the driver has since trimmed: give it back and try once more.
   if (ReconcilePools() && shim.region->Reserve(device, bytes, limit)) return true;

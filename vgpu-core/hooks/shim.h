@@ -44,6 +44,7 @@ struct Shim {
   policy::Config config;
   region::Attachment* region = nullptr;
   bool compute_limits = false;  // any CUDA_DEVICE_SM_LIMIT, or the disable policy: launches go through the limiter
+  bool memory_limits = false;   // any CUDA_DEVICE_MEMORY_LIMIT: first launches are checked for the driver's own memory
 
   // Everything below is guarded by `mutex` (never held while calling into the driver for long operations).
   std::mutex mutex;
@@ -103,6 +104,16 @@ inline Mode CurrentMode() {
 void ForgetComputeContext(CUcontext context);
 // In a fork child: the books of launches the child's threads inherited are its parent's (compute_hooks.cc).
 void ForgetLaunchBooksAfterFork();
+
+// A hook's start: the real function must exist; failed closed: the error; no limit configured: straight through.
+#define VGPU_PASSTHROUGH_UNLESS_LIMITED(real, ...)                 \
+  do {                                                            \
+    if (Real::real == nullptr) ResolveReal();                     \
+    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND;       \
+    const Mode mode_ = CurrentMode();                             \
+    if (mode_ == Mode::failed) return kFailedClosedCuda;          \
+    if (mode_ != Mode::limited) return Real::real(__VA_ARGS__);   \
+  } while (0)
 
 // The CUDA error a failed-closed process sees from every hooked call.
 inline constexpr CUresult kFailedClosedCuda = CUDA_ERROR_NO_DEVICE;
