@@ -7,9 +7,10 @@
 // CUDA_ERROR_OUT_OF_MEMORY when it does not fit, as the driver of a GPU that size would refuse it. Everything else is
 // reconciled after the fact with the driver's own figure for this process (NVML's per-process list, the host's view):
 // after the calls that can grow it (a function's first launch, module and library loads, limits), at most every
-// 100 ms from the allocation path and the views. The process's charge for it ("growth") is what NVML counts beyond
-// the shim's own charges; it only rises, except after the calls that give memory back (a smaller stack limit, module
-// unloads, graph memory trims, a context destroyed).
+// 100 ms from the allocation path and the views, and after the calls that give memory back (a smaller stack limit,
+// module unloads, graph memory trims, a context destroyed). The process's charge for it ("growth") is what NVML counts
+// beyond the shim's own charges, taken only while no other thread of the process is inside an allocation or a free
+// (MemoryOperation), so that both describe the same moment.
 #include <time.h>
 #include <unistd.h>
 
@@ -49,7 +50,7 @@ struct LaunchKeyHash {
 struct DriverMemory {
   std::mutex mutex;  // serializes reconciliations and changes of `growth`; taken before shim.mutex and the region lock
   std::uint64_t growth[policy::kMaxDevices] = {};           // charged in the region for the driver's own memory
-  std::atomic<std::uint64_t> next_reconcile_ns[policy::kMaxDevices] = {};
+  std::atomic<std::uint64_t> next_reconcile_ns[policy::kMaxDevices] = {};  // 0: due now (one was put off)
   nvmlDevice_t nvml[policy::kMaxDevices] = {};
   std::unordered_set<LaunchKey, LaunchKeyHash> launched;    // guarded by `mutex`
   bool unlisted_logged = false;
@@ -72,14 +73,20 @@ struct RecentLaunches {
 thread_local RecentLaunches t_recent;
 std::atomic<std::uint64_t> g_fork_generation{1};
 
+// Memory operations (MemoryOperation): in flight now in the process, completed so far, and this thread's own nesting.
+std::atomic<std::uint64_t> g_operations_in_flight{0};
+std::atomic<std::uint64_t> g_operations_done{0};
+thread_local std::uint64_t t_operations = 0;
+
 // Set while this thread holds DriverMemory::mutex around a Charge (which reconciles when due: not with the lock held).
 thread_local bool t_charging = false;
 
 std::size_t RecentSlot(const LaunchKey& key) { return LaunchKeyHash()(key) % t_recent.keys.size(); }
 
-// NVML's figure for this process on `ordinal`'s device; false when it cannot be read or this process is not listed.
-// The driver reports pids in the caller's pid namespace (driver 580, measured: pid 1 under unshare -pf --mount-proc).
-bool ReadOwnBytes(DriverMemory& dm, int ordinal, std::uint64_t& bytes) {
+// NVML's figure for this process on `ordinal`'s device; false when it cannot be read or this process is not listed
+// (`holds`: the shim charges this process memory there, so it should be listed). The driver reports pids in the
+// caller's pid namespace (driver 580, measured: pid 1 under unshare -pf --mount-proc).
+bool ReadOwnBytes(DriverMemory& dm, int ordinal, bool holds, std::uint64_t& bytes) {
   Shim& shim = TheShim();
   if (!ResolveRealNvml() || Real::nvmlDeviceGetComputeRunningProcesses_v3 == nullptr) return false;
   if (dm.nvml[ordinal] == nullptr) {
@@ -105,7 +112,7 @@ bool ReadOwnBytes(DriverMemory& dm, int ordinal, std::uint64_t& bytes) {
     bytes = listed[i].usedGpuMemory;
     ++found;
   }
-  if (found == 0 && !dm.unlisted_logged) {
+  if (found == 0 && holds && !dm.unlisted_logged) {
     dm.unlisted_logged = true;
     Log(2, "device %d: this process (pid %d) is not in NVML's process list: the driver's own memory is not counted",
         ordinal, static_cast<int>(getpid()));
@@ -130,20 +137,32 @@ void SetGrowthLocked(DriverMemory& dm, int ordinal, std::uint64_t target) {
   growth = target;
 }
 
-// Reconciles with NVML under dm.mutex: growth becomes max(what NVML counts beyond the shim's charges, floor).
-void ReconcileLocked(DriverMemory& dm, int ordinal, std::uint64_t floor) {
+// Reconciles with NVML under dm.mutex: growth becomes what NVML counts beyond the shim's charges. Put off
+// (due again at once) while another thread's allocation or free is in flight: its charge and the driver's figure
+// would not describe the same moment (a pool grown by more than its upfront charge, a free done but not yet uncharged).
+void ReconcileLocked(DriverMemory& dm, int ordinal) {
+  Shim& shim = TheShim();
   const int device = RegionDevice(ordinal);
   if (device < 0) return;
-  std::uint64_t listed = 0;
-  if (!ReadOwnBytes(dm, ordinal, listed)) return;
-  const std::uint64_t explicit_bytes = TheShim().region->OwnUsed(device) - std::min(TheShim().region->OwnUsed(device), dm.growth[ordinal]);
-  std::uint64_t target = std::max(listed > explicit_bytes ? listed - explicit_bytes : 0, floor);
-  if (target != dm.growth[ordinal]) {
-    // A change is taken only when a second read agrees (a driver answering garbage must not set the charge).
-    std::uint64_t again = 0;
-    if (!ReadOwnBytes(dm, ordinal, again) || again != listed) return;
+  const std::uint64_t quiet = MemoryOperation::QuietStamp();
+  const std::uint64_t own = shim.region->OwnUsed(device);
+  std::uint64_t listed = 0, again = 0;
+  if (quiet == 0) {
+    dm.next_reconcile_ns[ordinal].store(0, std::memory_order_relaxed);  // due at the next chance
+    return;
   }
+  // Unreadable or unlisted: tried again in 100 ms, not at every allocation.
   dm.next_reconcile_ns[ordinal].store(MonotonicNs() + kReconcileEveryNs, std::memory_order_relaxed);
+  if (!ReadOwnBytes(dm, ordinal, own != 0, listed)) return;
+  const std::uint64_t explicit_bytes = own - std::min(own, dm.growth[ordinal]);
+  const std::uint64_t target = listed > explicit_bytes ? listed - explicit_bytes : 0;
+  // A change is taken only when a second read agrees (a driver answering garbage must not set the charge) and nothing
+  // ran meanwhile.
+  if (target != dm.growth[ordinal] && (!ReadOwnBytes(dm, ordinal, true, again) || again != listed)) return;
+  if (MemoryOperation::QuietStamp() != quiet) {
+    dm.next_reconcile_ns[ordinal].store(0, std::memory_order_relaxed);
+    return;
+  }
   SetGrowthLocked(dm, ordinal, target);
 }
 
@@ -170,6 +189,23 @@ std::uint64_t PredictedLocalGrowth(const void* function, int ordinal) {
 
 }  // namespace
 
+MemoryOperation::MemoryOperation() noexcept {
+  g_operations_in_flight.fetch_add(1, std::memory_order_acq_rel);
+  ++t_operations;
+}
+
+MemoryOperation::~MemoryOperation() {
+  --t_operations;
+  g_operations_done.fetch_add(1, std::memory_order_acq_rel);
+  g_operations_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+std::uint64_t MemoryOperation::QuietStamp() noexcept {
+  // Others in flight: all in flight less this thread's own (a hook reconciling from inside itself).
+  if (g_operations_in_flight.load(std::memory_order_acquire) != t_operations) return 0;
+  return g_operations_done.load(std::memory_order_acquire) + 1;  // never 0
+}
+
 std::uint64_t ThreadsResident(int ordinal) {
   if (Real::cuDeviceGetAttribute == nullptr) return 0;
   int sms = 0, threads = 0;
@@ -181,11 +217,11 @@ std::uint64_t ThreadsResident(int ordinal) {
   return static_cast<std::uint64_t>(sms) * static_cast<std::uint64_t>(threads);
 }
 
-void ReconcileDriverMemory(int ordinal, std::uint64_t floor_bytes) {
+void ReconcileDriverMemory(int ordinal) {
   if (!Tracked(ordinal)) return;
   DriverMemory& dm = TheDriverMemory();
   std::lock_guard<std::mutex> guard(dm.mutex);
-  ReconcileLocked(dm, ordinal, floor_bytes == kRaiseOnly ? dm.growth[ordinal] : floor_bytes);
+  ReconcileLocked(dm, ordinal);
 }
 
 void ReconcileDriverMemoryIfDue(int ordinal) {
@@ -194,7 +230,7 @@ void ReconcileDriverMemoryIfDue(int ordinal) {
   if (MonotonicNs() < dm.next_reconcile_ns[ordinal].load(std::memory_order_relaxed)) return;
   std::unique_lock<std::mutex> guard(dm.mutex, std::try_to_lock);
   if (!guard.owns_lock()) return;  // another thread is reconciling now
-  ReconcileLocked(dm, ordinal, dm.growth[ordinal]);
+  ReconcileLocked(dm, ordinal);
 }
 
 bool ChargeDriverGrowth(int ordinal, std::uint64_t bytes) {
@@ -260,8 +296,8 @@ CUresult LaunchCountingDriverMemory(const void* function, bool graph, const std:
       Recorded([&] { dm.launched.insert(key); });
       recent = key;
     }
-    // The prediction settles to what the driver took: the measurement, never below what was charged before.
-    ReconcileLocked(dm, ordinal, before);
+    // The prediction settles to what the driver took (kept as it is if the reconciliation is put off).
+    ReconcileLocked(dm, ordinal);
     if (dm.growth[ordinal] > before + predicted && predicted != 0) {
       Log(3, "device %d: a first launch took %llu bytes (predicted %llu)", ordinal,
           static_cast<unsigned long long>(dm.growth[ordinal] - before), static_cast<unsigned long long>(predicted));
@@ -302,19 +338,11 @@ int TrackedOrdinal() {
   return ordinal >= 0 && ordinal < vgpu::policy::kMaxDevices && MemoryLimit(ordinal) != 0 ? ordinal : -1;
 }
 
-// Runs a call that may grow the driver's memory on the current device, then reconciles (a rise only).
+// Runs a call that may grow or give back the driver's memory on the current device, then reconciles.
 template <typename Call>
 CUresult ThenReconcile(Call&& call) {
   const CUresult result = call();
-  if (const int ordinal = TrackedOrdinal(); ordinal >= 0) ReconcileDriverMemory(ordinal, kRaiseOnly);
-  return result;
-}
-
-// Runs a call that may give the driver's memory back, then reconciles to what NVML counts (it may fall).
-template <typename Call>
-CUresult ThenSettle(Call&& call) {
-  const CUresult result = call();
-  if (const int ordinal = TrackedOrdinal(); ordinal >= 0) ReconcileDriverMemory(ordinal, 0);
+  if (const int ordinal = TrackedOrdinal(); ordinal >= 0) ReconcileDriverMemory(ordinal);
   return result;
 }
 
@@ -341,7 +369,7 @@ extern "C" VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) try {
   }
   const CUresult result = Real::cuCtxSetLimit(limit, value);
   // Settled to the measurement: a smaller stack gives memory back; a failed call gives the prediction back.
-  ReconcileDriverMemory(ordinal, 0);
+  ReconcileDriverMemory(ordinal);
   if (DriverGrowth(ordinal) > before + predicted) Log(3, "device %d: the stack limit took more than predicted", ordinal);
   return result;
 } VGPU_CUDA_CATCH
@@ -390,12 +418,12 @@ extern "C" VGPU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const 
 // The calls that give the driver's memory back.
 extern "C" VGPU_EXPORT CUresult cuModuleUnload(CUmodule module) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuModuleUnload, module);
-  return ThenSettle([&] { return Real::cuModuleUnload(module); });
+  return ThenReconcile([&] { return Real::cuModuleUnload(module); });
 } VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary library) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuLibraryUnload, library);
-  return ThenSettle([&] { return Real::cuLibraryUnload(library); });
+  return ThenReconcile([&] { return Real::cuLibraryUnload(library); });
 } VGPU_CUDA_CATCH
 
 // Graph memory nodes take their memory at the graph's launch and keep it until trimmed (H100: 128 MiB node, +128 at
@@ -403,6 +431,6 @@ extern "C" VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary library) try {
 extern "C" VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDeviceGraphMemTrim, device);
   const CUresult result = Real::cuDeviceGraphMemTrim(device);
-  ReconcileDriverMemory(device, 0);
+  ReconcileDriverMemory(device);
   return result;
 } VGPU_CUDA_CATCH

@@ -9,14 +9,11 @@
 
 namespace vgpu::hooks {
 
-// ReconcileDriverMemory's floor meaning "the charge only rises".
-inline constexpr std::uint64_t kRaiseOnly = UINT64_MAX;
-
-// Reads NVML's figure for this process on `ordinal` and sets the process's charge for the driver's own memory to
-// what it counts beyond the shim's charges, never below `floor_bytes` (kRaiseOnly: never below the charge now).
-// Nothing happens without a memory limit on `ordinal`, or when NVML cannot say.
-void ReconcileDriverMemory(int ordinal, std::uint64_t floor_bytes);
-// The same, rising only, when 100 ms have passed since the last reconciliation (the allocation path, the views).
+// Reads NVML's figure for this process on `ordinal` and sets the process's charge for the driver's own memory to what
+// it counts beyond the shim's charges. Nothing happens without a memory limit on `ordinal` or when NVML cannot say;
+// put off while another thread's allocation or free is in flight (then due again at the next chance).
+void ReconcileDriverMemory(int ordinal);
+// The same when 100 ms have passed since the last reconciliation, or one was put off (the allocation path, views).
 void ReconcileDriverMemoryIfDue(int ordinal);
 // Charges `bytes` of driver memory about to be taken (against the limit); false: it does not fit.
 bool ChargeDriverGrowth(int ordinal, std::uint64_t bytes);

@@ -54,7 +54,7 @@ void SettleDriverMemoryAfterContextGone(int ordinal) {
     for (const auto& entry : shim.contexts) any_left = any_left || entry.second.ordinal == ordinal;
   }
   if (any_left) {
-    ReconcileDriverMemory(ordinal, 0);
+    ReconcileDriverMemory(ordinal);
   } else {
     ForgetDriverGrowth(ordinal);
   }

@@ -122,6 +122,7 @@ nvmlReturn_t SliceView(nvmlDevice_t device, unsigned long long physical_total, u
                        unsigned long long& total, unsigned long long& used, unsigned long long& free_bytes,
                        bool& sliced) {
   sliced = false;
+  const MemoryOperation operation;  // it reconciles pools: a change of the shim's charges (driver_memory.cc)
   nvmlReturn_t error = NVML_SUCCESS;
   const int ordinal = OrdinalOf(device, error);
   if (ordinal == kUnknown) return error != NVML_SUCCESS ? error : NVML_ERROR_UNKNOWN;

@@ -105,7 +105,22 @@ void ForgetComputeContext(CUcontext context);
 // In a fork child: the books of launches the child's threads inherited are its parent's (compute_hooks.cc).
 void ForgetLaunchBooksAfterFork();
 
+// A memory hook at work in this process (from its start to its return): the driver's own memory is reconciled only
+// while no other thread is inside one, when the shim's charges and the driver's figure describe the same moment
+// (driver_memory.cc). Counted process-wide; a thread's own nesting is known to it.
+class MemoryOperation {
+ public:
+  MemoryOperation() noexcept;
+  ~MemoryOperation();
+  MemoryOperation(const MemoryOperation&) = delete;
+  MemoryOperation& operator=(const MemoryOperation&) = delete;
+  // A stamp of the other threads' memory operations: equal stamps, each with none in flight, mean none ran between.
+  // 0: some are in flight now.
+  static std::uint64_t QuietStamp() noexcept;
+};
+
 // A hook's start: the real function must exist; failed closed: the error; no limit configured: straight through.
+// Limited: the rest of the hook is a MemoryOperation.
 #define VGPU_PASSTHROUGH_UNLESS_LIMITED(real, ...)                 \
   do {                                                            \
     if (Real::real == nullptr) ResolveReal();                     \
@@ -113,7 +128,8 @@ void ForgetLaunchBooksAfterFork();
     const Mode mode_ = CurrentMode();                             \
     if (mode_ == Mode::failed) return kFailedClosedCuda;          \
     if (mode_ != Mode::limited) return Real::real(__VA_ARGS__);   \
-  } while (0)
+  } while (0);                                                    \
+  const ::vgpu::hooks::MemoryOperation memory_operation_
 
 // The CUDA error a failed-closed process sees from every hooked call.
 inline constexpr CUresult kFailedClosedCuda = CUDA_ERROR_NO_DEVICE;
