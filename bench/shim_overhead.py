@@ -2,7 +2,9 @@
 """Prints what libvgpu.so adds to driver calls over fakecuda: the same Google Benchmark binary run three times,
 without the shim, with the shim and no limit, and with a limit that does not bind; medians and ratios.
 
-    python3 bench/shim_overhead.py [--build build/default] [--repetitions 5]
+    python3 bench/shim_overhead.py [--build build/default] [--repetitions 5] [--shim path/to/libvgpu.so]
+
+--shim measures another libvgpu.so over the same fakecuda and benchmark binary (an older commit's, to compare).
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build/default", help="CMake build folder (default: build/default)")
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--shim", help="the libvgpu.so to measure (default: the build's)")
     args = parser.parse_args()
     build = Path(args.build).resolve()
-    binary, shim = build / "bin" / "fakecuda_bench", build / "lib" / "libvgpu.so"
+    binary = build / "bin" / "fakecuda_bench"
+    shim = Path(args.shim).resolve() if args.shim else build / "lib" / "libvgpu.so"
     for needed in (binary, shim):
         if not needed.exists():
             print(f"shim_overhead: {needed} is missing; build the default preset first", file=sys.stderr)

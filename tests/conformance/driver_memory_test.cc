@@ -21,8 +21,14 @@ std::string ModulePtx() {
 .target sm_75
 .address_size 64
 .global .align 4 .b8 module_data[)" + std::to_string(kModuleData) + R"(];
-.extern .func (.param .b64 func_retval0) malloc (.param .b64 malloc_param_0);
-.visible .entry touch(.param .u64 touch_out)
+.extern .func (.param .b64 func_retval0) malloc
+(
+  .param .b64 malloc_param_0
+)
+;
+.visible .entry touch(
+  .param .u64 touch_out
+)
 {
   .reg .b32 %r<2>;
   .reg .b64 %rd<4>;
@@ -33,27 +39,39 @@ std::string ModulePtx() {
   st.global.u32 [%rd2], %r1;
   ret;
 }
-.visible .entry deep(.param .u64 deep_out)
+.visible .entry deep(
+  .param .u64 deep_out
+)
 {
   .local .align 4 .b8 __local_depot0[16384];
-  .reg .b32 %r<2>;
-  .reg .b64 %rd<4>;
-  mov.u64 %rd3, __local_depot0;
-  st.volatile.local.u32 [%rd3], 7;
-  ld.volatile.local.u32 %r1, [%rd3+16380];
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<7>;
   ld.param.u64 %rd1, [deep_out];
   cvta.to.global.u64 %rd2, %rd1;
-  st.global.u32 [%rd2], %r1;
+  mov.u64 %rd3, __local_depot0;
+  mov.u32 %r1, %tid.x;
+  mul.wide.u32 %rd4, %r1, 508;
+  add.s64 %rd5, %rd3, %rd4;
+  st.local.u32 [%rd5], %r1;
+  ld.global.u32 %r2, [%rd2];
+  and.b32 %r3, %r2, 4095;
+  mul.wide.u32 %rd6, %r3, 4;
+  add.s64 %rd6, %rd3, %rd6;
+  ld.local.u32 %r2, [%rd6];
+  st.global.u32 [%rd2], %r2;
   ret;
 }
-.visible .entry heap(.param .u64 heap_out)
+.visible .entry heap(
+  .param .u64 heap_out
+)
 {
-  .reg .b64 %rd<4>;
+  .reg .b64 %rd<5>;
   ld.param.u64 %rd1, [heap_out];
   cvta.to.global.u64 %rd2, %rd1;
+  mov.u64 %rd4, 64;
   {
   .param .b64 param0;
-  st.param.b64 [param0], 64;
+  st.param.b64 [param0], %rd4;
   .param .b64 retval0;
   call.uni (retval0), malloc, (param0);
   ld.param.b64 %rd3, [retval0];

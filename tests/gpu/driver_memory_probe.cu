@@ -4,6 +4,10 @@
 //   driver_memory_probe steps            # the sources, one JSON line per step (CUDA_MODULE_LOADING decides lazy/eager)
 //   driver_memory_probe ipc-open HANDLE  # (child of `steps`) opens a parent's IPC handle, reports its own figure
 //   driver_memory_probe pidns            # which pid NVML reports for this process (run it under unshare -pf)
+//   driver_memory_probe limits-fill      # a 4 KiB stack and a 64 MiB printf FIFO, a kernel using 4 KiB of local
+//                                        # memory, then 2 MiB allocations to OOM: what a capped program can use
+//   driver_memory_probe alloc-loop N     # N x (cuMemAlloc 2 MiB, cuMemFree): ns per pair (the shim's price)
+//   driver_memory_probe launch-loop N    # N launches of an empty kernel, a synchronize every 1000: ns per launch
 //
 // Output: lines "STEP {...}" with the step's name, NVML's figure for this process (MiB), the change since the last
 // step, and cuMemGetInfo's free (MiB). Build: nvcc -O2 -arch=sm_90 -o driver_memory_probe driver_memory_probe.cu
@@ -281,11 +285,78 @@ int PidNamespace() {
   return 0;
 }
 
+int LimitsFill() {
+  CHECK(cuInit(0));
+  OpenNvml();
+  CHECK(cudaFree(nullptr));
+  Step("context");
+  const cudaError_t stack = cudaDeviceSetLimit(cudaLimitStackSize, 4096);
+  const cudaError_t fifo = cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20);
+  std::printf("LIMITS stack=%d fifo=%d\n", static_cast<int>(stack), static_cast<int>(fifo));
+  Step("stack 4 KiB, printf FIFO 64 MiB");
+  int* out = nullptr;
+  CHECK(cudaMalloc(&out, 2 << 20));
+  Local<4096><<<132, 128>>>(out, 7);
+  const cudaError_t launched = cudaGetLastError();
+  std::printf("LAUNCH local=%d\n", static_cast<int>(launched));
+  Step("a kernel with 4 KiB of local memory");
+  int blocks = 0;
+  for (void* p = nullptr; blocks < 100000 && cudaMalloc(&p, 2 << 20) == cudaSuccess; ++blocks) {
+  }
+  cudaGetLastError();
+  Step("filled in 2 MiB blocks to OOM");
+  std::printf("RESULT {\"mode\": \"limits-fill\", \"blocks_2MiB\": %d, \"MiB_filled\": %d, \"nvml_MiB\": %.0f}\n", blocks,
+              2 * blocks, OwnMiB());
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // held: the host sampler reads the peak
+  return 0;
+}
+
+int AllocLoop(int count) {
+  CHECK(cuInit(0));
+  CHECK(cudaFree(nullptr));
+  CUdeviceptr p = 0;
+  for (int i = 0; i < 200; ++i) {  // warm-up
+    cuMemAlloc(&p, 2 << 20);
+    cuMemFree(p);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i) {
+    cuMemAlloc(&p, 2 << 20);
+    cuMemFree(p);
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / count;
+  std::printf("RESULT {\"mode\": \"alloc-loop\", \"pairs\": %d, \"ns_per_pair\": %.0f, \"preload\": \"%s\", \"limit\": \"%s\"}\n",
+              count, ns, std::getenv("LD_PRELOAD") ? std::getenv("LD_PRELOAD") : "",
+              std::getenv("CUDA_DEVICE_MEMORY_LIMIT") ? std::getenv("CUDA_DEVICE_MEMORY_LIMIT") : "");
+  return 0;
+}
+
+int LaunchLoop(int count) {
+  CHECK(cudaFree(nullptr));
+  for (int i = 0; i < 2000; ++i) Small<<<1, 32>>>(nullptr);  // warm-up (the first launch loads the module)
+  CHECK(cudaDeviceSynchronize());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 1; i <= count; ++i) {
+    Small<<<1, 32>>>(nullptr);
+    if (i % 1000 == 0) cudaDeviceSynchronize();
+  }
+  CHECK(cudaDeviceSynchronize());
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / count;
+  std::printf("RESULT {\"mode\": \"launch-loop\", \"launches\": %d, \"ns_per_launch\": %.0f, \"preload\": \"%s\", \"limit\": \"%s\"}\n",
+              count, ns, std::getenv("LD_PRELOAD") ? std::getenv("LD_PRELOAD") : "",
+              std::getenv("CUDA_DEVICE_MEMORY_LIMIT") ? std::getenv("CUDA_DEVICE_MEMORY_LIMIT") : "");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "steps";
   if (mode == "ipc-open" && argc > 2) return IpcOpen(argv[2]);
   if (mode == "pidns") return PidNamespace();
+  if (mode == "limits-fill") return LimitsFill();
+  if (mode == "launch-loop") return LaunchLoop(argc > 2 ? std::atoi(argv[2]) : 200000);
+  if (mode == "alloc-loop") return AllocLoop(argc > 2 ? std::atoi(argv[2]) : 20000);
   return Steps(argv[0]);
 }

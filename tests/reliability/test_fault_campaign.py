@@ -113,6 +113,7 @@ CALLS: dict[str, Call] = {
     "cuArrayDestroy": _cuda("hook", "memory"),
     "cuMipmappedArrayCreate": _cuda("hook", "memory"),
     "cuMipmappedArrayDestroy": _cuda("hook", "memory"),
+    "cuCtxSetLimit": _cuda("hook", "memory"),                     # a larger stack is local memory for every thread
     "cuMemGetInfo_v2": _cuda("hook", "memory"),
     "cuDeviceTotalMem_v2": _cuda("hook", "memory"),
     "cuLaunchKernel": _cuda("hook", "launch"),
@@ -154,6 +155,9 @@ CALLS: dict[str, Call] = {
     "cuCtxPushCurrent_v2": _cuda("helper", "memory"),
     "cuCtxPopCurrent_v2": _cuda("helper", "memory"),
     "cuArrayGetMemoryRequirements": _cuda("resolved", "-"),
+    "cuFuncGetAttribute": _cuda("helper", "launch"),              # a first launch: the kernel's local memory
+    "cuCtxGetLimit": _cuda("helper", "memory"),                   # the stack the context reserves now
+    "cuDeviceGetAttribute": _cuda("helper", "memory"),            # the threads local memory is reserved for
     "cuEventCreate": _cuda("helper", "compute"),                  # kernels measured with events
     "cuStreamIsCapturing": _cuda("helper", "compute"),
     "cuStreamQuery": _cuda("helper", "compute"),                  # a window opens only on a busy stream
@@ -276,6 +280,9 @@ def memory_scenario():
         if not ensure_context():
             continue
         hold(cu, held)
+        # A larger stack is charged (local memory for every thread the device holds), then given back.
+        if call("cuCtxSetLimit", cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, 2048))[0]:
+            call("cuCtxSetLimit", cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, 1024))
         ok, values = call("cuMemGetInfo_v2", cu.cuMemGetInfo())
         if ok:
             views.append([values[1], values[1] - values[0], values[0]])

@@ -6,11 +6,10 @@
 // larger stack limit) is charged against the limit *before* the driver is called, and the call is refused with
 // CUDA_ERROR_OUT_OF_MEMORY when it does not fit, as the driver of a GPU that size would refuse it. Everything else is
 // reconciled after the fact with the driver's own figure for this process (NVML's per-process list, the host's view):
-// after the calls that can grow it (a function's first launch, module and library loads, limits), at most every
-// 100 ms from the allocation path and the views, and after the calls that give memory back (a smaller stack limit,
-// module unloads, graph memory trims, a context destroyed). The process's charge for it ("growth") is what NVML counts
-// beyond the shim's own charges, taken only while no other thread of the process is inside an allocation or a free
-// (MemoryOperation), so that both describe the same moment.
+// after the calls that can grow it (a function's first launch in a context, cuCtxSetLimit), at most every 100 ms from
+// the allocation path and the views (module loads and unloads, graph memory, streams), and when a context goes. The
+// process's charge for it ("growth") is what NVML counts beyond the shim's own charges, taken only while no other
+// thread of the process is inside an allocation or a free (MemoryOperation), so that both describe the same moment.
 #include <time.h>
 #include <unistd.h>
 
@@ -25,8 +24,9 @@ namespace vgpu::hooks {
 namespace {
 
 constexpr std::uint64_t kReconcileEveryNs = 100'000'000;  // from the allocation path and the views
-constexpr unsigned int kMaxListed = 256;
-constexpr std::uint64_t kViewReapEveryNs = 20'000'000;      // dead processes leave the views within this                   // processes read from NVML's list at once
+constexpr std::uint64_t kViewReapEveryNs = 20'000'000;    // dead processes leave the views within this
+constexpr unsigned int kMaxListed = 256;                  // processes read from NVML's list at once
+constexpr std::uint64_t kMaxPlausibleBytes = 1ull << 40;  // a process figure above it is NVML answering garbage
 
 std::uint64_t MonotonicNs() {
   timespec now{};
@@ -53,16 +53,21 @@ struct DriverMemory {
   std::atomic<std::uint64_t> next_reconcile_ns[policy::kMaxDevices] = {};  // 0: due now (one was put off)
   nvmlDevice_t nvml[policy::kMaxDevices] = {};
   std::unordered_set<LaunchKey, LaunchKeyHash> launched;    // guarded by `mutex`
+  nvmlProcessInfo_t listed[kMaxListed] = {};                // NVML's answer, read under `mutex`
   bool unlisted_logged = false;
 };
 
-DriverMemory* g_driver_memory = nullptr;  // made at the first use, replaced in a fork child (the parent's leaks)
-std::mutex g_driver_memory_made;
+// Made at the first use without a lock (a fork child may start where a parent's thread held one), replaced in a
+// fork child (the parent's leaks: its mutex may be held by a thread that is not there).
+std::atomic<DriverMemory*> g_driver_memory{nullptr};
 
 DriverMemory& TheDriverMemory() {
-  std::lock_guard<std::mutex> guard(g_driver_memory_made);
-  if (g_driver_memory == nullptr) g_driver_memory = new DriverMemory();
-  return *g_driver_memory;
+  DriverMemory* made = g_driver_memory.load(std::memory_order_acquire);
+  if (made != nullptr) return *made;
+  auto* fresh = new DriverMemory();
+  if (g_driver_memory.compare_exchange_strong(made, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;  // another thread made it first
+  return *made;
 }
 
 // The last few (function, context) pairs this thread launched: the launch path's check, without a lock.
@@ -101,7 +106,7 @@ bool ReadOwnBytes(DriverMemory& dm, int ordinal, bool holds, std::uint64_t& byte
       return false;
     }
   }
-  static thread_local nvmlProcessInfo_t listed[kMaxListed];
+  nvmlProcessInfo_t* listed = dm.listed;
   unsigned int count = kMaxListed;
   if (Real::nvmlDeviceGetComputeRunningProcesses_v3(dm.nvml[ordinal], &count, listed) != NVML_SUCCESS || count > kMaxListed) {
     return false;  // success with more entries than the buffer holds is not an answer
@@ -109,6 +114,7 @@ bool ReadOwnBytes(DriverMemory& dm, int ordinal, bool holds, std::uint64_t& byte
   int found = 0;
   for (unsigned int i = 0; i < count; ++i) {
     if (static_cast<pid_t>(listed[i].pid) != getpid()) continue;
+    if (listed[i].usedGpuMemory > kMaxPlausibleBytes) return false;  // garbage (no device holds a TiB)
     bytes = listed[i].usedGpuMemory;
     ++found;
   }
@@ -173,7 +179,8 @@ bool Tracked(int ordinal) {
 
 // Local memory a launch of `function` would add (bytes): a kernel needing more per thread than the stack limit the
 // context reserves makes the driver reserve that much for every thread the device holds (H100: 4 KiB a thread took
-// 792 MiB more, 16 KiB 3168 MiB more).
+// 792 MiB more, 16 KiB 3168 MiB more). 0 when it cannot be told (a handle whose attributes the driver will not give):
+// the launch is then reconciled after, as for a module loaded lazily.
 std::uint64_t PredictedLocalGrowth(const void* function, int ordinal) {
   if (Real::cuFuncGetAttribute == nullptr || Real::cuCtxGetLimit == nullptr) return 0;
   int local = 0;
@@ -184,7 +191,9 @@ std::uint64_t PredictedLocalGrowth(const void* function, int ordinal) {
       static_cast<std::size_t>(local) <= stack) {
     return 0;
   }
-  return (static_cast<std::uint64_t>(local) - stack) * ThreadsResident(ordinal);
+  std::uint64_t threads = 0;
+  if (ThreadsResident(ordinal, threads) != CUDA_SUCCESS) return 0;  // reconciled after the launch instead
+  return (static_cast<std::uint64_t>(local) - stack) * threads;
 }
 
 }  // namespace
@@ -206,15 +215,17 @@ std::uint64_t MemoryOperation::QuietStamp() noexcept {
   return g_operations_done.load(std::memory_order_acquire) + 1;  // never 0
 }
 
-std::uint64_t ThreadsResident(int ordinal) {
-  if (Real::cuDeviceGetAttribute == nullptr) return 0;
-  int sms = 0, threads = 0;
-  if (Real::cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal) != CUDA_SUCCESS ||
-      Real::cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, ordinal) != CUDA_SUCCESS ||
-      sms <= 0 || threads <= 0) {
-    return 0;
+CUresult ThreadsResident(int ordinal, std::uint64_t& threads) {
+  threads = 0;
+  if (Real::cuDeviceGetAttribute == nullptr) return CUDA_ERROR_NOT_FOUND;
+  int sms = 0, per_sm = 0;
+  if (const CUresult r = Real::cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal); r != CUDA_SUCCESS) {
+    return r;
   }
-  return static_cast<std::uint64_t>(sms) * static_cast<std::uint64_t>(threads);
+  const CUresult r = Real::cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, ordinal);
+  if (r != CUDA_SUCCESS) return r;
+  threads = static_cast<std::uint64_t>(std::max(sms, 0)) * static_cast<std::uint64_t>(std::max(per_sm, 0));
+  return CUDA_SUCCESS;
 }
 
 void ReconcileDriverMemory(int ordinal) {
@@ -258,15 +269,19 @@ void ForgetDriverGrowth(int ordinal) {
   SetGrowthLocked(dm, ordinal, 0);
 }
 
-CUresult LaunchCountingDriverMemory(const void* function, bool graph, const std::function<CUresult()>& launch) {
-  if (!TheShim().memory_limits || CurrentMode() != Mode::limited || Real::cuCtxGetCurrent == nullptr) return launch();
-  CUcontext context = nullptr;
-  if (Real::cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr) return launch();
+bool LaunchedBefore(const void* function, CUcontext& context) {
+  context = nullptr;
+  if (CurrentMode() != Mode::limited || Real::cuCtxGetCurrent == nullptr) return true;
+  if (Real::cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr) return true;  // the driver refuses it
   const std::uint64_t forks = g_fork_generation.load(std::memory_order_relaxed);
   if (t_recent.fork_generation != forks) t_recent = RecentLaunches{{}, forks};
   const LaunchKey key{function, context};
+  return t_recent.keys[RecentSlot(key)] == key;
+}
+
+CUresult FirstLaunch(const void* function, CUcontext context, bool graph, LaunchRef launch) {
+  const LaunchKey key{function, context};
   LaunchKey& recent = t_recent.keys[RecentSlot(key)];
-  if (recent == key) return launch();  // the hot path: this thread launched it before
   DriverMemory& dm = TheDriverMemory();
   {
     std::lock_guard<std::mutex> guard(dm.mutex);
@@ -279,29 +294,23 @@ CUresult LaunchCountingDriverMemory(const void* function, bool graph, const std:
   if (!Tracked(ordinal)) return launch();
   // The first launch of this function in this context: local memory it needs is charged before, the rest (its module
   // loaded lazily, the heap) reconciled after.
-  std::uint64_t before = 0, predicted = graph ? 0 : PredictedLocalGrowth(function, ordinal);
-  {
-    std::lock_guard<std::mutex> guard(dm.mutex);
-    before = dm.growth[ordinal];
-  }
+  const std::uint64_t before = DriverGrowth(ordinal), predicted = graph ? 0 : PredictedLocalGrowth(function, ordinal);
   if (predicted != 0 && !ChargeDriverGrowth(ordinal, predicted)) {
     Log(2, "device %d: a launch refused: its kernel needs %llu bytes more local memory than the slice has left", ordinal,
         static_cast<unsigned long long>(predicted));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUresult result = launch();
-  {
-    std::lock_guard<std::mutex> guard(dm.mutex);
-    if (result == CUDA_SUCCESS) {
-      Recorded([&] { dm.launched.insert(key); });
-      recent = key;
-    }
-    // The prediction settles to what the driver took (kept as it is if the reconciliation is put off).
-    ReconcileLocked(dm, ordinal);
-    if (dm.growth[ordinal] > before + predicted && predicted != 0) {
-      Log(3, "device %d: a first launch took %llu bytes (predicted %llu)", ordinal,
-          static_cast<unsigned long long>(dm.growth[ordinal] - before), static_cast<unsigned long long>(predicted));
-    }
+  std::lock_guard<std::mutex> guard(dm.mutex);
+  if (result == CUDA_SUCCESS) {
+    Recorded([&] { dm.launched.insert(key); });
+    recent = key;
+  }
+  // The prediction settles to what the driver took (kept as it is if the reconciliation is put off).
+  ReconcileLocked(dm, ordinal);
+  if (predicted != 0 && dm.growth[ordinal] > before + predicted) {
+    Log(3, "device %d: a first launch took %llu bytes (predicted %llu)", ordinal,
+        static_cast<unsigned long long>(dm.growth[ordinal] - before), static_cast<unsigned long long>(predicted));
   }
   return result;
 }
@@ -320,8 +329,10 @@ void RefreshView(int ordinal) {
 }
 
 void ForgetDriverMemoryAfterFork() {
-  g_driver_memory = nullptr;  // the parent's stays allocated: its mutex may be held by a thread that is not here
+  g_driver_memory.store(nullptr, std::memory_order_release);  // the parent's stays allocated (see above)
   g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  // The parent's other threads, inside a memory hook at the fork, are not here: only this thread's nesting is.
+  g_operations_in_flight.store(t_operations, std::memory_order_release);
 }
 
 }  // namespace vgpu::hooks
@@ -332,19 +343,13 @@ using namespace vgpu::hooks;
 
 namespace {
 
-// The current context's device, when its memory is limited; -1 otherwise.
-int TrackedOrdinal() {
-  const int ordinal = CurrentOrdinal();
+// The current context's device, when its memory is limited; -1 otherwise (`error`: the driver's, when it could not
+// tell the device of a current context).
+int TrackedOrdinal(CUresult& error) {
+  const int ordinal = CurrentOrdinal(error);
   return ordinal >= 0 && ordinal < vgpu::policy::kMaxDevices && MemoryLimit(ordinal) != 0 ? ordinal : -1;
 }
 
-// Runs a call that may grow or give back the driver's memory on the current device, then reconciles.
-template <typename Call>
-CUresult ThenReconcile(Call&& call) {
-  const CUresult result = call();
-  if (const int ordinal = TrackedOrdinal(); ordinal >= 0) ReconcileDriverMemory(ordinal);
-  return result;
-}
 
 }  // namespace
 
@@ -354,83 +359,31 @@ CUresult ThenReconcile(Call&& call) {
 // kernel using it (reconciled then); the printf FIFO is not device memory (H100: 64 MiB set, nothing taken).
 extern "C" VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxSetLimit, limit, value);
-  const int ordinal = TrackedOrdinal();
-  if (ordinal < 0 || limit != CU_LIMIT_STACK_SIZE || Real::cuCtxGetLimit == nullptr) {
-    return ThenReconcile([&] { return Real::cuCtxSetLimit(limit, value); });
+  CUresult unknown = CUDA_SUCCESS;
+  const int ordinal = TrackedOrdinal(unknown);
+  if (unknown != CUDA_SUCCESS) return unknown;  // a device that cannot be told: refused, never grown uncounted
+  if (ordinal < 0) return Real::cuCtxSetLimit(limit, value);
+  if (limit != CU_LIMIT_STACK_SIZE) {
+    const CUresult result = Real::cuCtxSetLimit(limit, value);
+    ReconcileDriverMemory(ordinal);
+    return result;
   }
+  // What the stack takes now and would take: a call needed to tell is refused with its error when it fails.
   std::size_t stack = 0;
+  if (Real::cuCtxGetLimit == nullptr) return CUDA_ERROR_NOT_FOUND;
   if (const CUresult got = Real::cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE); got != CUDA_SUCCESS) return got;
-  const std::uint64_t before = DriverGrowth(ordinal);
-  const std::uint64_t predicted = value > stack ? (value - stack) * ThreadsResident(ordinal) : 0;
+  std::uint64_t threads = 0;
+  if (value > stack) {
+    if (const CUresult got = ThreadsResident(ordinal, threads); got != CUDA_SUCCESS) return got;
+  }
+  const std::uint64_t predicted = value > stack ? (value - stack) * threads : 0;
   if (!ChargeDriverGrowth(ordinal, predicted)) {
     Log(2, "device %d: a stack limit of %zu bytes refused: it needs %llu bytes more than the slice has left", ordinal,
         value, static_cast<unsigned long long>(predicted));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUresult result = Real::cuCtxSetLimit(limit, value);
-  // Settled to the measurement: a smaller stack gives memory back; a failed call gives the prediction back.
+  // Settled to the measurement: a smaller stack gives memory back, a refused call its prediction.
   ReconcileDriverMemory(ordinal);
-  if (DriverGrowth(ordinal) > before + predicted) Log(3, "device %d: the stack limit took more than predicted", ordinal);
-  return result;
-} VGPU_CUDA_CATCH
-
-// Module and library loads: with CUDA_MODULE_LOADING=EAGER the code and data load here (lazily, at the first use).
-extern "C" VGPU_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* path) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuModuleLoad, module, path);
-  return ThenReconcile([&] { return Real::cuModuleLoad(module, path); });
-} VGPU_CUDA_CATCH
-
-extern "C" VGPU_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuModuleLoadData, module, image);
-  return ThenReconcile([&] { return Real::cuModuleLoadData(module, image); });
-} VGPU_CUDA_CATCH
-
-extern "C" VGPU_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int count,
-                                                  CUjit_option* options, void** values) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuModuleLoadDataEx, module, image, count, options, values);
-  return ThenReconcile([&] { return Real::cuModuleLoadDataEx(module, image, count, options, values); });
-} VGPU_CUDA_CATCH
-
-extern "C" VGPU_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* image) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuModuleLoadFatBinary, module, image);
-  return ThenReconcile([&] { return Real::cuModuleLoadFatBinary(module, image); });
-} VGPU_CUDA_CATCH
-
-extern "C" VGPU_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jit_options,
-                                                 void** jit_values, unsigned int jit_count, CUlibraryOption* options,
-                                                 void** values, unsigned int count) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuLibraryLoadData, library, code, jit_options, jit_values, jit_count, options, values, count);
-  return ThenReconcile([&] {
-    return Real::cuLibraryLoadData(library, code, jit_options, jit_values, jit_count, options, values, count);
-  });
-} VGPU_CUDA_CATCH
-
-extern "C" VGPU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* path, CUjit_option* jit_options,
-                                                     void** jit_values, unsigned int jit_count, CUlibraryOption* options,
-                                                     void** values, unsigned int count) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuLibraryLoadFromFile, library, path, jit_options, jit_values, jit_count, options, values,
-                          count);
-  return ThenReconcile([&] {
-    return Real::cuLibraryLoadFromFile(library, path, jit_options, jit_values, jit_count, options, values, count);
-  });
-} VGPU_CUDA_CATCH
-
-// The calls that give the driver's memory back.
-extern "C" VGPU_EXPORT CUresult cuModuleUnload(CUmodule module) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuModuleUnload, module);
-  return ThenReconcile([&] { return Real::cuModuleUnload(module); });
-} VGPU_CUDA_CATCH
-
-extern "C" VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary library) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuLibraryUnload, library);
-  return ThenReconcile([&] { return Real::cuLibraryUnload(library); });
-} VGPU_CUDA_CATCH
-
-// Graph memory nodes take their memory at the graph's launch and keep it until trimmed (H100: 128 MiB node, +128 at
-// launch, -128 at the trim).
-extern "C" VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) try {
-  VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDeviceGraphMemTrim, device);
-  const CUresult result = Real::cuDeviceGraphMemTrim(device);
-  ReconcileDriverMemory(device);
   return result;
 } VGPU_CUDA_CATCH

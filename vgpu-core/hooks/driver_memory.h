@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 
 #include "shim.h"
 
@@ -21,13 +20,37 @@ bool ChargeDriverGrowth(int ordinal, std::uint64_t bytes);
 std::uint64_t DriverGrowth(int ordinal);
 // Gives it all back (the process has no context left on the device).
 void ForgetDriverGrowth(int ordinal);
-// Threads the device holds at once (SMs x threads per SM): what local memory is reserved for; 0 if unknown.
-std::uint64_t ThreadsResident(int ordinal);
+// Threads the device holds at once (SMs x threads per SM): what local memory is reserved for; the driver's error when
+// it will not say.
+CUresult ThreadsResident(int ordinal, std::uint64_t& threads);
 
-// A launch (`graph`: of an executable graph) through the driver-memory check: the first launch of a function in a
-// context charges the local memory it will add before it runs (CUDA_ERROR_OUT_OF_MEMORY, not launched, when that does
-// not fit) and reconciles after it (its module loaded lazily, the heap). Later launches: a thread-local lookup.
-CUresult LaunchCountingDriverMemory(const void* function, bool graph, const std::function<CUresult()>& launch);
+// A launch to make, passed down without copying or allocating (the launch path's lambda, by reference).
+class LaunchRef {
+ public:
+  template <typename Launch>
+  explicit LaunchRef(Launch& launch) : object_(&launch), call_([](void* object) { return (*static_cast<Launch*>(object))(); }) {}
+  CUresult operator()() const { return call_(object_); }
+
+ private:
+  void* object_;
+  CUresult (*call_)(void*);
+};
+
+// The launch path's check (no lock, no allocation): true when this thread launched `function` in the current context
+// before (or nothing is to be checked); `context` receives the current context.
+bool LaunchedBefore(const void* function, CUcontext& context);
+// A first launch of `function` in `context` (`graph`: an executable graph): the local memory it will add is charged
+// before it runs (CUDA_ERROR_OUT_OF_MEMORY, not launched, when that does not fit), the rest reconciled after (its
+// module loaded lazily, the heap).
+CUresult FirstLaunch(const void* function, CUcontext context, bool graph, LaunchRef launch);
+
+// A launch through the driver-memory check.
+template <typename Launch>
+CUresult LaunchCountingDriverMemory(const void* function, bool graph, Launch&& launch) {
+  CUcontext context = nullptr;
+  if (LaunchedBefore(function, context)) return launch();
+  return FirstLaunch(function, context, graph, LaunchRef(launch));
+}
 
 // Before a view of `ordinal` is read (cuMemGetInfo, NVML's memory info): dead processes of the container are reaped
 // (at most every 100 ms: a process that exited drops out of every view within that) and the driver's own memory

@@ -74,17 +74,8 @@
   X(cuStreamBeginCaptureToGraph_ptsz)                                                         \
   X(cuStreamEndCapture)                                                                       \
   X(cuStreamEndCapture_ptsz)                                                                  \
-  /* the driver's own memory (driver_memory.cc): calls that grow or give it back */          \
+  /* the driver's own memory (driver_memory.cc): a larger stack is charged first */         \
   X(cuCtxSetLimit)                                                                            \
-  X(cuModuleLoad)                                                                             \
-  X(cuModuleLoadData)                                                                         \
-  X(cuModuleLoadDataEx)                                                                       \
-  X(cuModuleLoadFatBinary)                                                                    \
-  X(cuLibraryLoadData)                                                                        \
-  X(cuLibraryLoadFromFile)                                                                    \
-  X(cuModuleUnload)                                                                           \
-  X(cuLibraryUnload)                                                                          \
-  X(cuDeviceGraphMemTrim)                                                                     \
   /* the view */                                                                              \
   X(cuMemGetInfo_v2)                                                                          \
   X(cuDeviceTotalMem_v2)                                                                      \

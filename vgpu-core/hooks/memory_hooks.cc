@@ -213,6 +213,7 @@ CUresult CreateContextCharged(CUcontext* context, CUdevice device, const std::fu
 CUresult DestroyContext(CUcontext context, CUresult (*real)(CUcontext)) {
   if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
   if (CurrentMode() != Mode::limited) return real(context);
+  const MemoryOperation operation;  // its charges change
   // The compute side's events live in the context: forget them before it goes (never used again after).
   ForgetComputeContext(context);
   const CUresult result = real(context);
@@ -268,6 +269,7 @@ CUresult ReleasePrimary(CUdevice device, CUresult (*real)(CUdevice)) {
   const Mode mode = CurrentMode();
   if (mode == Mode::failed) return kFailedClosedCuda;
   if (mode != Mode::limited) return real(device);
+  const MemoryOperation operation;  // its charges change
   std::lock_guard<std::mutex> serial(TheShim().primary_mutex);
   const CUcontext primary = PrimaryContextOf(device);
   if (primary != nullptr) ForgetComputeContext(primary);  // a reset or last release destroys its events
