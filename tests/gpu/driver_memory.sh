@@ -24,6 +24,8 @@ cap() { echo "LD_PRELOAD=$SHIM CUDA_DEVICE_MEMORY_LIMIT=$1 $(region "$2")"; }
 if [[ ${STAGE:-one} == one ]]; then
   # shellcheck disable=SC2046
   {
+    # The shim's own account of the driver's memory as PyTorch warms up (LIBCUDA_LOG_LEVEL=3: each change logged).
+    case_run torch_log 60 $(cap 4g tlog) LIBCUDA_LOG_LEVEL=3 -- python3 "$T/ctx_probe.py"
     case_run torch_2MiB_4g 60 $(cap 4g t2) -- python3 "$T/ctx_probe.py" fill
     case_run torch_2MiB_4g_expandable 60 $(cap 4g t2e) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- python3 "$T/ctx_probe.py" fill
     case_run torch_64MiB_4g 60 $(cap 4g t64) -- python3 "$T/alloc_torch.py" 0
