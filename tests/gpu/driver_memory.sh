@@ -5,7 +5,8 @@
 #
 #   SHIM=path/to/libvgpu.so PROBE=path/to/driver_memory_probe STAGE=one|two OUT=folder bash tests/gpu/driver_memory.sh
 #
-# STAGE=one needs one GPU; STAGE=two needs two (CUDA_VISIBLE_DEVICES remaps, torchrun NCCL + DDP, DDP timing).
+# STAGE=one needs one GPU; STAGE=two needs two (CUDA_VISIBLE_DEVICES remaps, torchrun NCCL + DDP, DDP timing);
+# STAGE=attribution two (the shim's log of what each stage made the driver take; DDP steps, 1000 a run).
 # Each case prints its RESULT line(s) and the sampler's peaks (repro/lib.sh: case_run). Results are read in
 # docs/gpu-runs/2026-11-27-driver-memory.md.
 set -u -o pipefail
@@ -41,6 +42,18 @@ if [[ ${STAGE:-one} == one ]]; then
     SMI=0 case_run alloc_loop_none 30 -- "$PROBE" alloc-loop 20000
     SMI=0 case_run alloc_loop_shim_nolimit 30 LD_PRELOAD="$SHIM" -- "$PROBE" alloc-loop 20000
     SMI=0 case_run alloc_loop_shim_limit 30 $(cap 70g loop) -- "$PROBE" alloc-loop 20000
+  }
+elif [[ ${STAGE} == attribution ]]; then
+  # Which calls made the driver take memory by itself, as the shim's reconciliation logged it (LIBCUDA_LOG_LEVEL=3):
+  # PyTorch stage by stage (cuBLAS, cuDNN), NCCL + DDP on two GPUs; then the DDP step, 1000 steps a run.
+  # shellcheck disable=SC2046
+  {
+    case_run torch_stages_log 90 $(cap 4g tstages) LIBCUDA_LOG_LEVEL=3 -- python3 "$here/driver_memory_torch.py"
+    case_run ddp_8g_log 120 $(cap 8g ddplog) LIBCUDA_LOG_LEVEL=3 -- torchrun --standalone --nproc_per_node=2 "$T/nccl_ddp_nosync.py"
+    for round in 1 2 3; do
+      SMI=0 case_run "ddp1000_none_$round" 90 DDP_STEPS=1000 -- torchrun --standalone --nproc_per_node=2 "$T/nccl_ddp.py"
+      SMI=0 case_run "ddp1000_memlimit_$round" 90 DDP_STEPS=1000 $(cap 70g "ddpk$round") -- torchrun --standalone --nproc_per_node=2 "$T/nccl_ddp.py"
+    done
   }
 else
   # shellcheck disable=SC2046

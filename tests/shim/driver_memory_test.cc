@@ -35,6 +35,19 @@ std::string ModulePtx() {
 )";
 }
 
+// A module of 4 MiB (2 MiB of data and its code page) for a first use at a full slice.
+std::string SmallModulePtx() {
+  return R"(.version 8.0
+.target sm_75
+.address_size 64
+.global .align 4 .b8 small_data[2097152];
+.visible .entry late(.param .u64 late_out)
+{
+  ret;
+}
+)";
+}
+
 class DriverMemory : public testing::Test {
  protected:
   void SetUp() override {
@@ -135,6 +148,42 @@ TEST_F(DriverMemory, AKernelNeedingMoreLocalMemoryThanTheSliceHasLeftIsRefused) 
   EXPECT_EQ(ReadViews().used() - used_before, needed);
   FillInSteps(2 * kMiB);
   ExpectHostWithinCap("filled after the local memory grew");
+}
+
+// The documented bound (docs/shim.md): growth the shim cannot predict -- a module loaded lazily -- met at a full slice
+// takes the host over the cap by at most that module. It is counted at once: the container's next allocations are
+// refused until it is back under, and frees bring it back.
+TEST_F(DriverMemory, AModuleFirstUsedAtAFullSliceIsCountedAndRefusesAllocationsUntilFreed) {
+  ASSERT_CU_OK(LaunchOne(Function("touch")));
+  ASSERT_CU_OK(cuCtxSynchronize());
+  FillInSteps(64 * kMiB);
+  FillInSteps(2 * kMiB);
+  ExpectHostWithinCap("filled");
+  CUmodule late_module = nullptr;
+  const std::string late_ptx = SmallModulePtx();
+  ASSERT_CU_OK(cuModuleLoadData(&late_module, late_ptx.c_str()));
+  CUfunction late = nullptr;
+  ASSERT_CU_OK(cuModuleGetFunction(&late, late_module, "late"));
+  const std::uint64_t host_before = ReadViews().driver_own;
+  ASSERT_CU_OK(LaunchOne(late)) << "a module of unknown size is not refused: only its growth is bounded";
+  ASSERT_CU_OK(cuCtxSynchronize());
+  const Views over = ReadViews();
+  EXPECT_EQ(over.driver_own - host_before, 4 * kMiB);
+  EXPECT_LE(over.driver_own, limit_ + 4 * kMiB) << "over the cap by at most the module";
+  EXPECT_EQ(over.cu_free, 0u) << "the module is counted at once: the view shows the slice full (never below zero)";
+  CUdeviceptr refused = 0;
+  EXPECT_CU(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc_v2(&refused, 512)) << "allocations refused while over";
+  // Freeing 8 MiB brings the container back under its cap; then it allocates again.
+  for (int i = 0; i < 4 && !held_.empty(); ++i) {
+    ASSERT_CU_OK(cuMemFree_v2(held_.back()));
+    held_.pop_back();
+  }
+  ExpectHostWithinCap("after freeing");
+  EXPECT_EQ(ReadViews().used(), ReadViews().driver_own) << "the shim counts what the host sees, the module included";
+  CUdeviceptr again = 0;
+  EXPECT_CU_OK(cuMemAlloc_v2(&again, 512));
+  if (again != 0) held_.push_back(again);
+  ASSERT_CU_OK(cuModuleUnload(late_module));
 }
 
 TEST_F(DriverMemory, AStackLimitPastTheSliceIsRefusedAndAFittingOneIsCounted) {
