@@ -65,5 +65,51 @@ TEST(PtxTest, RejectsWhatIsNotPtx) {
   EXPECT_NE(error.find("broken"), std::string::npos) << error;
 }
 
+// What the driver takes for a module and its kernels (docs/fakecuda.md, "Memory the driver takes by itself"): the
+// module's own variables, each entry's local arrays and whether it calls the device-side malloc. Pointer qualifiers
+// in parameter lists and extern declarations are not data of the module.
+TEST(PtxTest, ReadsModuleDataLocalMemoryAndMalloc) {
+  const std::string text = R"(.version 8.0
+.target sm_90
+.address_size 64
+.extern .global .align 4 .b8 elsewhere[1048576];
+.global .align 4 .b8 table[4096];
+.global .align 8 .u64 counters[16] = {0};
+.const .align 4 .f32 weights[256];
+.extern .func (.param .b64 func_retval0) malloc (.param .b64 malloc_param_0);
+.func helper(.param .u64 .ptr .global .align 4 helper_p) { .local .align 4 .b8 __local_depot9[65536]; ret; }
+.visible .entry plain(.param .u64 .ptr .global .align 4 plain_out) { ret; }
+.visible .entry deep(.param .u64 deep_out)
+{
+  .local .align 8 .b8 __local_depot0[2048];
+  .local .align 4 .b8 __local_depot1[16384];
+  ret;
+}
+.visible .entry allocating(.param .u64 allocating_out)
+{
+  .reg .b64 %rd<3>;
+  {
+  .param .b64 param0;
+  st.param.b64 [param0], %rd1;
+  .param .b64 retval0;
+  call.uni (retval0), malloc, (param0);
+  ld.param.b64 %rd2, [retval0];
+  }
+  ret;
+}
+)";
+  Module module;
+  std::string error;
+  ASSERT_TRUE(Parse(text, module, error)) << error;
+  EXPECT_EQ(module.data_bytes, 4096u + 16 * 8 + 256 * 4);
+  ASSERT_EQ(module.entries.size(), 3u);
+  EXPECT_EQ(module.entries[0].local_bytes, 0u) << "a .func's local arrays are not the entry's";
+  EXPECT_FALSE(module.entries[0].uses_malloc);
+  EXPECT_EQ(module.entries[1].local_bytes, 16384u) << "the largest local array of the body";
+  EXPECT_FALSE(module.entries[1].uses_malloc);
+  EXPECT_TRUE(module.entries[2].uses_malloc);
+  EXPECT_EQ(module.entries[2].local_bytes, 0u);
+}
+
 }  // namespace
 }  // namespace fakecuda::ptx
