@@ -67,10 +67,11 @@ constexpr const char* kCache = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 constexpr const char* kPolicy = "GPU_CORE_UTILIZATION_POLICY";
 constexpr const char* kLog = "LIBCUDA_LOG_LEVEL";
 constexpr const char* kVerdict = "VGPU_VERDICT_FILE";
+constexpr const char* kHeadroom = "VGPU_DRIVER_HEADROOM";
 
 const std::set<std::string>& ContractNames() {
   static const std::set<std::string> names = [] {
-    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict};
+    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict, kHeadroom};
     for (int i = 0; i < kMaxDevices; ++i) {
       all.insert(std::string(kMemory) + "_" + std::to_string(i));
       all.insert(std::string(kSm) + "_" + std::to_string(i));
@@ -185,6 +186,14 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     if (!text->empty() && !absolute) return refuse(kVerdict);
     config.verdict_path = *text;
   }
+  if (const auto text = Find(entries, kHeadroom)) {
+    const auto value = OracleSize(*text);
+    if (!value) return refuse(kHeadroom);
+    for (const std::uint64_t limit : config.memory_limit_bytes) {
+      if (limit != 0 && *value >= limit) return refuse(kHeadroom);  // it must leave something of every slice
+    }
+    config.driver_headroom_bytes = *value;
+  }
   if (const auto text = Find(entries, kPolicy)) {
     const auto policy = OraclePolicy(*text);
     if (!policy) return refuse(kPolicy);
@@ -201,7 +210,9 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
 
 bool SameConfig(const Config& a, const Config& b) {
   return a.memory_limit_bytes == b.memory_limit_bytes && a.sm_limit_percent == b.sm_limit_percent &&
-         a.region_path == b.region_path && a.verdict_path == b.verdict_path && a.policy == b.policy && a.log_level == b.log_level && a.source == b.source;
+         a.region_path == b.region_path && a.verdict_path == b.verdict_path &&
+         a.driver_headroom_bytes == b.driver_headroom_bytes && a.policy == b.policy && a.log_level == b.log_level &&
+         a.source == b.source;
 }
 
 // A message the shim prints once on stderr: one line, printable ASCII, bounded, starting "vgpu: ".

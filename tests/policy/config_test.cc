@@ -240,6 +240,20 @@ TEST(ParseConfig, SharedCacheIsAnAbsolutePathOrEmpty) {
   ParseConfigError({{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/" + std::string(5000, 'a')}});
 }
 
+// VGPU_DRIVER_HEADROOM: a size (as the limits are written) that leaves something of every limited slice.
+TEST(ParseConfig, DriverHeadroomIsASizeUnderEveryLimit) {
+  EXPECT_EQ(ParseConfigOk({}).driver_headroom_bytes, 0u);
+  EXPECT_EQ(ParseConfigOk({{"CUDA_DEVICE_MEMORY_LIMIT", "4Gi"}, {"VGPU_DRIVER_HEADROOM", "16Mi"}}).driver_headroom_bytes,
+            16u << 20);
+  EXPECT_EQ(ParseConfigOk({{"VGPU_DRIVER_HEADROOM", "010m"}}).driver_headroom_bytes, 10u << 20) << "never octal";
+  for (const std::string bad : {"-1", "16MiB", "1.5m", "abc", "", "99999999999999999999t"}) {
+    ExpectNamesVariableAndValue(ParseConfigError({{"VGPU_DRIVER_HEADROOM", bad}}), "VGPU_DRIVER_HEADROOM", bad);
+  }
+  const std::string error = ParseConfigError(
+      {{"CUDA_DEVICE_MEMORY_LIMIT", "4Gi"}, {"CUDA_DEVICE_MEMORY_LIMIT_1", "64m"}, {"VGPU_DRIVER_HEADROOM", "64m"}});
+  EXPECT_NE(error.find("device 1"), std::string::npos) << "the slice it would leave nothing of: " << error;
+}
+
 TEST(ParseConfig, PolicyNamesInLowerOrUpperCase) {
   const std::vector<std::pair<std::string, ComputePolicy>> accepted = {
       {"default", ComputePolicy::standard}, {"DEFAULT", ComputePolicy::standard},
@@ -315,7 +329,7 @@ TEST(ParseConfig, AsksOnlyForKnownKeys) {
         return std::nullopt;
       },
       "test", config, error));
-  EXPECT_EQ(asked.size(), 6u + 2u * kMaxDevices);
+  EXPECT_EQ(asked.size(), 7u + 2u * kMaxDevices);
   for (const auto& key : asked) EXPECT_TRUE(IsConfigKey(key)) << key;
 }
 
@@ -331,7 +345,8 @@ TEST(ParseConfig, EmptyLookupIsAnErrorNotAnException) {
 
 TEST(IsConfigKey, KnowsTheContractNames) {
   for (const std::string key : {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-                                "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL", "CUDA_DEVICE_MEMORY_LIMIT_0",
+                                "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL", "VGPU_DRIVER_HEADROOM",
+                                "CUDA_DEVICE_MEMORY_LIMIT_0",
                                 "CUDA_DEVICE_MEMORY_LIMIT_15", "CUDA_DEVICE_SM_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_10"}) {
     EXPECT_TRUE(IsConfigKey(key)) << key;
   }

@@ -5,6 +5,7 @@
 // exits leaves every view within 100 ms, without waiting for an allocation.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,6 +184,60 @@ TEST_F(DriverMemory, AModuleFirstUsedAtAFullSliceIsCountedAndRefusesAllocationsU
   CUdeviceptr again = 0;
   EXPECT_CU_OK(cuMemAlloc_v2(&again, 512));
   if (again != 0) held_.push_back(again);
+  ASSERT_CU_OK(cuModuleUnload(late_module));
+}
+
+// With VGPU_DRIVER_HEADROOM the same late module fits: allocations stop that much short of the cap, the driver's own
+// memory may use the rest, and the host never sees the container over its cap.
+// The shim reads its configuration when it is loaded: the test runs itself again as a child with the variable set.
+class DriverMemoryWithHeadroom : public DriverMemory {
+ protected:
+  void SetUp() override {
+    if (std::getenv("VGPU_DRIVER_HEADROOM") == nullptr) return;  // the parent: it only runs the child
+    DriverMemory::SetUp();
+  }
+  void TearDown() override {
+    if (std::getenv("VGPU_DRIVER_HEADROOM") != nullptr) DriverMemory::TearDown();
+  }
+  // In the parent: runs this test in a child with 8 MiB of headroom; true if this is the child (then test here).
+  bool InTheChild() {
+    if (std::getenv("VGPU_DRIVER_HEADROOM") != nullptr) return true;
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    SpawnOptions options;
+    options.args = {std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name()};
+    options.env["VGPU_DRIVER_HEADROOM"] = "8Mi";
+    // Files of its own: its test main empties SHIM_TMP, where this process keeps the child's output.
+    const std::string own = TestFolder() + "/headroom";
+    options.env["SHIM_TMP"] = own + ".d";
+    options.env["FAKECUDA_STATE"] = own + ".state";
+    options.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = own + ".region";
+    Child child = Child::Spawn("/proc/self/exe", options);
+    EXPECT_TRUE(child.Wait(std::chrono::seconds(60))) << child.Describe();
+    EXPECT_TRUE(child.exited() && child.exit_code() == 0) << child.Describe() << child.Stdout();
+    EXPECT_NE(child.Stdout().find("[  PASSED  ] 1 test"), std::string::npos) << child.Stdout();
+    return false;
+  }
+};
+
+TEST_F(DriverMemoryWithHeadroom, AModuleFirstUsedAtAFullSliceFitsInTheHeadroom) {
+  if (!InTheChild()) return;
+  ASSERT_CU_OK(LaunchOne(Function("touch")));
+  ASSERT_CU_OK(cuCtxSynchronize());
+  FillInSteps(64 * kMiB);
+  FillInSteps(2 * kMiB);
+  const Views full = ReadViews();
+  EXPECT_LT(full.cu_free, 2 * kMiB) << "filled to the last 2 MiB step the view offers";
+  EXPECT_LE(full.driver_own, limit_ - 8 * kMiB) << "allocations stop the headroom short of the cap";
+  EXPECT_GE(full.driver_own + 8 * kMiB + 2 * kMiB, limit_) << "and no further";
+  CUmodule late_module = nullptr;
+  const std::string late_ptx = SmallModulePtx();
+  ASSERT_CU_OK(cuModuleLoadData(&late_module, late_ptx.c_str()));
+  CUfunction late = nullptr;
+  ASSERT_CU_OK(cuModuleGetFunction(&late, late_module, "late"));
+  ASSERT_CU_OK(LaunchOne(late));
+  ASSERT_CU_OK(cuCtxSynchronize());
+  ExpectHostWithinCap("a 4 MiB module first used at a full slice, 8 MiB of headroom");
+  EXPECT_EQ(ReadViews().driver_own, full.driver_own + 4 * kMiB);
   ASSERT_CU_OK(cuModuleUnload(late_module));
 }
 

@@ -249,7 +249,7 @@ bool ChargeDriverGrowth(int ordinal, std::uint64_t bytes) {
   DriverMemory& dm = TheDriverMemory();
   std::lock_guard<std::mutex> guard(dm.mutex);
   t_charging = true;
-  const bool charged = Charge(ordinal, bytes);
+  const bool charged = Charge(ordinal, bytes, true);
   t_charging = false;
   if (charged) dm.growth[ordinal] += bytes;
   return charged;

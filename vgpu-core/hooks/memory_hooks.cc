@@ -890,7 +890,7 @@ extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* tota
   const std::uint64_t total = std::min<std::uint64_t>(limit, physical_total);
   const std::uint64_t used = Used(ordinal);
   // Never wraps (HAMi#1181), never more than the device really has free.
-  const std::uint64_t free_view = std::min<std::uint64_t>(used >= total ? 0 : total - used, physical_free);
+  const std::uint64_t free_view = std::min<std::uint64_t>(FreeOfSlice(total, used), physical_free);
   if (total_bytes != nullptr) *total_bytes = total;
   if (free_bytes != nullptr) *free_bytes = free_view;
   return result;

@@ -139,7 +139,8 @@ nvmlReturn_t SliceView(nvmlDevice_t device, unsigned long long physical_total, u
   }
   RefreshView(cuda_started ? ordinal : -1);
   total = std::min<unsigned long long>(limit, physical_total);
-  used = std::min<unsigned long long>(UsedOnRegionDevice(region_device), total);
+  // Used as cuMemGetInfo shows it: what the container holds, and the headroom kept for the driver's own memory.
+  used = total - FreeOfSlice(total, std::min<unsigned long long>(UsedOnRegionDevice(region_device), total));
   free_bytes = std::min(total - used, physical_free);  // never more than the device really has free
   sliced = true;
   return NVML_SUCCESS;

@@ -358,7 +358,12 @@ bool VerdictOf(int ordinal, DeviceVerdict& out) {
   return true;
 }
 
-bool Charge(int ordinal, std::uint64_t bytes) {
+std::uint64_t FreeOfSlice(std::uint64_t total, std::uint64_t used) {
+  const std::uint64_t usable = total - std::min(total, TheShim().config.driver_headroom_bytes);
+  return used >= usable ? 0 : usable - used;
+}
+
+bool Charge(int ordinal, std::uint64_t bytes, bool for_the_driver) {
   Shim& shim = TheShim();
   if (bytes == 0) return true;
   const int device = RegionDevice(ordinal);
@@ -376,6 +381,7 @@ bool Charge(int ordinal, std::uint64_t bytes) {
   }
   std::uint64_t limit = MemoryLimit(ordinal);
   if (limit == 0) limit = UINT64_MAX;  // counted, not limited: another device of the process has a limit
+  else if (!for_the_driver) limit -= std::min(limit, shim.config.driver_headroom_bytes);
   ReconcileDriverMemoryIfDue(ordinal);  // the driver's own memory: at most every 100 ms
   if (shim.region->Reserve(device, bytes, limit)) return true;
   // Pools may hold memory the driver has since trimmed: give it back and try once more.

@@ -162,8 +162,12 @@ struct DeviceVerdict {
 // it up). False otherwise. Allocates nothing between reads of the file.
 bool VerdictOf(int ordinal, DeviceVerdict& out);
 
-// Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit.
-bool Charge(int ordinal, std::uint64_t bytes);
+// Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit. Allocations stop
+// VGPU_DRIVER_HEADROOM short of the limit; memory the driver takes by itself (`for_the_driver`) may use it.
+bool Charge(int ordinal, std::uint64_t bytes, bool for_the_driver = false);
+// What the views show free of a slice of `total` bytes of which the container uses `used`: the headroom kept for the
+// driver's own memory is not free to allocate. Never below zero.
+std::uint64_t FreeOfSlice(std::uint64_t total, std::uint64_t used);
 void Uncharge(int ordinal, std::uint64_t bytes);
 // The container's usage on `ordinal`; UsedOnRegionDevice for a region device index.
 std::uint64_t Used(int ordinal);

@@ -16,6 +16,7 @@ constexpr std::string_view kSharedCache = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 constexpr std::string_view kPolicy = "GPU_CORE_UTILIZATION_POLICY";
 constexpr std::string_view kLogLevel = "LIBCUDA_LOG_LEVEL";
 constexpr std::string_view kVerdictFile = "VGPU_VERDICT_FILE";
+constexpr std::string_view kDriverHeadroom = "VGPU_DRIVER_HEADROOM";
 
 // The longest path open(2) takes (PATH_MAX counts the terminating NUL); spelled out to keep this file OS-free.
 constexpr std::size_t kMaxPathBytes = 4095;
@@ -218,7 +219,7 @@ bool ParseSize(std::string_view text, std::uint64_t& bytes) {
 
 bool IsConfigKey(std::string_view key) {
   if (key == kMemoryLimit || key == kSmLimit || key == kSharedCache || key == kPolicy || key == kLogLevel ||
-      key == kVerdictFile) {
+      key == kVerdictFile || key == kDriverHeadroom) {
     return true;
   }
   for (const std::string_view base : {kMemoryLimit, kSmLimit}) {
@@ -292,6 +293,24 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     config.verdict_path = *text;
   }
 
+  if (const auto text = lookup(kDriverHeadroom)) {
+    if (!ParseSize(*text, config.driver_headroom_bytes)) {
+      error = ValueError(kDriverHeadroom, *text, source, kSizeWhat, "16Mi");
+      return false;
+    }
+    // It must leave something of every slice it applies to.
+    for (std::size_t i = 0; i < config.memory_limit_bytes.size(); ++i) {
+      const std::uint64_t limit = config.memory_limit_bytes[i];
+      if (limit != 0 && config.driver_headroom_bytes >= limit) {
+        error = ValueError(kDriverHeadroom, *text, source,
+                           "a size under every memory limit (device " + std::to_string(i) + "'s is " +
+                               std::to_string(limit) + " bytes)",
+                           "16Mi");
+        return false;
+      }
+    }
+  }
+
   if (const auto text = lookup(kPolicy)) {
     if (!ParsePolicy(*text, config.policy)) {
       error = ValueError(kPolicy, *text, source, "one of default, force, disable (or DEFAULT, FORCE, DISABLE)",
@@ -347,7 +366,8 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
       for (const std::string_view name : extra) also += ", " + std::string(name);
       error = where + std::to_string(line_number) + ": '" + Printable(key) +
               "' is not a known variable (CUDA_DEVICE_MEMORY_LIMIT[_0.._15], CUDA_DEVICE_SM_LIMIT[_0.._15], "
-              "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE" + also +
+              "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE, "
+              "VGPU_DRIVER_HEADROOM" + also +
               "); "
               "e.g. CUDA_DEVICE_MEMORY_LIMIT=4Gi";
       return false;

@@ -31,6 +31,10 @@ struct Config {
   // kDefaultVerdictFile; empty: none is read. (Not the default string itself: a Config is built where the heap may
   // fail, and must not allocate.)
   std::optional<std::string> verdict_path;
+  // VGPU_DRIVER_HEADROOM: the last bytes of every memory-limited device's slice are kept for the memory the driver
+  // takes by itself (docs/shim.md, "Memory the driver takes by itself"): allocations stop this much short of the
+  // limit, so that a module loaded lazily at a full slice still fits. 0 (the default): none. Ours, not HAMi's.
+  std::uint64_t driver_headroom_bytes = 0;
   ComputePolicy policy = ComputePolicy::standard;
   int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
   std::string source;                    // "environment" or the config file's path, for messages
