@@ -54,6 +54,26 @@ TEST(Compute, ThreadsLaunchingThroughBooksIntoTheirOwnStreamsAreHeldToTheCap) {
                         0.40, 0.75, "four threads into four streams");
 }
 
+// LIBCUDA_LOG_LEVEL=4 says, for a launch that waited, why and how long (issue 20: a collapse must explain itself).
+TEST(Compute, AWaitingLaunchSaysWhyAtLogLevel4) {
+  auto env = ShimEnv("why", "");
+  env["CUDA_DEVICE_SM_LIMIT"] = "30";
+  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  env["LIBCUDA_LOG_LEVEL"] = "4";
+  Child worker = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", "long_us=500"}, env,
+                           std::chrono::seconds(60));
+  ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
+  const std::string log = worker.Stderr();
+  EXPECT_NE(log.find("us for the budget: charged"), std::string::npos) << log.substr(0, 2000);
+  auto quiet = ShimEnv("quiet", "");
+  quiet["CUDA_DEVICE_SM_LIMIT"] = "30";
+  quiet["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  Child silent = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", "long_us=500"}, quiet,
+                           std::chrono::seconds(60));
+  ASSERT_TRUE(silent.exited() && silent.exit_code() == 0) << silent.Describe();
+  EXPECT_EQ(silent.Stderr().find("for the budget"), std::string::npos) << "only at level 4";
+}
+
 // The shim asks the driver whether a launch's stream is capturing only while a capture may be in progress (it counts
 // the captures begun and ended: docs/compute-limit.md, "The launch path"). A capture begun through any of the driver's
 // entry points must be seen. Over fakecuda its cuEventRecord fails here, so a launch the shim admitted would be

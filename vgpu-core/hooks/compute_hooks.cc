@@ -1179,10 +1179,19 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
     waited_ns += kCompletionPollNs;
     now = NowNs();
   }
+  // Why a launch waited, and how long (LIBCUDA_LOG_LEVEL=4): a collapse explains itself in the log.
+  if (waited_ns > 0) {
+    Log(4, "device %d: a launch of %p waited %llu us for completions: the container's unmeasured work in flight "
+        "was past its bound", ordinal, function, static_cast<unsigned long long>(waited_ns / 1000));
+  }
   const std::uint64_t at = std::max(now, admission.ready_at_ns);  // about now: one clock read per launch
   if (!planned) {
     VGPU_COUNT(waited_for_budget, 1);
     VGPU_COUNT(waited_for_budget_ns, admission.ready_at_ns > now ? admission.ready_at_ns - now : 0);
+    const std::uint64_t wait_ns = admission.ready_at_ns > now ? admission.ready_at_ns - now : 0;
+    Log(4, "device %d: a launch of %p waits %llu us for the budget: charged %llu us, the container is in debt at its "
+        "cap", ordinal, function, static_cast<unsigned long long>(wait_ns / 1000),
+        static_cast<unsigned long long>(admission.charged_ns / 1000));
     SleepUntilNs(admission.ready_at_ns);
     std::lock_guard<std::mutex> guard(d->mutex);
     if (!PlanOrCancel(*d, plan, key, admission.launches, admission.steady, force_sample, stream, context, setup, admission.charged_ns,
