@@ -85,6 +85,39 @@ std::uint64_t VariableBytes(const std::vector<std::string_view>& tokens, std::si
   return element * count;
 }
 
+// What the driver takes for the module and its kernels, in a pass of its own over the tokens (`out.entries` already
+// read, in order): module-scope .global/.const variables (not parameter qualifiers, not .extern), and in each .entry's
+// body its largest .local array and whether it calls malloc (a .func's body belongs to no entry).
+void ReadFootprints(const std::vector<std::string_view>& tokens, Module& out) {
+  int depth = 0, parens = 0;          // braces and parentheses open
+  std::size_t entries_seen = 0;       // .entry directives passed
+  Entry* pending = nullptr;           // the .entry whose body the next '{' at depth 0 opens
+  Entry* body = nullptr;              // the .entry whose body is open
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::string_view t = tokens[i];
+    if (t == ".entry" && entries_seen < out.entries.size()) {
+      pending = &out.entries[entries_seen++];
+    } else if (t == ".func") {
+      pending = nullptr;
+    } else if (t == "{") {
+      if (depth++ == 0) body = pending;
+      pending = nullptr;
+    } else if (t == "}") {
+      if (depth > 0 && --depth == 0) body = nullptr;
+    } else if (t == "(") {
+      ++parens;
+    } else if (t == ")") {
+      if (parens > 0) --parens;
+    } else if (t == ".local" && body != nullptr) {
+      body->local_bytes = std::max(body->local_bytes, VariableBytes(tokens, i));
+    } else if (t == "malloc" && body != nullptr) {
+      body->uses_malloc = true;
+    } else if ((t == ".global" || t == ".const") && depth == 0 && parens == 0 && (i == 0 || tokens[i - 1] != ".extern")) {
+      out.data_bytes += VariableBytes(tokens, i);
+    }
+  }
+}
+
 }  // namespace
 
 bool LooksLikePtx(std::string_view text) { return text.find(".version") != std::string_view::npos; }
@@ -97,31 +130,9 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
   }
   const std::string clean = StripComments(text);
   const std::vector<std::string_view> tokens = Tokenize(clean);
-  int depth = 0;                 // braces open
-  int parens = 0;                // parentheses open (parameter lists) outside .entry headers
-  Entry* body = nullptr;         // the .entry whose body is open, if any
-  bool entry_next = false;       // the next '{' at depth 0 opens the last .entry's body
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::string_view t = tokens[i];
-    if (t == "{") {
-      if (depth++ == 0 && entry_next) body = &out.entries.back();
-      entry_next = false;
-    } else if (t == "}") {
-      if (depth > 0 && --depth == 0) body = nullptr;
-    } else if (t == ".func") {
-      entry_next = false;
-    } else if (t == ".local" && body != nullptr) {
-      body->local_bytes = std::max(body->local_bytes, VariableBytes(tokens, i));
-    } else if (t == "malloc" && body != nullptr) {
-      body->uses_malloc = true;
-    } else if (t == "(") {
-      ++parens;
-    } else if (t == ")") {
-      if (parens > 0) --parens;
-    } else if ((t == ".global" || t == ".const") && depth == 0 && parens == 0 &&
-               (i == 0 || tokens[i - 1] != ".extern")) {  // a definition of this module's, not a parameter qualifier
-      out.data_bytes += VariableBytes(tokens, i);
-    } else if (t == ".version" && i + 1 < tokens.size()) {
+    if (t == ".version" && i + 1 < tokens.size()) {
       // ".version 8.8" tokenizes as "8" "." "8" or "8" ".8".
       std::string number;
       for (std::size_t j = i + 1; j < tokens.size() && j < i + 4; ++j) {
@@ -192,7 +203,6 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
         }
       }
       out.entries.push_back(std::move(entry));
-      entry_next = true;
       i = j;
     }
   }
@@ -204,6 +214,7 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
     error = "no .target sm_XX directive";
     return false;
   }
+  ReadFootprints(tokens, out);
   return true;
 }
 

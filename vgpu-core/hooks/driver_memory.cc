@@ -10,7 +10,6 @@
 // the allocation path and the views (module loads and unloads, graph memory, streams), and when a context goes. The
 // process's charge for it ("growth") is what NVML counts beyond the shim's own charges, taken only while no other
 // thread of the process is inside an allocation or a free (MemoryOperation), so that both describe the same moment.
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,12 +26,6 @@ constexpr std::uint64_t kReconcileEveryNs = 100'000'000;  // from the allocation
 constexpr std::uint64_t kViewReapEveryNs = 20'000'000;    // dead processes leave the views within this
 constexpr unsigned int kMaxListed = 256;                  // processes read from NVML's list at once
 constexpr std::uint64_t kMaxPlausibleBytes = 1ull << 40;  // a process figure above it is NVML answering garbage
-
-std::uint64_t MonotonicNs() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(now.tv_nsec);
-}
 
 // A launched (function, context): its first launch is the one that may load its module and grow local memory.
 struct LaunchKey {

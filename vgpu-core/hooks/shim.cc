@@ -50,6 +50,12 @@ void AfterForkInChild() {
 
 }  // namespace
 
+std::uint64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
 Shim& TheShim() {
   Shim* shim = g_shim.load(std::memory_order_acquire);
   if (shim != nullptr) return *shim;
@@ -288,12 +294,6 @@ namespace {
 std::uint64_t RealtimeNs() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-std::uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 

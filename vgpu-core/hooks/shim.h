@@ -92,6 +92,9 @@ struct Shim {
 
 Shim& TheShim();
 
+// CLOCK_MONOTONIC in nanoseconds (one clock per host: every process of the container agrees).
+std::uint64_t MonotonicNs();
+
 // Initializes on first use (configuration, region, real functions). Returns the mode.
 Mode Initialize();
 // Mode check for the hot path: returns the mode without initializing twice.
