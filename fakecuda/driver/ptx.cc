@@ -112,7 +112,8 @@ void ReadFootprints(const std::vector<std::string_view>& tokens, Module& out) {
       body->local_bytes = std::max(body->local_bytes, VariableBytes(tokens, i));
     } else if (t == "malloc" && body != nullptr) {
       body->uses_malloc = true;
-    } else if ((t == ".global" || t == ".const") && depth == 0 && parens == 0 && (i == 0 || tokens[i - 1] != ".extern")) {
+    } else if ((t == ".global" || t == ".const") && depth == 0 && parens == 0 &&
+               (i == 0 || tokens[i - 1] != ".extern")) {
       out.data_bytes += VariableBytes(tokens, i);
     }
   }
