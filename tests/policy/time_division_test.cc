@@ -1,0 +1,271 @@
+// Time division (vgpu-core/policy/time_division.h): the windows of a cycle (placement, scaling, GPUs spanned), the
+// time arithmetic over windows, and the release decision with its reasons, overruns, repayment and lending.
+#include "vgpu/policy/time_division.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace vgpu::policy {
+namespace {
+
+constexpr std::uint64_t kMs = 1'000'000;
+constexpr std::uint64_t kUs = 1'000;
+constexpr std::uint64_t kCycle = 20 * kMs;
+
+WindowPlan Plan(const std::vector<Member>& members, std::uint64_t cycle_ns = kCycle) {
+  WindowPlan plan;
+  EXPECT_EQ(plan.Build(members, cycle_ns), "");
+  return plan;
+}
+
+void ExpectPieces(const WindowPlan& plan, std::size_t m, const std::vector<Interval>& expected) {
+  const auto pieces = plan.pieces(m);
+  ASSERT_EQ(pieces.size(), expected.size()) << "member " << m;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(pieces[i].start_ns, expected[i].start_ns) << "member " << m << " piece " << i;
+    EXPECT_EQ(pieces[i].end_ns, expected[i].end_ns) << "member " << m << " piece " << i;
+  }
+}
+
+// ---- the windows of a cycle ----------------------------------------------------------------------------------
+
+TEST(WindowPlan, SharesOfOneGpuAreConsecutiveWindowsInIdOrder) {
+  const WindowPlan plan = Plan({{.id = 2, .share_permille = 700, .gpus = 1}, {.id = 1, .share_permille = 300, .gpus = 1}});
+  ExpectPieces(plan, 1, {{0, 6 * kMs}});          // id 1 first
+  ExpectPieces(plan, 0, {{6 * kMs, 20 * kMs}});
+  EXPECT_EQ(plan.granted_permille(0), 700u);
+  EXPECT_EQ(plan.granted_permille(1), 300u);
+  EXPECT_EQ(plan.IndexOf(1), 1);
+  EXPECT_EQ(plan.IndexOf(3), -1);
+}
+
+TEST(WindowPlan, SharesThatSumPastTheGpuAreScaledDownTogether) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 600, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
+  EXPECT_EQ(plan.granted_permille(0), 500u);
+  EXPECT_EQ(plan.granted_permille(1), 500u);
+}
+
+TEST(WindowPlan, AJobSpanningGpusHasTheSameWindowsOnEachAndIsPlacedFirst) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 400, .gpus = 0b01},
+                                {.id = 2, .share_permille = 400, .gpus = 0b10},
+                                {.id = 3, .share_permille = 600, .gpus = 0b11}});
+  ExpectPieces(plan, 2, {{0, 12 * kMs}});
+  ExpectPieces(plan, 0, {{12 * kMs, 20 * kMs}});
+  ExpectPieces(plan, 1, {{12 * kMs, 20 * kMs}});
+  EXPECT_EQ(plan.OwnerAt(0, 5 * kMs), 2);
+  EXPECT_EQ(plan.OwnerAt(1, 5 * kMs), 2);
+  EXPECT_EQ(plan.OwnerAt(1, 13 * kMs), 1);
+}
+
+TEST(WindowPlan, AMemberThatFitsNoFreeStretchWholeIsSplitIntoPiecesAlignedOnItsGpus) {
+  // Spans of two GPUs each, placed by id: a [0, 4) on GPUs 0, 1; b [4, 8) on 1, 3; c [8, 12) on 0, 1. d spans 0
+  // and 2 at 60 % (12 ms): free on GPU 0 is [4, 8) and [12, 20), on GPU 2 everything: no stretch holds 12 ms, so d
+  // gets [4, 8) and [12, 20) on both of its GPUs.
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 200, .gpus = 0b0011},
+                                {.id = 2, .share_permille = 200, .gpus = 0b1010},
+                                {.id = 3, .share_permille = 200, .gpus = 0b0011},
+                                {.id = 4, .share_permille = 600, .gpus = 0b0101}});
+  ExpectPieces(plan, 0, {{0, 4 * kMs}});
+  ExpectPieces(plan, 1, {{4 * kMs, 8 * kMs}});
+  ExpectPieces(plan, 2, {{8 * kMs, 12 * kMs}});
+  ExpectPieces(plan, 3, {{4 * kMs, 8 * kMs}, {12 * kMs, 20 * kMs}});
+  EXPECT_EQ(plan.OwnerAt(2, 5 * kMs), 3);
+  EXPECT_EQ(plan.OwnerAt(2, 9 * kMs), -1);  // free on GPU 2
+  EXPECT_EQ(plan.granted_permille(3), 600u);
+}
+
+TEST(WindowPlan, WhatIsFreeOnAllItsGpusBoundsWhatAMemberIsGranted) {
+  // a [0, 6) on GPUs 0, 1; b [6, 12) on 1, 2; c on 0, 2 at 60 % finds only [12, 20) free on both: 8 ms, 40 %.
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 0b011},
+                                {.id = 2, .share_permille = 300, .gpus = 0b110},
+                                {.id = 3, .share_permille = 600, .gpus = 0b101}});
+  ExpectPieces(plan, 2, {{12 * kMs, 20 * kMs}});
+  EXPECT_EQ(plan.granted_permille(2), 400u);
+}
+
+TEST(WindowPlan, BadInputIsRefusedNamingTheMemberTheValueAndWhatIsAccepted) {
+  WindowPlan plan;
+  EXPECT_EQ(plan.Build(std::vector<Member>{{.id = 7, .share_permille = 0, .gpus = 1}}, kCycle),
+            "member 0 (id 7): share = 0 permille; accepted: 1 .. 1000");
+  EXPECT_EQ(plan.Build(std::vector<Member>{{.id = 7, .share_permille = 1001, .gpus = 1}}, kCycle),
+            "member 0 (id 7): share = 1001 permille; accepted: 1 .. 1000");
+  EXPECT_EQ(plan.Build(std::vector<Member>{{.id = 7, .share_permille = 10, .gpus = 0}}, kCycle),
+            "member 0 (id 7): gpus = 0; accepted: at least one GPU bit set");
+  EXPECT_EQ(plan.Build(std::vector<Member>{{.id = 7, .share_permille = 10, .gpus = 1},
+                                           {.id = 7, .share_permille = 10, .gpus = 1}},
+                       kCycle),
+            "member 1 (id 7): the same id as member 0");
+  EXPECT_EQ(plan.Build(std::vector<Member>{}, 10),
+            "cycle = 10 ns; accepted: 100000 .. 10000000000 (100 us .. 10 s)");
+  std::vector<Member> many(kMaxMembers + 1);
+  EXPECT_EQ(plan.Build(many, kCycle), "65 members; accepted: at most 64");
+}
+
+// ---- time over windows -----------------------------------------------------------------------------------------
+
+TEST(WindowPlan, WindowAtFindsTheWindowHoldingATimeOrTheNextAndJoinsPiecesAcrossTheCycleEnd) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  Interval w = plan.WindowAt(0, 3 * kMs);
+  EXPECT_EQ(w.start_ns, 0u);
+  EXPECT_EQ(w.end_ns, 6 * kMs);
+  w = plan.WindowAt(0, 6 * kMs);  // just past: the next cycle's
+  EXPECT_EQ(w.start_ns, 20 * kMs);
+  EXPECT_EQ(w.end_ns, 26 * kMs);
+  w = plan.WindowAt(1, 41 * kMs);
+  EXPECT_EQ(w.start_ns, 46 * kMs);
+  EXPECT_EQ(w.end_ns, 60 * kMs);
+  // Pieces [4, 8) and [12, 20) (the split member above): the one at the cycle's end is not joined to [4, 8).
+  const WindowPlan split = Plan({{.id = 1, .share_permille = 200, .gpus = 0b0011},
+                                 {.id = 2, .share_permille = 200, .gpus = 0b1010},
+                                 {.id = 3, .share_permille = 200, .gpus = 0b0011},
+                                 {.id = 4, .share_permille = 600, .gpus = 0b0101}});
+  w = split.WindowAt(3, 9 * kMs);
+  EXPECT_EQ(w.start_ns, 12 * kMs);
+  EXPECT_EQ(w.end_ns, 20 * kMs);
+  // Pieces [0, 4) and [16, 20): one window across each cycle's end. x [0, 4) on GPUs 1, 2; y [4, 16) on 0, 1; z on
+  // 0, 3 finds [0, 4) and [16, 20) free on both.
+  const WindowPlan wrap = Plan({{.id = 1, .share_permille = 200, .gpus = 0b0110},
+                                {.id = 2, .share_permille = 600, .gpus = 0b0011},
+                                {.id = 3, .share_permille = 400, .gpus = 0b1001}});
+  ExpectPieces(wrap, 2, {{0, 4 * kMs}, {16 * kMs, 20 * kMs}});
+  w = wrap.WindowAt(2, 18 * kMs);
+  EXPECT_EQ(w.start_ns, 16 * kMs);
+  EXPECT_EQ(w.end_ns, 24 * kMs);
+  w = wrap.WindowAt(2, 21 * kMs);
+  EXPECT_EQ(w.start_ns, 16 * kMs);
+  EXPECT_EQ(w.end_ns, 24 * kMs);
+  w = wrap.WindowAt(2, 10 * kMs);
+  EXPECT_EQ(w.start_ns, 16 * kMs);
+  EXPECT_EQ(wrap.OwnTimeIn(2, 10 * kMs, 30 * kMs), 8 * kMs);
+  // A member alone at 100 %: its window holds any time, across cycle ends.
+  const WindowPlan alone = Plan({{.id = 1, .share_permille = 1000, .gpus = 1}});
+  w = alone.WindowAt(0, 25 * kMs);
+  EXPECT_TRUE(w.contains(25 * kMs));
+}
+
+TEST(WindowPlan, AfterOwnTimeIsTheInverseOfOwnTimeIn) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  EXPECT_EQ(plan.OwnTimeIn(0, 0, 20 * kMs), 6 * kMs);
+  EXPECT_EQ(plan.OwnTimeIn(0, 4 * kMs, 22 * kMs), 4 * kMs);
+  EXPECT_EQ(plan.OwnTimeIn(1, 4 * kMs, 22 * kMs), 14 * kMs);
+  EXPECT_EQ(plan.AfterOwnTime(0, 4 * kMs, 2 * kMs), 6 * kMs);  // exactly the window's end
+  EXPECT_EQ(plan.AfterOwnTime(0, 4 * kMs, 3 * kMs), 21 * kMs);
+  std::uint64_t seed = 12345;
+  for (int i = 0; i < 2000; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    const std::uint64_t from = (seed >> 20) % (200 * kMs);
+    const std::uint64_t amount = (seed >> 5) % (30 * kMs) + 1;
+    for (std::size_t m = 0; m < 2; ++m) {
+      const std::uint64_t t = plan.AfterOwnTime(m, from, amount);
+      ASSERT_EQ(plan.OwnTimeIn(m, from, t), amount) << "member " << m << " from " << from << " amount " << amount;
+      ASSERT_LT(plan.OwnTimeIn(m, from, t - 1), amount) << "not the first such instant";
+    }
+  }
+}
+
+// ---- the release decision --------------------------------------------------------------------------------------
+
+struct Pair {
+  WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  std::vector<Published> published = std::vector<Published>(2);
+  TurnConfig config;
+  Release Decide(std::size_t me, std::uint64_t queued_end_ns, std::uint64_t estimate_ns, std::uint64_t now_ns) {
+    return policy::Decide(plan, me, 0, published, config, queued_end_ns, estimate_ns, now_ns);
+  }
+};
+
+TEST(Decide, ALaunchThatFitsItsWindowGoesAtOnceAndOneThatDoesNotWaitsForTheNext) {
+  Pair p;
+  Release r = p.Decide(0, 0, kMs, kMs);
+  EXPECT_EQ(r.at_ns, kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_FALSE(r.lent);
+  EXPECT_EQ(r.window.end_ns, 6 * kMs);
+  // Queued work until 5.5 ms: a 1 ms kernel would end at 6.5, past the window.
+  r = p.Decide(0, 5'500 * kUs, kMs, 2 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::fit);
+  EXPECT_EQ(r.at_ns, 6 * kMs);  // it looks again when that window is over
+  // Outside its window: it waits for the next.
+  r = p.Decide(0, 0, kMs, 7 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::window);
+  EXPECT_EQ(r.at_ns, 20 * kMs);
+}
+
+TEST(Decide, AKernelLongerThanAnyWindowGoesOnAnEmptyQueueAndOverrunsWhatItIsCharged) {
+  Pair p;
+  Release r = p.Decide(0, 0, 20 * kMs, kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  // Queued behind its own work it waits: the overrun would be longer than it has to be.
+  r = p.Decide(0, 2 * kMs, 20 * kMs, kMs);
+  EXPECT_EQ(r.reason, WaitReason::fit);
+  // It ran [1, 21): 5 ms in its window, 14 ms in b's, 1 ms in its next window: it repays 14 ms of its windows.
+  const std::uint64_t overrun = Overrun(p.plan, 0, kMs, 21 * kMs, {});
+  EXPECT_EQ(overrun, 14 * kMs);
+  p.published[0].repaid_until_ns = RepaidUntil(p.plan, 0, 0, overrun, 21 * kMs);
+  EXPECT_EQ(p.published[0].repaid_until_ns, 63 * kMs);  // 5 ms of [21, 26), 6 of [40, 46), 3 of [60, 66)
+  r = p.Decide(0, 0, kMs, 22 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::debt);
+  EXPECT_EQ(r.at_ns, 26 * kMs);  // when the owner changes; its own window is usable again from 63 ms
+  r = p.Decide(0, 0, kMs, 45 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::debt);
+  r = p.Decide(0, 0, kMs, 63 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_EQ(r.window.end_ns, 66 * kMs);
+  // Meanwhile its windows are lent to b, and what b runs there is not b's overrun.
+  r = p.Decide(1, 0, 2 * kMs, 41 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_TRUE(r.lent);
+  EXPECT_EQ(r.window.end_ns, 46 * kMs);
+  EXPECT_EQ(Overrun(p.plan, 1, 41 * kMs, 43 * kMs, r.window), 0u);
+  EXPECT_EQ(Overrun(p.plan, 1, 41 * kMs, 47 * kMs, r.window), 0u);  // [46, 47) is b's own
+  EXPECT_EQ(Overrun(p.plan, 1, 55 * kMs, 62 * kMs, {}), 2 * kMs);   // [60, 62) is a's
+}
+
+TEST(Decide, OthersWorkInFlightHoldsALaunchForAtMostOneWindow) {
+  Pair p;
+  p.published[1].in_flight = 1;
+  p.published[1].released_until_ns = 20 * kMs;  // b released into its window [6, 20) and its work is still running
+  Release r = p.Decide(0, 0, kMs, 21 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::others_work);
+  EXPECT_EQ(r.at_ns, kNoTime);
+  // b's work outlived its window by a's whole window (6 ms): dead, stopped or lying; a goes.
+  r = p.Decide(0, 0, kMs, 26 * kMs - 1);
+  EXPECT_EQ(r.reason, WaitReason::others_work);
+  r = p.Decide(0, 0, kMs, 40 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+}
+
+TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadAndForceDoesNot) {
+  Pair p;
+  Release r = p.Decide(0, 0, kMs, 10 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::window);
+  p.config.borrow_idle = true;
+  r = p.Decide(0, 0, kMs, 10 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_TRUE(r.lent);
+  EXPECT_EQ(r.window.end_ns, 12 * kMs);  // borrow_ahead_ns from now
+  r = p.Decide(0, 12'500 * kUs, kMs, 11 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::fit);
+  // The owner has work waiting: its window is not lent.
+  p.published[1].waiting = 1;
+  r = p.Decide(0, 0, kMs, 10 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::window);
+  // Time nobody owns is lent too.
+  const WindowPlan partial = Plan({{.id = 1, .share_permille = 300, .gpus = 1}});
+  std::vector<Published> one(1);
+  r = policy::Decide(partial, 0, 0, one, p.config, 0, kMs, 10 * kMs);
+  EXPECT_TRUE(r.lent);
+  EXPECT_EQ(r.reason, WaitReason::none);
+}
+
+TEST(Decide, AMemberNotScheduledOnTheGpuIsLeftToTheDriver) {
+  Pair p;
+  const Release r = policy::Decide(p.plan, 0, 5, p.published, p.config, 0, kMs, 10 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_EQ(r.at_ns, 10 * kMs);
+}
+
+}  // namespace
+}  // namespace vgpu::policy

@@ -1,0 +1,122 @@
+// Time division of a GPU between containers (docs/compute-sharing.md, option A): on each GPU one container's work
+// runs at a time, in windows cut from a cycle by the containers' shares. Pure: the time is passed in, nothing here
+// sleeps, reads a clock or touches shared memory. The shim and the simulator give it what the containers publish
+// (`Published`) and act on the `Release` it returns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace vgpu::policy {
+
+inline constexpr std::size_t kMaxMembers = 64;   // containers sharing the GPUs of one node
+inline constexpr std::uint32_t kMaxGpus = 64;    // bit i of Member::gpus: the node's GPU i
+inline constexpr std::uint64_t kNoTime = UINT64_MAX;
+
+// A container with a compute limit, as every shim on the node sees it.
+struct Member {
+  std::uint64_t id = 0;               // orders the members: the same on every shim
+  std::uint32_t share_permille = 0;   // 1 .. 1000 of each GPU it spans
+  std::uint64_t gpus = 0;             // bit i: the member runs on the node's GPU i
+};
+
+// A stretch of time [start_ns, end_ns).
+struct Interval {
+  std::uint64_t start_ns = 0;
+  std::uint64_t end_ns = 0;
+  std::uint64_t length() const { return end_ns - start_ns; }
+  bool contains(std::uint64_t t) const { return t >= start_ns && t < end_ns; }
+};
+
+// The windows of one cycle. A member has the same pieces on every GPU it spans (aligned in wall-clock time, so the
+// kernels of a job that spans GPUs run at the same moments everywhere). Time counts from an epoch shared by all
+// shims (the caller subtracts it); cycle k covers [k * cycle, (k + 1) * cycle).
+class WindowPlan {
+ public:
+  // Members are placed in order of how many GPUs they span (most first), then by id; each at the earliest offset
+  // where a piece of its length is free on all its GPUs, else in several pieces from what is free on all of them.
+  // Where the shares on a GPU sum past 1000, every member there is scaled down by the same factor (a member's
+  // scale is the smallest over its GPUs). "" on success, else a one-line error naming the input.
+  std::string Build(std::span<const Member> members, std::uint64_t cycle_ns);
+
+  std::uint64_t cycle_ns() const { return cycle_ns_; }
+  std::size_t size() const { return members_.size(); }
+  const Member& member(std::size_t m) const { return members_[m]; }
+  // The member's index, or -1.
+  int IndexOf(std::uint64_t id) const;
+  // The member's pieces within one cycle, offsets from the cycle's start, in order.
+  std::span<const Interval> pieces(std::size_t m) const { return pieces_[m]; }
+  // What the member was given, permille of the cycle (its share, unless scaled down or fragmented).
+  std::uint32_t granted_permille(std::size_t m) const;
+
+  // The member's window (a maximal stretch of its pieces) that contains `t_ns`, or the next one after it.
+  // A member with no piece has none: {kNoTime, kNoTime}.
+  Interval WindowAt(std::size_t m, std::uint64_t t_ns) const;
+  // The member's window time in [from_ns, to_ns).
+  std::uint64_t OwnTimeIn(std::size_t m, std::uint64_t from_ns, std::uint64_t to_ns) const;
+  // The instant at which `amount_ns` of the member's window time has passed from `from_ns` on.
+  std::uint64_t AfterOwnTime(std::size_t m, std::uint64_t from_ns, std::uint64_t amount_ns) const;
+  // Which member's window holds `t_ns` on `gpu` (-1: nobody's), and the owner's window or the free stretch around it.
+  int OwnerAt(std::uint32_t gpu, std::uint64_t t_ns, Interval* stretch = nullptr) const;
+
+ private:
+  std::uint64_t cycle_ns_ = 0;
+  std::vector<Member> members_;
+  std::vector<std::vector<Interval>> pieces_;  // per member, merged, in cycle order
+};
+
+// What each member publishes about itself on one GPU, read by the others (docs/compute-sharing.md, "Shared
+// state"). Written only by the member's own processes.
+struct Published {
+  std::uint32_t in_flight = 0;          // kernels released and not yet seen complete
+  std::uint32_t waiting = 0;            // launches waiting for a window
+  std::uint64_t repaid_until_ns = 0;    // its window time before this instant repays an overrun: lent to others
+  std::uint64_t released_until_ns = 0;  // the end of the window (its own or lent) its latest work was released into
+};
+
+// Why a launch waits (LIBCUDA_LOG_LEVEL=4, the simulator's trace).
+enum class WaitReason { none, window, debt, others_work, fit };
+const char* WaitReasonName(WaitReason reason);
+
+// The decision for one launch.
+struct Release {
+  std::uint64_t at_ns = 0;          // go at this time (<= now: at once); kNoTime with others_work: at a completion
+  WaitReason reason = WaitReason::none;
+  Interval window;                  // the window it goes into (or would), its own or lent
+  bool lent = false;                // the window is another member's (or nobody's), lent to this one
+};
+
+struct TurnConfig {
+  // `default`: may use windows whose owner has no work, and time nobody owns.
+  bool borrow_idle = false;
+  // Most of an idle owner's window a borrower may fill ahead: the owner, when work comes, waits at most this.
+  std::uint64_t borrow_ahead_ns = 2'000'000;
+};
+
+// Decides a launch of member `me` on `gpu` expected to take `estimate_ns`, with the member's own released work
+// expected to be done at `queued_end_ns` (<= now: none), given every member's published state on that GPU
+// (`published[m]` for plan member m). Rules (docs/compute-sharing.md):
+// - it goes only inside one of its windows, after any overrun is repaid, or inside a window lent to it: another
+//   member's window that repays an overrun, or, with borrow_idle, one whose owner has no work (and free time);
+// - only when no other member's work is in flight there, unless that work outlived the window it was released into
+//   by more than the window this launch would go into (a dead or stopped holder stalls the others one window);
+// - only if it is expected to end inside the window, or nothing of the member's is queued and it could not fit
+//   even a whole window (it then overruns, and the overrun is repaid from its next windows: Overrun).
+Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+               const TurnConfig& config, std::uint64_t queued_end_ns, std::uint64_t estimate_ns,
+               std::uint64_t now_ns);
+
+// The part of a kernel that ran [start_ns, end_ns) outside the member's windows and outside the lent window it was
+// released into (`lent`, empty if none): what it must repay.
+std::uint64_t Overrun(const WindowPlan& plan, std::size_t me, std::uint64_t start_ns, std::uint64_t end_ns,
+                      Interval lent);
+
+// The new repaid_until_ns after an overrun of `overrun_ns` found at `now_ns`: that much more of the member's window
+// time, from the later of now and the current repaid_until_ns, goes to the others.
+std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::uint64_t repaid_until_ns,
+                          std::uint64_t overrun_ns, std::uint64_t now_ns);
+
+}  // namespace vgpu::policy

@@ -1,0 +1,328 @@
+// Time division (time_division.h, docs/compute-sharing.md): building a cycle's windows, and the release decision.
+#include "vgpu/policy/time_division.h"
+
+#include <algorithm>
+#include <bit>
+
+namespace vgpu::policy {
+namespace {
+
+constexpr std::uint64_t kLeastCycleNs = 100'000;          // 100 us
+constexpr std::uint64_t kMostCycleNs = 10'000'000'000ull;  // 10 s
+
+bool Spans(const Member& member, std::uint32_t gpu) { return gpu < kMaxGpus && ((member.gpus >> gpu) & 1) != 0; }
+
+// The stretches of `free` that are also in `other`, both sorted and disjoint.
+std::vector<Interval> Intersect(const std::vector<Interval>& free, const std::vector<Interval>& other) {
+  std::vector<Interval> out;
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (i < free.size() && j < other.size()) {
+    const std::uint64_t start = std::max(free[i].start_ns, other[j].start_ns);
+    const std::uint64_t end = std::min(free[i].end_ns, other[j].end_ns);
+    if (start < end) out.push_back({start, end});
+    if (free[i].end_ns < other[j].end_ns) ++i;
+    else ++j;
+  }
+  return out;
+}
+
+void Remove(std::vector<Interval>& free, Interval taken) {
+  std::vector<Interval> out;
+  for (const Interval& f : free) {
+    if (f.end_ns <= taken.start_ns || f.start_ns >= taken.end_ns) {
+      out.push_back(f);
+      continue;
+    }
+    if (f.start_ns < taken.start_ns) out.push_back({f.start_ns, taken.start_ns});
+    if (f.end_ns > taken.end_ns) out.push_back({taken.end_ns, f.end_ns});
+  }
+  free = std::move(out);
+}
+
+// `length_ns` from `common` (what is free on all the member's GPUs): one piece where one is long enough, else
+// pieces in cycle order until the length is placed or nothing is left.
+std::vector<Interval> Place(const std::vector<Interval>& common, std::uint64_t length_ns) {
+  for (const Interval& c : common) {
+    if (c.length() >= length_ns) return {{c.start_ns, c.start_ns + length_ns}};
+  }
+  std::vector<Interval> pieces;
+  for (const Interval& c : common) {
+    if (length_ns == 0) break;
+    const std::uint64_t take = std::min(length_ns, c.length());
+    pieces.push_back({c.start_ns, c.start_ns + take});
+    length_ns -= take;
+  }
+  return pieces;
+}
+
+std::vector<Interval> Merged(std::vector<Interval> pieces) {
+  std::sort(pieces.begin(), pieces.end(), [](const Interval& a, const Interval& b) { return a.start_ns < b.start_ns; });
+  std::vector<Interval> out;
+  for (const Interval& p : pieces) {
+    if (!out.empty() && out.back().end_ns == p.start_ns) out.back().end_ns = p.end_ns;
+    else out.push_back(p);
+  }
+  return out;
+}
+
+std::string CheckMembers(std::span<const Member> members, std::uint64_t cycle_ns) {
+  if (cycle_ns < kLeastCycleNs || cycle_ns > kMostCycleNs) {
+    return "cycle = " + std::to_string(cycle_ns) + " ns; accepted: 100000 .. 10000000000 (100 us .. 10 s)";
+  }
+  if (members.size() > kMaxMembers) {
+    return std::to_string(members.size()) + " members; accepted: at most " + std::to_string(kMaxMembers);
+  }
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    const std::string name = "member " + std::to_string(m) + " (id " + std::to_string(members[m].id) + ")";
+    if (members[m].share_permille == 0 || members[m].share_permille > 1000) {
+      return name + ": share = " + std::to_string(members[m].share_permille) + " permille; accepted: 1 .. 1000";
+    }
+    if (members[m].gpus == 0) return name + ": gpus = 0; accepted: at least one GPU bit set";
+    for (std::size_t n = 0; n < m; ++n) {
+      if (members[n].id == members[m].id) return name + ": the same id as member " + std::to_string(n);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string WindowPlan::Build(std::span<const Member> members, std::uint64_t cycle_ns) {
+  std::string error = CheckMembers(members, cycle_ns);
+  if (!error.empty()) return error;
+  cycle_ns_ = cycle_ns;
+  members_.assign(members.begin(), members.end());
+  pieces_.assign(members.size(), {});
+  std::uint64_t sum[kMaxGpus] = {};  // shares per GPU, permille
+  for (const Member& member : members_) {
+    for (std::uint32_t g = 0; g < kMaxGpus; ++g) sum[g] += Spans(member, g) ? member.share_permille : 0;
+  }
+  std::vector<std::size_t> order(members_.size());
+  for (std::size_t m = 0; m < order.size(); ++m) order[m] = m;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const int spans_a = std::popcount(members_[a].gpus);
+    const int spans_b = std::popcount(members_[b].gpus);
+    return spans_a != spans_b ? spans_a > spans_b : members_[a].id < members_[b].id;
+  });
+  std::vector<std::vector<Interval>> free(kMaxGpus, std::vector<Interval>{{0, cycle_ns}});
+  for (const std::size_t m : order) {
+    const Member& member = members_[m];
+    std::uint64_t denominator = 1000;
+    std::vector<Interval> common{{0, cycle_ns}};
+    for (std::uint32_t g = 0; g < kMaxGpus; ++g) {
+      if (!Spans(member, g)) continue;
+      denominator = std::max(denominator, sum[g]);
+      common = Intersect(common, free[g]);
+    }
+    const std::uint64_t length_ns = cycle_ns * member.share_permille / denominator;
+    pieces_[m] = Merged(Place(common, length_ns));
+    for (std::uint32_t g = 0; g < kMaxGpus; ++g) {
+      if (!Spans(member, g)) continue;
+      for (const Interval& piece : pieces_[m]) Remove(free[g], piece);
+    }
+  }
+  return "";
+}
+
+int WindowPlan::IndexOf(std::uint64_t id) const {
+  for (std::size_t m = 0; m < members_.size(); ++m) {
+    if (members_[m].id == id) return static_cast<int>(m);
+  }
+  return -1;
+}
+
+std::uint32_t WindowPlan::granted_permille(std::size_t m) const {
+  std::uint64_t total = 0;
+  for (const Interval& piece : pieces_[m]) total += piece.length();
+  return static_cast<std::uint32_t>(total * 1000 / cycle_ns_);
+}
+
+Interval WindowPlan::WindowAt(std::size_t m, std::uint64_t t_ns) const {
+  const std::vector<Interval>& pieces = pieces_[m];
+  if (pieces.empty()) return {kNoTime, kNoTime};
+  const std::uint64_t base = t_ns / cycle_ns_ * cycle_ns_;
+  const std::uint64_t phase = t_ns - base;
+  // A piece that ends at the cycle's end and one that starts at its beginning are one window across the boundary.
+  const bool wraps = pieces.back().end_ns == cycle_ns_ && pieces.front().start_ns == 0 && pieces.size() > 1;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    if (phase >= pieces[i].end_ns) continue;
+    Interval window{base + pieces[i].start_ns, base + pieces[i].end_ns};
+    if (wraps && i == 0 && base >= cycle_ns_) window.start_ns = base - (cycle_ns_ - pieces.back().start_ns);
+    if (wraps && i + 1 == pieces.size()) window.end_ns = base + cycle_ns_ + pieces.front().end_ns;
+    return window;
+  }
+  const std::uint64_t next = base + cycle_ns_;
+  Interval window{next + pieces.front().start_ns, next + pieces.front().end_ns};
+  if (wraps) window.start_ns = next - (cycle_ns_ - pieces.back().start_ns);
+  return window;
+}
+
+// The member's window time in [0, t_ns).
+static std::uint64_t OwnTimeBefore(std::span<const Interval> pieces, std::uint64_t cycle_ns, std::uint64_t t_ns) {
+  std::uint64_t per_cycle = 0;
+  std::uint64_t in_phase = 0;
+  const std::uint64_t phase = t_ns % cycle_ns;
+  for (const Interval& piece : pieces) {
+    per_cycle += piece.length();
+    if (phase > piece.start_ns) in_phase += std::min(phase, piece.end_ns) - piece.start_ns;
+  }
+  return t_ns / cycle_ns * per_cycle + in_phase;
+}
+
+std::uint64_t WindowPlan::OwnTimeIn(std::size_t m, std::uint64_t from_ns, std::uint64_t to_ns) const {
+  if (to_ns <= from_ns) return 0;
+  return OwnTimeBefore(pieces_[m], cycle_ns_, to_ns) - OwnTimeBefore(pieces_[m], cycle_ns_, from_ns);
+}
+
+std::uint64_t WindowPlan::AfterOwnTime(std::size_t m, std::uint64_t from_ns, std::uint64_t amount_ns) const {
+  if (amount_ns == 0) return from_ns;
+  const std::vector<Interval>& pieces = pieces_[m];
+  std::uint64_t per_cycle = 0;
+  for (const Interval& piece : pieces) per_cycle += piece.length();
+  if (per_cycle == 0) return kNoTime;
+  // The first instant t with OwnTimeBefore(t) = OwnTimeBefore(from) + amount: in cycle `target / per_cycle`, at
+  // `target % per_cycle` into its pieces (0 into them: the end of the previous cycle's last piece).
+  const std::uint64_t target = OwnTimeBefore(pieces, cycle_ns_, from_ns) + amount_ns;
+  const std::uint64_t cycle = target / per_cycle;
+  std::uint64_t left = target % per_cycle;
+  if (left == 0) return (cycle - 1) * cycle_ns_ + pieces.back().end_ns;
+  for (const Interval& piece : pieces) {
+    if (left <= piece.length()) return cycle * cycle_ns_ + piece.start_ns + left;
+    left -= piece.length();
+  }
+  return kNoTime;  // unreachable: left < per_cycle
+}
+
+int WindowPlan::OwnerAt(std::uint32_t gpu, std::uint64_t t_ns, Interval* stretch) const {
+  const std::uint64_t base = t_ns / cycle_ns_ * cycle_ns_;
+  const std::uint64_t phase = t_ns - base;
+  // The stretch of the cycle around `phase`: a member's piece, or the free time between pieces.
+  std::uint64_t free_start = 0;
+  std::uint64_t free_end = cycle_ns_;
+  for (std::size_t m = 0; m < members_.size(); ++m) {
+    if (!Spans(members_[m], gpu)) continue;
+    for (const Interval& piece : pieces_[m]) {
+      if (piece.contains(phase)) {
+        if (stretch != nullptr) *stretch = {base + piece.start_ns, base + piece.end_ns};
+        return static_cast<int>(m);
+      }
+      if (piece.end_ns <= phase) free_start = std::max(free_start, piece.end_ns);
+      if (piece.start_ns > phase) free_end = std::min(free_end, piece.start_ns);
+    }
+  }
+  if (stretch != nullptr) *stretch = {base + free_start, base + free_end};
+  return -1;
+}
+
+const char* WaitReasonName(WaitReason reason) {
+  switch (reason) {
+    case WaitReason::none: return "none";
+    case WaitReason::window: return "window";
+    case WaitReason::debt: return "debt";
+    case WaitReason::others_work: return "others_work";
+    case WaitReason::fit: return "fit";
+  }
+  return "?";
+}
+
+namespace {
+
+// The window a launch of `me` may go into at `now_ns`, if any: its own (repaid), or one lent to it. `whole` is the
+// window's full length, for the rule that a kernel longer than any window goes at an empty queue.
+struct Candidate {
+  bool found = false;
+  Interval window;
+  std::uint64_t whole_ns = 0;
+  bool lent = false;
+  Interval owner_stretch;  // the stretch of the GPU's cycle around now (whoever owns it)
+};
+
+Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+                     const TurnConfig& config, std::uint64_t now_ns) {
+  Candidate c;
+  const int owner = plan.OwnerAt(gpu, now_ns, &c.owner_stretch);
+  if (owner == static_cast<int>(me)) {
+    if (now_ns < published[me].repaid_until_ns) return c;  // repaying: this window is lent to the others
+    const Interval own = plan.WindowAt(me, now_ns);
+    c = {true, {now_ns, own.end_ns}, own.length(), false, c.owner_stretch};
+    return c;
+  }
+  const Interval stretch = c.owner_stretch;
+  if (owner >= 0 && now_ns < published[owner].repaid_until_ns) {
+    c.found = true;
+    c.window = {now_ns, std::min(stretch.end_ns, published[owner].repaid_until_ns)};
+  } else if (config.borrow_idle &&
+             (owner < 0 || (published[owner].in_flight == 0 && published[owner].waiting == 0))) {
+    c.found = true;
+    c.window = {now_ns, std::min(stretch.end_ns, now_ns + config.borrow_ahead_ns)};
+  }
+  c.whole_ns = c.window.length();
+  c.lent = true;
+  return c;
+}
+
+// Another member's work is in flight on the GPU and has not outlived the window it was released into by more than
+// `bound_ns`.
+bool OthersWorkInFlight(const WindowPlan& plan, std::size_t me, std::uint32_t gpu,
+                        std::span<const Published> published, std::uint64_t bound_ns, std::uint64_t now_ns) {
+  for (std::size_t o = 0; o < plan.size(); ++o) {
+    if (o == me || !Spans(plan.member(o), gpu) || published[o].in_flight == 0) continue;
+    if (now_ns < published[o].released_until_ns + bound_ns) return true;
+  }
+  return false;
+}
+
+// When a launch that finds no window now should look again: its own next usable window, or the next change of owner
+// on the GPU (a window there may be lent).
+std::uint64_t NextChance(const WindowPlan& plan, std::size_t me, const Published& own, const Candidate& c,
+                         std::uint64_t now_ns) {
+  const std::uint64_t from = std::max(now_ns + 1, own.repaid_until_ns);
+  const Interval next = plan.WindowAt(me, from);
+  const std::uint64_t own_start = next.start_ns == kNoTime ? kNoTime : std::max(next.start_ns, from);
+  return std::min(own_start, std::max(now_ns + 1, c.owner_stretch.end_ns));
+}
+
+}  // namespace
+
+Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+               const TurnConfig& config, std::uint64_t queued_end_ns, std::uint64_t estimate_ns,
+               std::uint64_t now_ns) {
+  if (me >= plan.size() || !Spans(plan.member(me), gpu) || published.size() < plan.size()) {
+    return {now_ns, WaitReason::none, {now_ns, kNoTime}, false};  // not scheduled here: the driver's time-slicing
+  }
+  const Candidate c = FindWindow(plan, me, gpu, published, config, now_ns);
+  if (!c.found) {
+    const bool repaying = plan.OwnerAt(gpu, now_ns) == static_cast<int>(me);
+    return {NextChance(plan, me, published[me], c, now_ns), repaying ? WaitReason::debt : WaitReason::window,
+            c.window, false};
+  }
+  if (OthersWorkInFlight(plan, me, gpu, published, c.whole_ns, now_ns)) {
+    return {kNoTime, WaitReason::others_work, c.window, c.lent};
+  }
+  const bool queue_empty = queued_end_ns <= now_ns;
+  const std::uint64_t end_ns = std::max(now_ns, queued_end_ns) + estimate_ns;
+  if (end_ns <= c.window.end_ns || (queue_empty && estimate_ns > c.whole_ns)) {
+    return {now_ns, WaitReason::none, c.window, c.lent};
+  }
+  return {c.window.end_ns, WaitReason::fit, c.window, c.lent};  // the window it would have gone into is over
+}
+
+std::uint64_t Overrun(const WindowPlan& plan, std::size_t me, std::uint64_t start_ns, std::uint64_t end_ns,
+                      Interval lent) {
+  if (end_ns <= start_ns) return 0;
+  const std::uint64_t own = plan.OwnTimeIn(me, start_ns, end_ns);
+  const std::uint64_t lent_start = std::max(start_ns, lent.start_ns);
+  const std::uint64_t lent_end = std::min(end_ns, lent.end_ns);
+  const std::uint64_t in_lent = lent_end > lent_start ? lent_end - lent_start : 0;
+  const std::uint64_t covered = own + in_lent;
+  return end_ns - start_ns > covered ? end_ns - start_ns - covered : 0;
+}
+
+std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::uint64_t repaid_until_ns,
+                          std::uint64_t overrun_ns, std::uint64_t now_ns) {
+  if (overrun_ns == 0) return repaid_until_ns;
+  return plan.AfterOwnTime(me, std::max(now_ns, repaid_until_ns), overrun_ns);
+}
+
+}  // namespace vgpu::policy
