@@ -95,6 +95,14 @@ const char* PolicyName(Policy policy) {
   return "?";
 }
 
+const char* SharingName(Sharing sharing) {
+  switch (sharing) {
+    case Sharing::budget: return "budget";
+    case Sharing::time_division: return "time_division";
+  }
+  return "?";
+}
+
 std::string Validate(const Scenario& s) {
   fakecuda::model::MachineConfig config = fakecuda::model::DefaultConfig();
   std::string error;
@@ -121,6 +129,9 @@ std::string Validate(const Scenario& s) {
       (s.sample_ns < kMillisecondNs || s.sample_ns > s.duration_ns || s.duration_ns % s.sample_ns != 0)) {
     return Field("", "sample_ns", s.sample_ns,
                  "0 (no samples) or 1 ms .. duration_ns, dividing duration_ns, e.g. 100000000");
+  }
+  if (s.sharing == Sharing::time_division && (s.cycle_ns < 100 * kMicrosecondNs || s.cycle_ns > 10 * kSecondNs)) {
+    return Field("", "cycle_ns", s.cycle_ns, "100 us .. 10 s, e.g. 20000000");
   }
   if (s.tenants.empty()) return "tenants is empty; accepted: one or more tenants";
   std::uint64_t processes = 0;
@@ -203,6 +214,18 @@ std::string Summary(const Result& result) {
       text += line;
     }
     text += "\n";
+  }
+  std::uint64_t waits = 0;
+  for (const std::uint64_t n : result.waits) waits += n;
+  if (waits > 0) {
+    std::snprintf(line, sizeof line,
+                  "time division: %llu waits (window %llu, debt %llu, others' work %llu, fit %llu), %.1f ms in all, "
+                  "longest %.3f ms\n",
+                  static_cast<unsigned long long>(waits), static_cast<unsigned long long>(result.waits[1]),
+                  static_cast<unsigned long long>(result.waits[2]), static_cast<unsigned long long>(result.waits[3]),
+                  static_cast<unsigned long long>(result.waits[4]), result.wait_total_ns / 1e6,
+                  result.wait_longest_ns / 1e6);
+    text += line;
   }
   return text;
 }

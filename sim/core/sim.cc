@@ -15,6 +15,7 @@
 #include "fakecuda/model/model.h"
 #include "random.h"
 #include "vgpu/policy/limiter.h"
+#include "vgpu/policy/time_division.h"
 #include "vgpu/sim/sim.h"
 
 namespace vgpu::sim {
@@ -81,6 +82,7 @@ struct InFlight {
   std::uint64_t seq;
   std::uint32_t kind;
   std::uint64_t charged_ns;
+  policy::Interval free;  // time division: the idle window it borrowed for free (empty: none)
 };
 
 // The kernels a process has queued and not yet seen complete, oldest first (one stream: they complete in order).
@@ -112,6 +114,8 @@ enum class HostState {
   sleeping,             // admitted: the kernel is queued at the wake-up (ready_at)
   waiting_for_queue,    // queue_depth kernels in flight: the next call begins at a completion
   waiting_for_limiter,  // in a launch call, the limiter asked to settle first: Admit again at a completion
+  waiting_for_turn,     // time division: admitted, no window yet; Decide again at the wake-up or, waiting for
+                        // another tenant's work, at a completion
   stopped,
 };
 
@@ -145,6 +149,8 @@ struct ProcessState {
   std::uint32_t pending_kind = 0;
   std::uint64_t pending_duration_ns = 0;
   policy::Admission pending_admission;
+  policy::Release pending_release;     // time division: the window the pending launch goes into
+  std::uint64_t turn_wait_since_ns = 0;
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
 };
@@ -164,6 +170,13 @@ struct TenantState {
   std::uint32_t reported_rate_permille = 0;
   BusyAt busy_at_nvml_end[model::kWindowHistory];  // ring by window index
   TenantResult result;
+  // Time division: the tenant's member in the plan (-1: not scheduled, left to the driver's time-slicing), when
+  // its released work is expected to be done, and whether it borrows idle windows (`default`).
+  int member = -1;
+  std::uint64_t queued_end_ns = 0;
+  policy::TurnConfig turn;
+  policy::Account account;
+  std::uint64_t charged_until_ns = 0;  // its GPU time is charged up to here (its processes' kernels overlap)
 };
 
 class Engine final : public model::TimelineListener {
@@ -205,6 +218,7 @@ class Engine final : public model::TimelineListener {
     p.last_end_ns = op.end_ns;
     p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
     TenantState& tenant = tenants_[p.tenant];
+    if (tenant.member >= 0) SettleTurn(tenant, op, done.free);
     ++tenant.result.kernels;
     ++result_.kernels;
     if (scenario_.record_trace) {
@@ -229,6 +243,7 @@ class Engine final : public model::TimelineListener {
       SetState(process_by_stream_[stream], HostState::calling);
       Schedule(process_by_stream_[stream], op.end_ns);
     }
+    if (time_division_) WakeTurnWaiters(op.end_ns);
   }
 
  private:
@@ -262,8 +277,13 @@ class Engine final : public model::TimelineListener {
       state.share_permille = tenant.share_percent == 0 ? 1000 : tenant.share_percent * 10;
       policy::LimiterConfig limiter_config;
       limiter_config.share_permille = state.share_permille;
-      limiter_config.throttle = tenant.policy != Policy::disable;
-      limiter_config.lend_when_idle = tenant.policy == Policy::default_policy;
+      const bool scheduled = scenario_.sharing == Sharing::time_division && tenant.policy != Policy::disable &&
+                             state.share_permille < 1000;
+      // Scheduled, the windows hold the share: the limiter measures and estimates only.
+      limiter_config.throttle = tenant.policy != Policy::disable && !scheduled;
+      limiter_config.lend_when_idle = tenant.policy == Policy::default_policy && !scheduled;
+      if (scheduled) state.member = static_cast<int>(t);  // renumbered below
+      state.turn.borrow_idle = tenant.policy == Policy::default_policy;
       if (tenant.burst_ns != 0) limiter_config.burst_ns = tenant.burst_ns;
       if (tenant.in_flight_max_ns != 0) limiter_config.in_flight_max_ns = tenant.in_flight_max_ns;
       policy::Limiter::InitCell(state.cell, state.share_permille, limiter_config.burst_ns, 0);
@@ -291,6 +311,7 @@ class Engine final : public model::TimelineListener {
         state.processes.push_back(index);
       }
     }
+    if (!PlanWindows()) return false;
     wake_ns_.assign(processes_.size(), kNever);
     in_flight_count_.assign(processes_.size(), 0);
     reacts_.assign(processes_.size(), 0);
@@ -321,6 +342,45 @@ class Engine final : public model::TimelineListener {
     }
     if (scenario_.record_trace) WriteHeader();
     return true;
+  }
+
+  // Time division: the plan of the tenants with a limit (members numbered in tenant order, id = tenant index + 1).
+  bool PlanWindows() {
+    time_division_ = scenario_.sharing == Sharing::time_division;
+    if (!time_division_) return true;
+    std::vector<policy::Member> members;
+    for (std::uint32_t t = 0; t < tenants_.size(); ++t) {
+      TenantState& tenant = tenants_[t];
+      if (tenant.member < 0) continue;
+      tenant.member = static_cast<int>(members.size());
+      members.push_back({t + 1ull, tenant.share_permille, 1});
+    }
+    members_ = members;
+    const std::string error = plan_.Build(members, scenario_.cycle_ns);
+    if (!error.empty()) {
+      result_.error = "time division: " + error;
+      return false;
+    }
+    published_.assign(members.size(), policy::Published{});
+    longest_ns_.assign(members.size(), 0);
+    return true;
+  }
+
+  // Scenario::cycle_max_ns: a tenant measured a kernel longer than its window; the plan is rebuilt on a longer
+  // cycle (every tenant's account keeps its balance).
+  void GrowCycle(const TenantState& tenant) {
+    if (scenario_.cycle_max_ns == 0) return;
+    std::uint64_t longest = 0;
+    for (const std::uint32_t index : tenant.processes) {
+      longest = std::max(longest, processes_[index].limiter->largest_estimate_ns());
+    }
+    std::uint64_t& published = longest_ns_[static_cast<std::size_t>(tenant.member)];
+    if (longest <= published) return;
+    published = longest;
+    const std::uint64_t cycle = policy::CycleFor(members_, longest_ns_, scenario_.cycle_ns, scenario_.cycle_max_ns);
+    if (cycle == plan_.cycle_ns()) return;
+    const std::string error = plan_.Build(members_, cycle);
+    if (!error.empty()) Fail("time division: " + error);
   }
 
   // The process's schedule and its kernels. Without segments: one plan from workload/start/stop, its kernels named
@@ -385,7 +445,8 @@ class Engine final : public model::TimelineListener {
   // settles the budget, which the process's own next step (it advances the model first) will see in time. With
   // other processes in the tenant, any completion may change what they are admitted, so it is acted on at once.
   std::uint64_t ReactionDelayNs(const ProcessState& p) const {
-    if (tenants_[p.tenant].processes.size() > 1) return 0;
+    // Under time division any completion may let a launch of another tenant go: every one is acted on.
+    if (tenants_[p.tenant].processes.size() > 1 || time_division_) return 0;
     switch (p.state) {
       case HostState::waiting_for_limiter: return 0;                               // Admit again at once
       case HostState::waiting_for_queue: return p.spec->launch_overhead_ns;        // the next call's Admit
@@ -563,12 +624,85 @@ class Engine final : public model::TimelineListener {
         Schedule(index, admission.ready_at_ns);
         return;
       }
+      if (tenants_[p.tenant].member >= 0 && !TakeTurn(index)) return;
+    } else if (p.state == HostState::waiting_for_turn) {
+      if (!TakeTurn(index)) return;
     } else if (p.state != HostState::sleeping) {
       return;
     }
     Submit(index);
     if (!result_.error.empty()) return;
     BeginCall(index, now_ns_);
+  }
+
+  // Time division: may the pending launch go now? If not, the process waits for its turn: until Decide's time, or
+  // a completion when another tenant's work holds the device.
+  bool TakeTurn(std::uint32_t index) {
+    ProcessState& p = processes_[index];
+    TenantState& tenant = tenants_[p.tenant];
+    const auto member = static_cast<std::size_t>(tenant.member);
+    policy::Accrue(plan_, member, tenant.account, now_ns_);
+    const policy::Release release = policy::Decide(plan_, member, kDevice, published_, tenant.account, tenant.turn,
+                                                   tenant.queued_end_ns, p.pending_admission.charged_ns, now_ns_);
+    const bool waiting = p.state == HostState::waiting_for_turn;
+    if (release.at_ns <= now_ns_) {
+      if (waiting) {
+        --published_[member].waiting;
+        const std::uint64_t waited_ns = now_ns_ - p.turn_wait_since_ns;
+        result_.wait_total_ns += waited_ns;
+        result_.wait_longest_ns = std::max(result_.wait_longest_ns, waited_ns);
+      }
+      p.pending_release = release;
+      return true;
+    }
+    if (!waiting) {
+      ++published_[member].waiting;
+      ++result_.waits[static_cast<int>(release.reason)];
+      p.turn_wait_since_ns = now_ns_;
+      SetState(index, HostState::waiting_for_turn);
+    }
+    if (release.at_ns != policy::kNoTime) Schedule(index, release.at_ns);
+    return false;
+  }
+
+  // A completion, a crash: every launch waiting for another tenant's work looks again.
+  void WakeTurnWaiters(std::uint64_t at_ns) {
+    for (std::uint32_t i = 0; i < processes_.size(); ++i) {
+      if (processes_[i].state == HostState::waiting_for_turn && wake_ns_[i] == kNever) Schedule(i, at_ns);
+    }
+  }
+
+  // Time division: a kernel of the tenant completed. Its run time is charged to the tenant's account (but not the
+  // part in an idle window it borrowed for free); a debt is published, for the others to borrow its windows.
+  // The tenant is charged the time in which it had work on the device, not the sum of its kernels' spans: its
+  // processes' kernels time-slice each other, and each span holds the others' slices.
+  void SettleTurn(TenantState& tenant, const model::Op& op, policy::Interval free) {
+    const auto member = static_cast<std::size_t>(tenant.member);
+    policy::Published& own = published_[member];
+    --own.in_flight;
+    const std::uint64_t from = std::max(TenantBusySince(tenant, op.start_ns), tenant.charged_until_ns);
+    tenant.charged_until_ns = std::max(tenant.charged_until_ns, op.end_ns);
+    const std::uint64_t span_ns = op.end_ns > from ? op.end_ns - from : 0;
+    const std::uint64_t free_start = std::max(from, free.start_ns);
+    const std::uint64_t free_end = std::min(op.end_ns, free.end_ns);
+    const std::uint64_t ran_ns = span_ns - (free_end > free_start ? std::min(span_ns, free_end - free_start) : 0);
+    own.repaid_until_ns = policy::Charge(plan_, member, tenant.account, ran_ns, op.end_ns);
+    if (own.in_flight == 0) tenant.queued_end_ns = op.end_ns;
+    GrowCycle(tenant);
+  }
+
+  // The earliest start among the tenant's kernels that have started and not completed, and `start_ns`.
+  std::uint64_t TenantBusySince(const TenantState& tenant, std::uint64_t start_ns) const {
+    for (const std::uint32_t index : tenant.processes) {
+      const ProcessState& p = processes_[index];
+      if (p.crashed) continue;
+      const model::Stream& stream = machine_->streams[p.stream];
+      for (std::uint64_t seq = stream.head; seq < stream.tail; ++seq) {
+        const model::Op& queued = stream.ring[seq % model::kStreamDepth];
+        if (queued.started != 0) start_ns = std::min(start_ns, queued.start_ns);
+      }
+    }
+    return start_ns;
   }
 
   void Choose(ProcessState& p) {
@@ -596,10 +730,19 @@ class Engine final : public model::TimelineListener {
     launch.per_wave_ns = p.pending_duration_ns;
     launch.name = p.kinds[p.pending_kind].name.c_str();
     std::uint64_t seq = 0;
+    TenantState& tenant = tenants_[p.tenant];
+    const bool free = tenant.member >= 0 && p.pending_release.free;
+    const policy::Interval free_window = free ? p.pending_release.window : policy::Interval{};
     if (model::EnqueueKernel(*machine_, p.stream, launch, now_ns_, &seq) != model::EnqueueResult::ok ||
-        !p.in_flight.Push(InFlight{seq, p.pending_kind, p.pending_admission.charged_ns})) {
+        !p.in_flight.Push(InFlight{seq, p.pending_kind, p.pending_admission.charged_ns, free_window})) {
       Fail("process " + std::to_string(index) + "'s stream queue is full");
       return;
+    }
+    if (tenant.member >= 0) {
+      policy::Published& own = published_[static_cast<std::size_t>(tenant.member)];
+      ++own.in_flight;
+      own.released_until_ns = p.pending_release.window.end_ns;
+      tenant.queued_end_ns = std::max(now_ns_, tenant.queued_end_ns) + p.pending_admission.charged_ns;
     }
     p.has_pending = false;
     ++p.segment_launches;
@@ -649,7 +792,14 @@ class Engine final : public model::TimelineListener {
       else p.limiter->Cancel(key, item.charged_ns);
       ++dropped;
     }
-    if (p.state == HostState::sleeping) p.limiter->Cancel(p.kinds[p.pending_kind].key, p.pending_admission.charged_ns);
+    const bool sleeping = p.state == HostState::sleeping || p.state == HostState::waiting_for_turn;
+    if (sleeping) p.limiter->Cancel(p.kinds[p.pending_kind].key, p.pending_admission.charged_ns);
+    TenantState& owner = tenants_[p.tenant];
+    if (owner.member >= 0) {
+      policy::Published& own = published_[static_cast<std::size_t>(owner.member)];
+      own.in_flight -= static_cast<std::uint32_t>(dropped);
+      if (p.state == HostState::waiting_for_turn) --own.waiting;
+    }
     p.has_pending = false;
     p.crash_busy_ns = machine_->slots[p.slot].busy_total_ns[kDevice];
     p.crashed = true;
@@ -658,6 +808,7 @@ class Engine final : public model::TimelineListener {
     in_flight_count_[index] = 0;
     wake_ns_[index] = kNever;
     SetState(index, HostState::stopped);
+    if (time_division_) WakeTurnWaiters(now_ns_);
     if (scenario_.record_trace) {
       const TenantState& tenant = tenants_[p.tenant];
       LineWriter(result_.trace)
@@ -804,6 +955,11 @@ class Engine final : public model::TimelineListener {
   std::vector<std::uint32_t> in_flight_count_;  // per process: kernels queued and not seen complete
   std::vector<std::uint8_t> reacts_;            // per process: ReactionDelayNs(its state) != kNever
   bool lending_ = false;
+  bool time_division_ = false;     // Scenario::sharing
+  policy::WindowPlan plan_;        // time division: the windows of the tenants with a limit
+  std::vector<policy::Member> members_;
+  std::vector<std::uint64_t> longest_ns_;  // per member: its longest kernel, as its processes publish it
+  std::vector<policy::Published> published_;  // per member: what its processes publish (the shim: shared memory)
   std::uint64_t now_ns_ = 0;
   std::uint64_t next_observe_ns_ = kNever;
   std::uint64_t next_window_ns_ = kNever;

@@ -165,62 +165,104 @@ TEST(WindowPlan, AfterOwnTimeIsTheInverseOfOwnTimeIn) {
   }
 }
 
+// ---- the account ---------------------------------------------------------------------------------------------
+
+TEST(Account, WindowTimeIsCreditRunTimeSpendsItAndCreditIsCappedAtOneCyclesWindows) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  Account account;
+  Accrue(plan, 0, account, 4 * kMs);
+  EXPECT_EQ(account.balance_ns, 4 * static_cast<std::int64_t>(kMs));
+  EXPECT_EQ(Charge(plan, 0, account, 3 * kMs, 5 * kMs), 0u);  // 5 ms of window, 3 ran: 2 ms credit, no debt
+  EXPECT_EQ(account.balance_ns, 2 * static_cast<std::int64_t>(kMs));
+  Accrue(plan, 0, account, 200 * kMs);                          // idle for ten cycles: credit stops at 6 ms
+  EXPECT_EQ(account.balance_ns, 6 * static_cast<std::int64_t>(kMs));
+  // A 20 ms kernel: 14 ms of debt, repaid by its windows' time: [200, 206) 6, [220, 226) 6, [240, 242) 2.
+  EXPECT_EQ(Charge(plan, 0, account, 20 * kMs, 200 * kMs), 242 * kMs);
+  EXPECT_EQ(account.balance_ns, -14 * static_cast<std::int64_t>(kMs));
+  Accrue(plan, 0, account, 242 * kMs);
+  EXPECT_EQ(account.balance_ns, 0);
+}
+
+TEST(CycleFor, DoublesUntilEveryWindowHoldsItsMembersLongestKernel) {
+  const std::vector<Member> members{{.id = 1, .share_permille = 300, .gpus = 1},
+                                    {.id = 2, .share_permille = 700, .gpus = 1}};
+  EXPECT_EQ(CycleFor(members, std::vector<std::uint64_t>{kMs, kMs}, kCycle, 640 * kMs), kCycle);
+  // 20 ms at 30 % needs 66.7 ms: 80.
+  EXPECT_EQ(CycleFor(members, std::vector<std::uint64_t>{20 * kMs, 20 * kMs}, kCycle, 640 * kMs), 80 * kMs);
+  EXPECT_EQ(CycleFor(members, std::vector<std::uint64_t>{900 * kMs, 0}, kCycle, 640 * kMs), 640 * kMs);
+}
+
 // ---- the release decision --------------------------------------------------------------------------------------
 
 struct Pair {
   WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   std::vector<Published> published = std::vector<Published>(2);
+  Account accounts[2];
   TurnConfig config;
   Release Decide(std::size_t me, std::uint64_t queued_end_ns, std::uint64_t estimate_ns, std::uint64_t now_ns) {
-    return policy::Decide(plan, me, 0, published, config, queued_end_ns, estimate_ns, now_ns);
+    Accrue(plan, me, accounts[me], now_ns);
+    return policy::Decide(plan, me, 0, published, accounts[me], config, queued_end_ns, estimate_ns, now_ns);
   }
 };
 
-TEST(Decide, ALaunchThatFitsItsWindowGoesAtOnceAndOneThatDoesNotWaitsForTheNext) {
+TEST(Decide, ALaunchGoesIfAtLeastHalfOfItIsExpectedInsideItsWindowElseAtTheNext) {
   Pair p;
   Release r = p.Decide(0, 0, kMs, kMs);
   EXPECT_EQ(r.at_ns, kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
-  EXPECT_FALSE(r.lent);
+  EXPECT_FALSE(r.free);
   EXPECT_EQ(r.window.end_ns, 6 * kMs);
-  // Queued work until 5.5 ms: a 1 ms kernel would end at 6.5, past the window.
-  r = p.Decide(0, 5'500 * kUs, kMs, 2 * kMs);
+  // At 0, with queued work until 5.4 ms: a 1 ms kernel ends at 6.4, 0.4 ms past the window: it goes (repaid later).
+  Pair fresh;
+  r = fresh.Decide(0, 5'400 * kUs, kMs, 0);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  // Until 5.6 ms: 0.6 ms past, more than half of it: it waits, and looks again when the window is over.
+  r = fresh.Decide(0, 5'600 * kUs, kMs, 0);
   EXPECT_EQ(r.reason, WaitReason::fit);
-  EXPECT_EQ(r.at_ns, 6 * kMs);  // it looks again when that window is over
-  // Outside its window: it waits for the next.
+  EXPECT_EQ(r.at_ns, 6 * kMs);
+  // Outside its window it waits for the next.
   r = p.Decide(0, 0, kMs, 7 * kMs);
   EXPECT_EQ(r.reason, WaitReason::window);
   EXPECT_EQ(r.at_ns, 20 * kMs);
 }
 
-TEST(Decide, AKernelLongerThanAnyWindowGoesOnAnEmptyQueueAndOverrunsWhatItIsCharged) {
+TEST(Decide, CreditLetsAMemberRunPastItsWindowsEnd) {
+  // At 2 ms, 2 ms of its own work queued and a 5 ms kernel: it would end at 9, 3 ms past its window.
+  Pair p;
+  p.accounts[0].as_of_ns = 2 * kMs;
+  EXPECT_EQ(p.Decide(0, 4 * kMs, 5 * kMs, 2 * kMs).reason, WaitReason::fit);
+  // With 3 ms of credit (it was held out of 3 ms of its windows before) it goes.
+  p.accounts[0].balance_ns = 3 * static_cast<std::int64_t>(kMs);
+  EXPECT_EQ(p.Decide(0, 4 * kMs, 5 * kMs, 2 * kMs).reason, WaitReason::none);
+}
+
+TEST(Decide, AKernelLongerThanItsWindowGoesOnAnEmptyQueueIntoDebtAndItsWindowsAreLentMeanwhile) {
   Pair p;
   Release r = p.Decide(0, 0, 20 * kMs, kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
-  // Queued behind its own work it waits: the overrun would be longer than it has to be.
+  // Queued behind its own work it waits.
   r = p.Decide(0, 2 * kMs, 20 * kMs, kMs);
   EXPECT_EQ(r.reason, WaitReason::fit);
-  // It ran [1, 21): 5 ms in its window, 14 ms in b's, 1 ms in its next window: it repays 14 ms of its windows.
-  const std::uint64_t overrun = Overrun(p.plan, 0, kMs, 21 * kMs, {});
-  EXPECT_EQ(overrun, 14 * kMs);
-  p.published[0].repaid_until_ns = RepaidUntil(p.plan, 0, 0, overrun, 21 * kMs);
+  // It ran [1, 21): charged 20 ms against 1 ms of credit and 5 + 1 ms of window time: 14 ms of debt.
+  p.published[0].repaid_until_ns = Charge(p.plan, 0, p.accounts[0], 20 * kMs, 21 * kMs);
   EXPECT_EQ(p.published[0].repaid_until_ns, 63 * kMs);  // 5 ms of [21, 26), 6 of [40, 46), 3 of [60, 66)
   r = p.Decide(0, 0, kMs, 22 * kMs);
   EXPECT_EQ(r.reason, WaitReason::debt);
   EXPECT_EQ(r.at_ns, 26 * kMs);  // when the owner changes; its own window is usable again from 63 ms
-  r = p.Decide(0, 0, kMs, 45 * kMs);
-  EXPECT_EQ(r.reason, WaitReason::debt);
   r = p.Decide(0, 0, kMs, 63 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
   EXPECT_EQ(r.window.end_ns, 66 * kMs);
-  // Meanwhile its windows are lent to b, and what b runs there is not b's overrun.
+  // b, held out of [6, 20) by a's kernel, has 14 ms of credit to spend in a's lent windows.
+  p.accounts[1].as_of_ns = 6 * kMs;
   r = p.Decide(1, 0, 2 * kMs, 41 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
-  EXPECT_TRUE(r.lent);
+  EXPECT_FALSE(r.free);
   EXPECT_EQ(r.window.end_ns, 46 * kMs);
-  EXPECT_EQ(Overrun(p.plan, 1, 41 * kMs, 43 * kMs, r.window), 0u);
-  EXPECT_EQ(Overrun(p.plan, 1, 41 * kMs, 47 * kMs, r.window), 0u);  // [46, 47) is b's own
-  EXPECT_EQ(Overrun(p.plan, 1, 55 * kMs, 62 * kMs, {}), 2 * kMs);   // [60, 62) is a's
+  // Without credit it may not.
+  p.accounts[1] = Account{0, 46 * kMs};
+  p.accounts[1].balance_ns = -1;
+  r = policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, 2 * kMs, 41 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::window);
 }
 
 TEST(Decide, OthersWorkInFlightHoldsALaunchForAtMostOneWindow) {
@@ -230,21 +272,21 @@ TEST(Decide, OthersWorkInFlightHoldsALaunchForAtMostOneWindow) {
   Release r = p.Decide(0, 0, kMs, 21 * kMs);
   EXPECT_EQ(r.reason, WaitReason::others_work);
   EXPECT_EQ(r.at_ns, kNoTime);
-  // b's work outlived its window by a's whole window (6 ms): dead, stopped or lying; a goes.
   r = p.Decide(0, 0, kMs, 26 * kMs - 1);
   EXPECT_EQ(r.reason, WaitReason::others_work);
+  // b's work outlived its window by a's whole window (6 ms): dead, stopped or lying; a goes.
   r = p.Decide(0, 0, kMs, 40 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
 }
 
-TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadAndForceDoesNot) {
+TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadForFreeAndForceDoesNot) {
   Pair p;
   Release r = p.Decide(0, 0, kMs, 10 * kMs);
   EXPECT_EQ(r.reason, WaitReason::window);
   p.config.borrow_idle = true;
   r = p.Decide(0, 0, kMs, 10 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
-  EXPECT_TRUE(r.lent);
+  EXPECT_TRUE(r.free);
   EXPECT_EQ(r.window.end_ns, 12 * kMs);  // borrow_ahead_ns from now
   r = p.Decide(0, 12'500 * kUs, kMs, 11 * kMs);
   EXPECT_EQ(r.reason, WaitReason::fit);
@@ -255,14 +297,14 @@ TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadAndForceDoesNo
   // Time nobody owns is lent too.
   const WindowPlan partial = Plan({{.id = 1, .share_permille = 300, .gpus = 1}});
   std::vector<Published> one(1);
-  r = policy::Decide(partial, 0, 0, one, p.config, 0, kMs, 10 * kMs);
-  EXPECT_TRUE(r.lent);
+  r = policy::Decide(partial, 0, 0, one, Account{}, p.config, 0, kMs, 10 * kMs);
+  EXPECT_TRUE(r.free);
   EXPECT_EQ(r.reason, WaitReason::none);
 }
 
 TEST(Decide, AMemberNotScheduledOnTheGpuIsLeftToTheDriver) {
   Pair p;
-  const Release r = policy::Decide(p.plan, 0, 5, p.published, p.config, 0, kMs, 10 * kMs);
+  const Release r = policy::Decide(p.plan, 0, 5, p.published, Account{}, p.config, 0, kMs, 10 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
   EXPECT_EQ(r.at_ns, 10 * kMs);
 }

@@ -450,6 +450,118 @@ TEST(Segments, AnIdleGapShowsAsNoBusyInTheSamples) {
   EXPECT_LT(at(2100) - at(2000), 80 * kMillisecondNs);
 }
 
+// ---- time division (issue 20, docs/compute-sharing.md) ------------------------------------------------------
+
+// The H100-calibrated device (2.09 ms slices, 160 us handovers, kernels measured by the shim's event pair), the
+// tenants sharing it by time division on a 20 ms cycle that doubles (to 640 ms at most) until every window holds its
+// tenant's longest kernel.
+Scenario Divided(std::vector<Tenant> tenants, std::uint64_t seconds = 6) {
+  Scenario scenario = Of(std::move(tenants));
+  scenario.timeslice_ns = 2'090 * kMicrosecondNs;
+  scenario.switch_ns = 160 * kMicrosecondNs;
+  scenario.measurement = Measurement::event_pair;
+  scenario.sharing = Sharing::time_division;
+  scenario.cycle_ns = 20 * kMillisecondNs;
+  scenario.cycle_max_ns = 640 * kMillisecondNs;
+  scenario.duration_ns = seconds * kSecondNs;
+  return scenario;
+}
+
+// Each tenant's mean share within 2 points of its cap, and the tenants together at least `together` of the GPU.
+void ExpectSharesHeldTogether(const Result& result, double together) {
+  double sum = 0;
+  for (const TenantResult& tenant : result.tenants) {
+    EXPECT_NEAR(tenant.mean_share, tenant.cap, kMeanTolerance) << "tenant " << tenant.name << ", seed " << result.seed;
+    sum += tenant.mean_share;
+  }
+  EXPECT_GE(sum, together) << "seed " << result.seed;
+}
+
+// The kernels of a pair: one-wave 20 ms (queue 2), 1 ms (queue 4) or 5 us back to back (queue 8).
+Workload PairWorkload(std::uint64_t kernel_ns) {
+  if (kernel_ns < 100 * kMicrosecondNs) return BackToBack(kernel_ns);
+  return kernel_ns >= 20 * kMillisecondNs ? Persistent(kernel_ns) : Persistent(kernel_ns, 4);
+}
+
+class TimeDivisionPair : public ::testing::TestWithParam<std::tuple<std::uint64_t, std::uint32_t>> {};
+
+// Issue 20, "What must be shown" 1 (a) and (b) in virtual time: 30/70 and 50/50 with 1 ms, 5 us and one-wave 20 ms
+// kernels, each within 2 points, together at least 95 % (under the event-pair limiter the same pairs get e.g.
+// 30.0 / 53.9 and 24.5 / 24.5: bench/sharing_compare).
+TEST_P(TimeDivisionPair, HoldsBothSharesAndBooksTheGpu) {
+  const auto [kernel_ns, a_share] = GetParam();
+  const Result result = RunAndPrint(Divided({OneProcess("a", a_share, PairWorkload(kernel_ns)),
+                                             OneProcess("b", 100 - a_share, PairWorkload(kernel_ns))}, 11));
+  ExpectSharesHeldTogether(result, 0.95);
+}
+
+std::string PairName(const ::testing::TestParamInfo<TimeDivisionPair::ParamType>& info) {
+  const std::uint64_t kernel_ns = std::get<0>(info.param);
+  const std::uint32_t a = std::get<1>(info.param);
+  const std::string size = kernel_ns >= kMillisecondNs ? std::to_string(kernel_ns / kMillisecondNs) + "ms"
+                                                       : std::to_string(kernel_ns / kMicrosecondNs) + "us";
+  return "Kernels" + size + "_" + std::to_string(a) + "_" + std::to_string(100 - a);
+}
+
+INSTANTIATE_TEST_SUITE_P(Caps, TimeDivisionPair,
+                         ::testing::Combine(::testing::Values(20 * kMillisecondNs, kMillisecondNs,
+                                                              5 * kMicrosecondNs),
+                                            ::testing::Values(30u, 50u)),
+                         PairName);
+
+// A lone tenant keeps its cap under time division, as under the limiter (issue 20, item 5, no regression).
+TEST(TimeDivision, ALoneTenantHoldsItsCapWithOneKernelSize) {
+  for (const std::uint32_t cap : {10u, 30u, 50u, 70u, 90u}) {
+    for (const std::uint64_t kernel_ns : {20 * kMillisecondNs, kMillisecondNs, 5 * kMicrosecondNs}) {
+      const Result result = RunAndPrint(Divided({OneProcess("a", cap, PairWorkload(kernel_ns))}, 11));
+      ASSERT_EQ(result.tenants.size(), 1u);
+      EXPECT_NEAR(result.tenants[0].mean_share, cap / 100.0, kMeanTolerance) << "cap " << cap << ", " << kernel_ns;
+    }
+  }
+}
+
+// FAILS (issue 20, item 5) at 50 %: with sizes from 5 us to 20 ms a launch's estimate is often far from what runs,
+// and the ends of windows are left unfilled. Observed: 9.8, 29.5, 47.7, 69.9, 90.1 % (seed 1).
+TEST(TimeDivision, DISABLED_ALoneTenantHoldsItsCapWithMixedKernels) {
+  for (const std::uint32_t cap : {10u, 30u, 50u, 70u, 90u}) {
+    const Result result = RunAndPrint(Divided({OneProcess("a", cap, Mixed())}, 11));
+    EXPECT_NEAR(result.tenants[0].mean_share, cap / 100.0, kMeanTolerance) << "cap " << cap;
+  }
+}
+
+// A tenant killed mid-run: the other keeps its share (it never had more than its windows), and the killed one's
+// queued kernels held it out of nothing.
+TEST(TimeDivision, AKilledTenantLeavesTheOtherItsShare) {
+  Tenant a = OneProcess("a", 30, Persistent(kMillisecondNs, 4));
+  a.processes[0].crash_ns = 3050 * kMillisecondNs + 123;
+  const Result result = RunAndPrint(Divided({a, OneProcess("b", 70, Persistent(kMillisecondNs, 4))}));
+  ASSERT_EQ(result.tenants.size(), 2u);
+  for (std::size_t w = 1; w < 6; ++w) {
+    EXPECT_NEAR(result.tenants[1].window_shares[w], 0.70, kMeanTolerance) << "window " << w;
+  }
+  EXPECT_EQ(result.tenants[0].window_shares[4], 0.0);
+}
+
+// FAILS (issue 20, item 2): the tenant of two processes is held under its share. Its processes time-slice each
+// other, so each one's kernels measure up to twice their length, and the launches it is released are judged by
+// those estimates. Observed: 10.1, 19.6, 29.2, 35.1 % (seed 1; bench/sharing_compare --cycle-max-ms 640).
+TEST(TimeDivision, DISABLED_TenTwentyThirtyFortyWithMixedKernelsAndATenantOfTwoProcesses) {
+  Tenant d = OneProcess("d", 40, Mixed());
+  d.processes.push_back(d.processes[0]);
+  const Result result = RunAndPrint(Divided({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()),
+                                             OneProcess("c", 30, Mixed()), d}, 11));
+  ExpectSharesHeldTogether(result, 0.90);
+}
+
+// FAILS (issue 20, item 6): `default` alone borrows the idle time 2 ms ahead at a time, and loses the gaps at
+// window edges. Observed: 95.0 % with 1 ms kernels, 70.5 % with mixed ones (goal: at least 97 %).
+TEST(TimeDivision, DISABLED_DefaultAloneGetsAtLeast97Percent) {
+  for (const Workload& workload : {Persistent(kMillisecondNs, 4), Mixed()}) {
+    const Result result = RunAndPrint(Divided({OneProcess("a", 30, workload, Policy::default_policy)}));
+    EXPECT_GE(result.tenants[0].mean_share, 0.97);
+  }
+}
+
 // A crash stops the tenant's busy time at the crash instant exactly; its queued kernels never run, and the other
 // tenant takes the freed time up to its own cap.
 TEST(Crash, StopsBusyAtTheCrashAndTheOtherTenantTakesTheFreedTimeUnderItsCap) {

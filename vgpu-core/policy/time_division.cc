@@ -226,39 +226,73 @@ const char* WaitReasonName(WaitReason reason) {
   return "?";
 }
 
+std::uint64_t CycleFor(std::span<const Member> members, std::span<const std::uint64_t> longest_ns,
+                       std::uint64_t base_ns, std::uint64_t most_ns) {
+  std::uint64_t cycle = base_ns;
+  for (std::size_t m = 0; m < members.size() && m < longest_ns.size(); ++m) {
+    const std::uint32_t share = std::max<std::uint32_t>(members[m].share_permille, 1);
+    while (cycle < most_ns && cycle / 1000 * share < longest_ns[m]) cycle *= 2;
+  }
+  return std::min(cycle, std::max(base_ns, most_ns));
+}
+
+static std::uint64_t PerCycleOwnTime(const WindowPlan& plan, std::size_t me) {
+  std::uint64_t total = 0;
+  for (const Interval& piece : plan.pieces(me)) total += piece.length();
+  return total;
+}
+
+void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t now_ns) {
+  if (now_ns <= account.as_of_ns) return;
+  const auto gained = static_cast<std::int64_t>(plan.OwnTimeIn(me, account.as_of_ns, now_ns));
+  const auto cap = static_cast<std::int64_t>(PerCycleOwnTime(plan, me));
+  account.balance_ns = std::max(account.balance_ns, std::min(account.balance_ns + gained, cap));
+  account.as_of_ns = now_ns;
+}
+
+std::uint64_t Charge(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t ran_ns,
+                     std::uint64_t now_ns) {
+  Accrue(plan, me, account, now_ns);
+  account.balance_ns -= static_cast<std::int64_t>(ran_ns);
+  if (account.balance_ns >= 0) return 0;
+  return plan.AfterOwnTime(me, now_ns, static_cast<std::uint64_t>(-account.balance_ns));
+}
+
 namespace {
 
-// The window a launch of `me` may go into at `now_ns`, if any: its own (repaid), or one lent to it. `whole` is the
-// window's full length, for the rule that a kernel longer than any window goes at an empty queue.
+// The window a launch of `me` may go into at `now_ns`, if any. `whole` is the window's full length, for the rule
+// that a kernel longer than any window goes at an empty queue.
 struct Candidate {
   bool found = false;
   Interval window;
   std::uint64_t whole_ns = 0;
-  bool lent = false;
+  bool free = false;
   Interval owner_stretch;  // the stretch of the GPU's cycle around now (whoever owns it)
 };
 
 Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-                     const TurnConfig& config, std::uint64_t now_ns) {
+                     const Account& account, const TurnConfig& config, std::uint64_t now_ns) {
   Candidate c;
   const int owner = plan.OwnerAt(gpu, now_ns, &c.owner_stretch);
-  if (owner == static_cast<int>(me)) {
-    if (now_ns < published[me].repaid_until_ns) return c;  // repaying: this window is lent to the others
-    const Interval own = plan.WindowAt(me, now_ns);
-    c = {true, {now_ns, own.end_ns}, own.length(), false, c.owner_stretch};
-    return c;
-  }
   const Interval stretch = c.owner_stretch;
-  if (owner >= 0 && now_ns < published[owner].repaid_until_ns) {
+  if (owner == static_cast<int>(me)) {
+    if (account.balance_ns < 0) return c;  // in debt: this window is lent to the others
+    const Interval own = plan.WindowAt(me, now_ns);
     c.found = true;
+    c.window = {now_ns, own.end_ns};
+    c.whole_ns = own.length();
+  } else if (owner >= 0 && now_ns < published[owner].repaid_until_ns && account.balance_ns > 0) {
+    c.found = true;  // on credit
     c.window = {now_ns, std::min(stretch.end_ns, published[owner].repaid_until_ns)};
+    c.whole_ns = c.window.length();
   } else if (config.borrow_idle &&
-             (owner < 0 || (published[owner].in_flight == 0 && published[owner].waiting == 0))) {
+             (owner < 0 || (published[owner].in_flight == 0 && published[owner].waiting == 0 &&
+                            now_ns >= published[owner].repaid_until_ns))) {
     c.found = true;
+    c.free = true;
     c.window = {now_ns, std::min(stretch.end_ns, now_ns + config.borrow_ahead_ns)};
+    c.whole_ns = c.window.length();
   }
-  c.whole_ns = c.window.length();
-  c.lent = true;
   return c;
 }
 
@@ -273,8 +307,8 @@ bool OthersWorkInFlight(const WindowPlan& plan, std::size_t me, std::uint32_t gp
   return false;
 }
 
-// When a launch that finds no window now should look again: its own next usable window, or the next change of owner
-// on the GPU (a window there may be lent).
+// When a launch that finds no window now should look again: its own next window (after its debt), or the next
+// change of owner on the GPU (a window there may be lent).
 std::uint64_t NextChance(const WindowPlan& plan, std::size_t me, const Published& own, const Candidate& c,
                          std::uint64_t now_ns) {
   const std::uint64_t from = std::max(now_ns + 1, own.repaid_until_ns);
@@ -283,46 +317,40 @@ std::uint64_t NextChance(const WindowPlan& plan, std::size_t me, const Published
   return std::min(own_start, std::max(now_ns + 1, c.owner_stretch.end_ns));
 }
 
+// Whether the launch may go into the candidate window, by the account (free windows: it must fit).
+bool Affordable(const WindowPlan& plan, std::size_t me, const Candidate& c, const Account& account,
+                std::uint64_t queued_end_ns, std::uint64_t estimate_ns, std::uint64_t now_ns) {
+  const bool queue_empty = queued_end_ns <= now_ns;
+  const std::uint64_t end_ns = std::max(now_ns, queued_end_ns) + estimate_ns;
+  if (queue_empty && estimate_ns > c.whole_ns) return true;  // longer than the window: it can only overrun
+  if (c.free) return end_ns <= c.window.end_ns;
+  // The balance when it ends: window time gained by then, minus its queued work and itself.
+  const auto after = account.balance_ns + static_cast<std::int64_t>(plan.OwnTimeIn(me, now_ns, end_ns)) -
+                     static_cast<std::int64_t>(end_ns - now_ns);
+  return after >= -static_cast<std::int64_t>(estimate_ns / 2);
+}
+
 }  // namespace
 
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-               const TurnConfig& config, std::uint64_t queued_end_ns, std::uint64_t estimate_ns,
-               std::uint64_t now_ns) {
+               const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
+               std::uint64_t estimate_ns, std::uint64_t now_ns) {
   if (me >= plan.size() || !Spans(plan.member(me), gpu) || published.size() < plan.size()) {
     return {now_ns, WaitReason::none, {now_ns, kNoTime}, false};  // not scheduled here: the driver's time-slicing
   }
-  const Candidate c = FindWindow(plan, me, gpu, published, config, now_ns);
+  const Candidate c = FindWindow(plan, me, gpu, published, account, config, now_ns);
   if (!c.found) {
-    const bool repaying = plan.OwnerAt(gpu, now_ns) == static_cast<int>(me);
-    return {NextChance(plan, me, published[me], c, now_ns), repaying ? WaitReason::debt : WaitReason::window,
+    const bool in_debt = plan.OwnerAt(gpu, now_ns) == static_cast<int>(me);
+    return {NextChance(plan, me, published[me], c, now_ns), in_debt ? WaitReason::debt : WaitReason::window,
             c.window, false};
   }
   if (OthersWorkInFlight(plan, me, gpu, published, c.whole_ns, now_ns)) {
-    return {kNoTime, WaitReason::others_work, c.window, c.lent};
+    return {kNoTime, WaitReason::others_work, c.window, c.free};
   }
-  const bool queue_empty = queued_end_ns <= now_ns;
-  const std::uint64_t end_ns = std::max(now_ns, queued_end_ns) + estimate_ns;
-  if (end_ns <= c.window.end_ns || (queue_empty && estimate_ns > c.whole_ns)) {
-    return {now_ns, WaitReason::none, c.window, c.lent};
+  if (Affordable(plan, me, c, account, queued_end_ns, estimate_ns, now_ns)) {
+    return {now_ns, WaitReason::none, c.window, c.free};
   }
-  return {c.window.end_ns, WaitReason::fit, c.window, c.lent};  // the window it would have gone into is over
-}
-
-std::uint64_t Overrun(const WindowPlan& plan, std::size_t me, std::uint64_t start_ns, std::uint64_t end_ns,
-                      Interval lent) {
-  if (end_ns <= start_ns) return 0;
-  const std::uint64_t own = plan.OwnTimeIn(me, start_ns, end_ns);
-  const std::uint64_t lent_start = std::max(start_ns, lent.start_ns);
-  const std::uint64_t lent_end = std::min(end_ns, lent.end_ns);
-  const std::uint64_t in_lent = lent_end > lent_start ? lent_end - lent_start : 0;
-  const std::uint64_t covered = own + in_lent;
-  return end_ns - start_ns > covered ? end_ns - start_ns - covered : 0;
-}
-
-std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::uint64_t repaid_until_ns,
-                          std::uint64_t overrun_ns, std::uint64_t now_ns) {
-  if (overrun_ns == 0) return repaid_until_ns;
-  return plan.AfterOwnTime(me, std::max(now_ns, repaid_until_ns), overrun_ns);
+  return {c.window.end_ns, WaitReason::fit, c.window, c.free};  // the window it would have gone into is over
 }
 
 }  // namespace vgpu::policy

@@ -95,6 +95,14 @@ enum class OthersEstimate {
   nvml_minus_cell_busy,
 };
 
+// How the tenants with a limit share the device.
+enum class Sharing {
+  budget,         // the event-pair limiter (vgpu-core/policy/limiter.h): each tenant charged its kernels' measured
+                  // time; the driver time-slices whoever has work
+  time_division,  // docs/compute-sharing.md, option A (vgpu-core/policy/time_division.h): one tenant's kernels at a
+                  // time, in windows cut from a cycle by the shares; the limiter only measures and estimates
+};
+
 struct Scenario {
   std::string device = "h100-80gb";          // a FAKECUDA_DEVICES spec; the simulator uses device 0
   std::uint64_t timeslice_ns = 2 * kMillisecondNs;
@@ -106,6 +114,11 @@ struct Scenario {
   std::uint64_t seed = 1;
   Measurement measurement = Measurement::events;
   OthersEstimate others_estimate = OthersEstimate::nvml_minus_cell_busy;
+  Sharing sharing = Sharing::budget;
+  std::uint64_t cycle_ns = 20 * kMillisecondNs;  // time_division: the cycle the windows are cut from
+  // time_division: if not 0, the cycle doubles (up to this) until every tenant's window holds its longest kernel
+  // (policy::CycleFor, from what the tenants' limiters have measured).
+  std::uint64_t cycle_max_ns = 0;
   std::vector<Tenant> tenants;
   bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
   // If not 0: every sample_ns, each tenant's cumulative busy time is recorded (TenantResult::busy_samples_ns);
@@ -137,6 +150,11 @@ struct Result {
   std::uint64_t kernels = 0;
   std::uint64_t loop_steps = 0;              // iterations of the event loop
   std::uint64_t late_reactions = 0;          // a process acting later than it should have: must be 0
+  // time_division: launches that waited, by reason (policy::WaitReason: window, debt, others_work, fit), and the
+  // waits' total and longest time.
+  std::uint64_t waits[5] = {};
+  std::uint64_t wait_total_ns = 0;
+  std::uint64_t wait_longest_ns = 0;
 };
 
 // Runs a scenario to its end in virtual time. No wall clock is read.
@@ -149,5 +167,6 @@ std::string Validate(const Scenario& scenario);
 std::string Summary(const Result& result);
 
 const char* PolicyName(Policy policy);
+const char* SharingName(Sharing sharing);
 
 }  // namespace vgpu::sim

@@ -147,6 +147,8 @@ class Limiter {
   std::uint64_t EstimateNs(const KernelKey& key) const;
   bool Known(const KernelKey& key) const;  // measured at least once
   std::uint64_t in_flight_ns() const { return in_flight_ns_; }
+  // The longest any kernel was estimated or measured to run (time division sizes its cycle by it).
+  std::uint64_t largest_estimate_ns() const { return largest_estimate_ns_; }
   std::uint64_t ignored_measurements() const { return ignored_measurements_; }
 
   // Initializes a fresh cell (by whoever creates the region or the simulator).

@@ -68,14 +68,38 @@ class WindowPlan {
   std::vector<std::vector<Interval>> pieces_;  // per member, merged, in cycle order
 };
 
+// The cycle in which every member's window holds its longest kernel (`longest_ns[m]`, as it publishes it): the
+// shortest `base_ns` x 2^k that does, at most `most_ns`. Doubling only: members that see the same longest kernels
+// agree on it, and it changes seldom.
+std::uint64_t CycleFor(std::span<const Member> members, std::span<const std::uint64_t> longest_ns,
+                       std::uint64_t base_ns, std::uint64_t most_ns);
+
 // What each member publishes about itself on one GPU, read by the others (docs/compute-sharing.md, "Shared
 // state"). Written only by the member's own processes.
 struct Published {
   std::uint32_t in_flight = 0;          // kernels released and not yet seen complete
   std::uint32_t waiting = 0;            // launches waiting for a window
-  std::uint64_t repaid_until_ns = 0;    // its window time before this instant repays an overrun: lent to others
+  std::uint64_t repaid_until_ns = 0;    // in debt: its window time before this instant is lent to the others
   std::uint64_t released_until_ns = 0;  // the end of the window (its own or lent) its latest work was released into
 };
+
+// What a member keeps of itself on one GPU (shared by its container's processes, not read by others): its window
+// time so far minus the GPU time it ran. Credit (> 0, at most one cycle's window time) comes from window time it
+// could not use (another's overrun held it, its next kernel did not fit); it lets it run past its window's end or
+// in another's window lent while that one repays. Debt (< 0) comes from running past its windows; it is repaid by
+// its next windows' time, which is lent to the others meanwhile. The balance of all members together changes only
+// by idle time, so members with work each get their windows' time in the long run.
+struct Account {
+  std::int64_t balance_ns = 0;
+  std::uint64_t as_of_ns = 0;   // the balance counts window time up to here
+};
+
+// Brings the account up to `now_ns`: adds the window time since, credit capped at one cycle's window time.
+void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t now_ns);
+// Charges `ran_ns` of GPU time the member's kernel ran (not counting time in an idle window it borrowed for free),
+// found at `now_ns`. Returns what to publish as repaid_until_ns: the instant its window time repays the debt, or 0.
+std::uint64_t Charge(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t ran_ns,
+                     std::uint64_t now_ns);
 
 // Why a launch waits (LIBCUDA_LOG_LEVEL=4, the simulator's trace).
 enum class WaitReason { none, window, debt, others_work, fit };
@@ -86,37 +110,28 @@ struct Release {
   std::uint64_t at_ns = 0;          // go at this time (<= now: at once); kNoTime with others_work: at a completion
   WaitReason reason = WaitReason::none;
   Interval window;                  // the window it goes into (or would), its own or lent
-  bool lent = false;                // the window is another member's (or nobody's), lent to this one
+  bool free = false;                // an idle window borrowed (`default`): what runs there is not charged
 };
 
 struct TurnConfig {
-  // `default`: may use windows whose owner has no work, and time nobody owns.
+  // `default`: may use windows whose owner has no work, and time nobody owns, free of charge.
   bool borrow_idle = false;
   // Most of an idle owner's window a borrower may fill ahead: the owner, when work comes, waits at most this.
   std::uint64_t borrow_ahead_ns = 2'000'000;
 };
 
 // Decides a launch of member `me` on `gpu` expected to take `estimate_ns`, with the member's own released work
-// expected to be done at `queued_end_ns` (<= now: none), given every member's published state on that GPU
-// (`published[m]` for plan member m). Rules (docs/compute-sharing.md):
-// - it goes only inside one of its windows, after any overrun is repaid, or inside a window lent to it: another
-//   member's window that repays an overrun, or, with borrow_idle, one whose owner has no work (and free time);
+// expected to be done at `queued_end_ns` (<= now: none), given its account (brought up to now) and every member's
+// published state on that GPU (`published[m]` for plan member m). Rules (docs/compute-sharing.md):
+// - it goes only inside one of its windows when not in debt, inside another's window while that one repays (on
+//   credit), or, with borrow_idle, in a window whose owner has no work or in time nobody owns;
 // - only when no other member's work is in flight there, unless that work outlived the window it was released into
 //   by more than the window this launch would go into (a dead or stopped holder stalls the others one window);
-// - only if it is expected to end inside the window, or nothing of the member's is queued and it could not fit
-//   even a whole window (it then overruns, and the overrun is repaid from its next windows: Overrun).
+// - only if, after it, the account is expected to be at least minus half the launch (what runs past a window is
+//   then repaid, and on average windows are neither overrun nor left unfilled), or nothing of the member's is
+//   queued and the launch could not fit even a whole window (it overruns into debt). A free launch must fit.
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-               const TurnConfig& config, std::uint64_t queued_end_ns, std::uint64_t estimate_ns,
-               std::uint64_t now_ns);
-
-// The part of a kernel that ran [start_ns, end_ns) outside the member's windows and outside the lent window it was
-// released into (`lent`, empty if none): what it must repay.
-std::uint64_t Overrun(const WindowPlan& plan, std::size_t me, std::uint64_t start_ns, std::uint64_t end_ns,
-                      Interval lent);
-
-// The new repaid_until_ns after an overrun of `overrun_ns` found at `now_ns`: that much more of the member's window
-// time, from the later of now and the current repaid_until_ns, goes to the others.
-std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::uint64_t repaid_until_ns,
-                          std::uint64_t overrun_ns, std::uint64_t now_ns);
+               const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
+               std::uint64_t estimate_ns, std::uint64_t now_ns);
 
 }  // namespace vgpu::policy

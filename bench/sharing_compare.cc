@@ -1,0 +1,130 @@
+// sharing_compare: issue 20's comparison in virtual time (docs/compute-sharing.md, "Choice"). Each case runs under
+// the event-pair limiter (`budget`) and under time division, on the H100-calibrated device (2.09 ms time slices,
+// 160 us handovers, kernels measured as the shim's event pair reads them), and prints every tenant's share of the
+// GPU's time (the model's exact busy time, NVML's measure) against its cap, and the tenants' sum.
+//
+//   build/default/bin/sharing_compare [--cycle-ms N] [--cycle-max-ms N] [--seconds N] [--seed N] [--case NAME]
+// --cycle-max-ms: the cycle doubles from --cycle-ms up to this until every window holds its tenant's longest kernel.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "vgpu/sim/sim.h"
+
+namespace {
+
+using namespace vgpu::sim;
+
+struct Case {
+  std::string name;
+  std::vector<Tenant> tenants;
+};
+
+Tenant Of(const std::string& name, std::uint32_t share, const Workload& workload, std::uint32_t processes = 1,
+          Policy policy = Policy::force) {
+  Tenant tenant;
+  tenant.name = name;
+  tenant.share_percent = share;
+  tenant.policy = policy;
+  for (std::uint32_t i = 0; i < processes; ++i) tenant.processes.push_back(Process{.workload = workload});
+  return tenant;
+}
+
+std::vector<Case> Cases() {
+  const Workload ms1 = Persistent(kMillisecondNs, 4);
+  const Workload ms20 = Persistent(20 * kMillisecondNs);
+  const Workload us5 = BackToBack(5 * kMicrosecondNs);
+  std::vector<Case> cases;
+  cases.push_back({"30/70, 1 ms kernels", {Of("a", 30, ms1), Of("b", 70, ms1)}});
+  cases.push_back({"50/50, 1 ms kernels", {Of("a", 50, ms1), Of("b", 50, ms1)}});
+  cases.push_back({"30/70, one-wave 20 ms kernels", {Of("a", 30, ms20), Of("b", 70, ms20)}});
+  cases.push_back({"50/50, one-wave 20 ms kernels", {Of("a", 50, ms20), Of("b", 50, ms20)}});
+  cases.push_back({"30/70, 5 us kernels", {Of("a", 30, us5), Of("b", 70, us5)}});
+  cases.push_back({"10/20/30/40, mixed 5 us .. 20 ms, d of two processes",
+                   {Of("a", 10, Mixed()), Of("b", 20, Mixed()), Of("c", 30, Mixed()), Of("d", 40, Mixed(), 2)}});
+  for (const std::uint32_t cap : {10u, 30u, 50u, 70u, 90u}) {
+    cases.push_back({"alone at " + std::to_string(cap) + " %, 1 ms kernels", {Of("a", cap, ms1)}});
+    cases.push_back({"alone at " + std::to_string(cap) + " %, one-wave 20 ms kernels", {Of("a", cap, ms20)}});
+    cases.push_back({"alone at " + std::to_string(cap) + " %, 5 us kernels", {Of("a", cap, us5)}});
+    cases.push_back({"alone at " + std::to_string(cap) + " %, mixed", {Of("a", cap, Mixed())}});
+  }
+  cases.push_back({"default alone at 30 %, 1 ms kernels", {Of("a", 30, ms1, 1, Policy::default_policy)}});
+  cases.push_back({"default alone at 30 %, mixed", {Of("a", 30, Mixed(), 1, Policy::default_policy)}});
+  cases.push_back({"default 30 beside force 70, 1 ms kernels",
+                   {Of("a", 30, ms1, 1, Policy::default_policy), Of("b", 70, ms1)}});
+  return cases;
+}
+
+bool ParseNumber(const char* text, std::uint64_t& value) {
+  char* end = nullptr;
+  value = std::strtoull(text, &end, 10);
+  return end != text && *end == '\0';
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::uint64_t cycle_ms = 20;
+  std::uint64_t cycle_max_ms = 0;
+  std::uint64_t seconds = 6;
+  std::uint64_t seed = 1;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    bool ok = has_value;
+    if (arg == "--cycle-ms" && has_value) ok = ParseNumber(argv[++i], cycle_ms) && cycle_ms >= 1 && cycle_ms <= 1000;
+    else if (arg == "--cycle-max-ms" && has_value) ok = ParseNumber(argv[++i], cycle_max_ms) && cycle_max_ms <= 10000;
+    else if (arg == "--seconds" && has_value) ok = ParseNumber(argv[++i], seconds) && seconds >= 2 && seconds <= 3600;
+    else if (arg == "--seed" && has_value) ok = ParseNumber(argv[++i], seed);
+    else if (arg == "--case" && has_value) only = argv[++i];
+    else ok = false;
+    if (!ok) {
+      std::fprintf(stderr,
+                   "sharing_compare: bad argument '%s'; accepted: --cycle-ms 1..1000, --cycle-max-ms 0..10000, --seconds 2..3600, --seed N, "
+                   "--case <text in a case's name>\n",
+                   arg.c_str());
+      return 2;
+    }
+  }
+  std::printf("| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points |\n|---|---|---|---|---|\n");
+  for (const Case& c : Cases()) {
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    for (const Sharing sharing : {Sharing::budget, Sharing::time_division}) {
+      Scenario scenario;
+      scenario.timeslice_ns = 2'090 * kMicrosecondNs;
+      scenario.switch_ns = 160 * kMicrosecondNs;
+      scenario.measurement = Measurement::event_pair;
+      scenario.duration_ns = seconds * kSecondNs;
+      scenario.seed = seed;
+      scenario.sharing = sharing;
+      scenario.cycle_ns = cycle_ms * kMillisecondNs;
+      scenario.cycle_max_ns = cycle_max_ms * kMillisecondNs;
+      scenario.tenants = c.tenants;
+      const Result result = Run(scenario);
+      if (!result.error.empty()) {
+        std::fprintf(stderr, "sharing_compare: %s (%s): %s\n", c.name.c_str(), SharingName(sharing),
+                     result.error.c_str());
+        return 1;
+      }
+      std::string shares;
+      double sum = 0;
+      double worst = 0;
+      for (const TenantResult& t : result.tenants) {
+        char cell[64];
+        std::snprintf(cell, sizeof cell, "%s%s %.0f: %.1f", shares.empty() ? "" : ", ", t.name.c_str(), t.cap * 100,
+                      t.mean_share * 100);
+        shares += cell;
+        sum += t.mean_share;
+        worst = worst > t.worst_window_error ? worst : t.worst_window_error;
+      }
+      std::printf("| %s | %s | %s | %.1f | %.1f |\n", c.name.c_str(), SharingName(sharing), shares.c_str(), sum * 100,
+                  worst * 100);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
