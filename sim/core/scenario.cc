@@ -133,6 +133,10 @@ std::string Validate(const Scenario& s) {
   if (s.sharing == Sharing::time_division && (s.cycle_ns < 100 * kMicrosecondNs || s.cycle_ns > 10 * kSecondNs)) {
     return Field("", "cycle_ns", s.cycle_ns, "100 us .. 10 s, e.g. 20000000");
   }
+  if (s.sharing == Sharing::time_division && s.cycle_max_ns != 0 &&
+      (s.cycle_max_ns < s.cycle_ns || s.cycle_max_ns > 10 * kSecondNs)) {
+    return Field("", "cycle_max_ns", s.cycle_max_ns, "0 (a fixed cycle) or cycle_ns .. 10 s, e.g. 640000000");
+  }
   if (s.tenants.empty()) return "tenants is empty; accepted: one or more tenants";
   std::uint64_t processes = 0;
   for (std::size_t t = 0; t < s.tenants.size(); ++t) {

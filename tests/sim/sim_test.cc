@@ -668,6 +668,14 @@ TEST(Validate, EachRefusalNamesTheFieldTheValueAndWhatIsAccepted) {
   Scenario depth = good;
   depth.tenants[0].processes[0].workload.queue_depth = 0;
   cases.push_back({"depth", depth, {"tenants[0].processes[0].workload.queue_depth = 0", "1 .. 128"}});
+  Scenario cycle = good;
+  cycle.sharing = Sharing::time_division;
+  cycle.cycle_ns = 50 * kMicrosecondNs;
+  cases.push_back({"cycle", cycle, {"cycle_ns = 50000", "100 us .. 10 s"}});
+  Scenario cycle_max = good;
+  cycle_max.sharing = Sharing::time_division;
+  cycle_max.cycle_max_ns = kMillisecondNs;
+  cases.push_back({"cycle_max", cycle_max, {"cycle_max_ns = 1000000", "cycle_ns .. 10 s"}});
   Scenario device = good;
   device.device = "h200";
   cases.push_back({"device", device, {"device: ", "unknown preset 'h200'"}});
