@@ -151,6 +151,9 @@ struct ProcessState {
   policy::Admission pending_admission;
   policy::Release pending_release;     // time division: the window the pending launch goes into
   std::uint64_t turn_wait_since_ns = 0;
+  // Time division: when its released work is expected to be done. Per process: a tenant's processes slice each
+  // other, so each one's estimates already hold the others' time, and its own queue's end is the tenant's.
+  std::uint64_t queued_end_ns = 0;
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
 };
@@ -170,10 +173,9 @@ struct TenantState {
   std::uint32_t reported_rate_permille = 0;
   BusyAt busy_at_nvml_end[model::kWindowHistory];  // ring by window index
   TenantResult result;
-  // Time division: the tenant's member in the plan (-1: not scheduled, left to the driver's time-slicing), when
-  // its released work is expected to be done, and whether it borrows idle windows (`default`).
+  // Time division: the tenant's member in the plan (-1: not scheduled, left to the driver's time-slicing), and
+  // whether it borrows idle windows (`default`).
   int member = -1;
-  std::uint64_t queued_end_ns = 0;
   policy::TurnConfig turn;
   policy::Account account;
   std::uint64_t charged_until_ns = 0;  // its GPU time is charged up to here (its processes' kernels overlap)
@@ -218,7 +220,7 @@ class Engine final : public model::TimelineListener {
     p.last_end_ns = op.end_ns;
     p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
     TenantState& tenant = tenants_[p.tenant];
-    if (tenant.member >= 0) SettleTurn(tenant, op, done.free);
+    if (tenant.member >= 0) SettleTurn(tenant, p, op, done.free);
     ++tenant.result.kernels;
     ++result_.kernels;
     if (scenario_.record_trace) {
@@ -643,7 +645,7 @@ class Engine final : public model::TimelineListener {
     const auto member = static_cast<std::size_t>(tenant.member);
     policy::Accrue(plan_, member, tenant.account, now_ns_);
     const policy::Release release = policy::Decide(plan_, member, kDevice, published_, tenant.account, tenant.turn,
-                                                   tenant.queued_end_ns, p.pending_admission.charged_ns, now_ns_);
+                                                   p.queued_end_ns, p.pending_admission.charged_ns, now_ns_);
     const bool waiting = p.state == HostState::waiting_for_turn;
     if (release.at_ns <= now_ns_) {
       if (waiting) {
@@ -676,7 +678,7 @@ class Engine final : public model::TimelineListener {
   // part in an idle window it borrowed for free); a debt is published, for the others to borrow its windows.
   // The tenant is charged the time in which it had work on the device, not the sum of its kernels' spans: its
   // processes' kernels time-slice each other, and each span holds the others' slices.
-  void SettleTurn(TenantState& tenant, const model::Op& op, policy::Interval free) {
+  void SettleTurn(TenantState& tenant, ProcessState& p, const model::Op& op, policy::Interval free) {
     const auto member = static_cast<std::size_t>(tenant.member);
     policy::Published& own = published_[member];
     --own.in_flight;
@@ -687,7 +689,7 @@ class Engine final : public model::TimelineListener {
     const std::uint64_t free_end = std::min(op.end_ns, free.end_ns);
     const std::uint64_t ran_ns = span_ns - (free_end > free_start ? std::min(span_ns, free_end - free_start) : 0);
     own.repaid_until_ns = policy::Charge(plan_, member, tenant.account, ran_ns, op.end_ns);
-    if (own.in_flight == 0) tenant.queued_end_ns = op.end_ns;
+    if (p.in_flight.size() == 0) p.queued_end_ns = op.end_ns;
     GrowCycle(tenant);
   }
 
@@ -742,7 +744,7 @@ class Engine final : public model::TimelineListener {
       policy::Published& own = published_[static_cast<std::size_t>(tenant.member)];
       ++own.in_flight;
       own.released_until_ns = p.pending_release.window.end_ns;
-      tenant.queued_end_ns = std::max(now_ns_, tenant.queued_end_ns) + p.pending_admission.charged_ns;
+      p.queued_end_ns = std::max(now_ns_, p.queued_end_ns) + p.pending_admission.charged_ns;
     }
     p.has_pending = false;
     ++p.segment_launches;

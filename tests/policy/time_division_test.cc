@@ -167,17 +167,17 @@ TEST(WindowPlan, AfterOwnTimeIsTheInverseOfOwnTimeIn) {
 
 // ---- the account ---------------------------------------------------------------------------------------------
 
-TEST(Account, WindowTimeIsCreditRunTimeSpendsItAndCreditIsCappedAtOneCyclesWindows) {
+TEST(Account, WindowTimeIsCreditRunTimeSpendsItAndCreditIsCappedAtTwoCyclesWindows) {
   const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   Account account;
   Accrue(plan, 0, account, 4 * kMs);
   EXPECT_EQ(account.balance_ns, 4 * static_cast<std::int64_t>(kMs));
   EXPECT_EQ(Charge(plan, 0, account, 3 * kMs, 5 * kMs), 0u);  // 5 ms of window, 3 ran: 2 ms credit, no debt
   EXPECT_EQ(account.balance_ns, 2 * static_cast<std::int64_t>(kMs));
-  Accrue(plan, 0, account, 200 * kMs);                          // idle for ten cycles: credit stops at 6 ms
-  EXPECT_EQ(account.balance_ns, 6 * static_cast<std::int64_t>(kMs));
-  // A 20 ms kernel: 14 ms of debt, repaid by its windows' time: [200, 206) 6, [220, 226) 6, [240, 242) 2.
-  EXPECT_EQ(Charge(plan, 0, account, 20 * kMs, 200 * kMs), 242 * kMs);
+  Accrue(plan, 0, account, 200 * kMs);                          // idle for ten cycles: credit stops at 2 x 6 ms
+  EXPECT_EQ(account.balance_ns, 12 * static_cast<std::int64_t>(kMs));
+  // A 26 ms kernel: 14 ms of debt, repaid by its windows' time: [200, 206) 6, [220, 226) 6, [240, 242) 2.
+  EXPECT_EQ(Charge(plan, 0, account, 26 * kMs, 200 * kMs), 242 * kMs);
   EXPECT_EQ(account.balance_ns, -14 * static_cast<std::int64_t>(kMs));
   Accrue(plan, 0, account, 242 * kMs);
   EXPECT_EQ(account.balance_ns, 0);
@@ -243,13 +243,13 @@ TEST(Decide, AKernelLongerThanItsWindowGoesOnAnEmptyQueueIntoDebtAndItsWindowsAr
   // Queued behind its own work it waits.
   r = p.Decide(0, 2 * kMs, 20 * kMs, kMs);
   EXPECT_EQ(r.reason, WaitReason::fit);
-  // It ran [1, 21): charged 20 ms against 1 ms of credit and 5 + 1 ms of window time: 14 ms of debt.
+  // It ran [1, 21): charged 20 ms against its window time up to 21 ms (6 + 1 ms): 13 ms of debt.
   p.published[0].repaid_until_ns = Charge(p.plan, 0, p.accounts[0], 20 * kMs, 21 * kMs);
-  EXPECT_EQ(p.published[0].repaid_until_ns, 63 * kMs);  // 5 ms of [21, 26), 6 of [40, 46), 3 of [60, 66)
+  EXPECT_EQ(p.published[0].repaid_until_ns, 62 * kMs);  // 5 ms of [21, 26), 6 of [40, 46), 2 of [60, 66)
   r = p.Decide(0, 0, kMs, 22 * kMs);
   EXPECT_EQ(r.reason, WaitReason::debt);
-  EXPECT_EQ(r.at_ns, 26 * kMs);  // when the owner changes; its own window is usable again from 63 ms
-  r = p.Decide(0, 0, kMs, 63 * kMs);
+  EXPECT_EQ(r.at_ns, 26 * kMs);  // when the owner changes; its own window is usable again from 62 ms
+  r = p.Decide(0, 0, kMs, 62 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
   EXPECT_EQ(r.window.end_ns, 66 * kMs);
   // b, held out of [6, 20) by a's kernel, has 14 ms of credit to spend in a's lent windows.
@@ -300,6 +300,38 @@ TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadForFreeAndForc
   r = policy::Decide(partial, 0, 0, one, Account{}, p.config, 0, kMs, 10 * kMs);
   EXPECT_TRUE(r.free);
   EXPECT_EQ(r.reason, WaitReason::none);
+}
+
+TEST(Decide, DefaultWithNobodyElseWantingTheGpuBorrowsAllOfItEvenItsOwnWindowInDebt) {
+  Pair p;
+  p.config.borrow_idle = true;
+  p.accounts[0].balance_ns = -3 * static_cast<std::int64_t>(kMs);  // in debt, in its own window at 2 ms
+  p.accounts[0].as_of_ns = 2 * kMs;
+  Release r = policy::Decide(p.plan, 0, 0, p.published, p.accounts[0], p.config, 0, kMs, 2 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_TRUE(r.free);
+  EXPECT_EQ(r.window.end_ns, 4 * kMs);
+  // A free borrow slides: a launch that would end past it looks again when the borrow reaches its end...
+  r = policy::Decide(p.plan, 0, 0, p.published, p.accounts[0], p.config, 3'500 * kUs, kMs, 2 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::fit);
+  EXPECT_EQ(r.at_ns, 2'500 * kUs);
+  // ... and one longer than a borrow when its queue is expected to be empty.
+  r = policy::Decide(p.plan, 0, 0, p.published, p.accounts[0], p.config, 3'500 * kUs, 10 * kMs, 2 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::fit);
+  EXPECT_EQ(r.at_ns, 3'500 * kUs);
+  // Once b has work, a's window in debt is b's to borrow on credit, not a's; and a's free borrow in time nobody
+  // owns stops where b's window begins.
+  p.published[1].waiting = 1;
+  r = policy::Decide(p.plan, 0, 0, p.published, p.accounts[0], p.config, 0, kMs, 2 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::debt);
+  const WindowPlan gap = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
+  // a [0, 6), b [6, 18), free [18, 20): a borrows at 19 up to 20 and on into its own window (not in debt).
+  r = policy::Decide(gap, 0, 0, p.published, Account{}, p.config, 0, 1'500 * kUs, 19 * kMs);
+  EXPECT_TRUE(r.free);
+  EXPECT_EQ(r.window.end_ns, 21 * kMs);
+  // At 17.5 (b's window, b waiting): nothing to borrow.
+  r = policy::Decide(gap, 0, 0, p.published, Account{}, p.config, 0, kMs, 17'500 * kUs);
+  EXPECT_EQ(r.reason, WaitReason::window);
 }
 
 TEST(Decide, AMemberNotScheduledOnTheGpuIsLeftToTheDriver) {

@@ -520,42 +520,71 @@ TEST(TimeDivision, ALoneTenantHoldsItsCapWithOneKernelSize) {
   }
 }
 
-// FAILS (issue 20, item 5) at 50 %: with sizes from 5 us to 20 ms a launch's estimate is often far from what runs,
-// and the ends of windows are left unfilled. Observed: 9.8, 29.5, 47.7, 69.9, 90.1 % (seed 1).
-TEST(TimeDivision, DISABLED_ALoneTenantHoldsItsCapWithMixedKernels) {
+// With sizes from 5 us to 20 ms a launch's estimate is often far from what runs; window ends left unfilled become
+// credit, spent past later windows' ends (credit holds two cycles' window time: one was not enough at 50 %, 47.7 %).
+TEST(TimeDivision, ALoneTenantHoldsItsCapWithMixedKernels) {
   for (const std::uint32_t cap : {10u, 30u, 50u, 70u, 90u}) {
     const Result result = RunAndPrint(Divided({OneProcess("a", cap, Mixed())}, 11));
     EXPECT_NEAR(result.tenants[0].mean_share, cap / 100.0, kMeanTolerance) << "cap " << cap;
   }
 }
 
-// A tenant killed mid-run: the other keeps its share (it never had more than its windows), and the killed one's
-// queued kernels held it out of nothing.
-TEST(TimeDivision, AKilledTenantLeavesTheOtherItsShare) {
+// A tenant killed mid-run: the other keeps its share. It may spend its credit in the killed one's windows while
+// their debt is repaid: at most two cycles of its window time (2 x 14 ms), 2.8 points of one second, once.
+TEST(TimeDivision, AKilledTenantLeavesTheOtherItsShareAndAtMostItsCreditMore) {
   Tenant a = OneProcess("a", 30, Persistent(kMillisecondNs, 4));
   a.processes[0].crash_ns = 3050 * kMillisecondNs + 123;
   const Result result = RunAndPrint(Divided({a, OneProcess("b", 70, Persistent(kMillisecondNs, 4))}));
   ASSERT_EQ(result.tenants.size(), 2u);
-  for (std::size_t w = 1; w < 6; ++w) {
-    EXPECT_NEAR(result.tenants[1].window_shares[w], 0.70, kMeanTolerance) << "window " << w;
-  }
   EXPECT_EQ(result.tenants[0].window_shares[4], 0.0);
+  for (std::size_t w = 1; w < 6; ++w) {
+    const double share = result.tenants[1].window_shares[w];
+    EXPECT_GE(share, 0.70 - kMeanTolerance) << "window " << w;
+    EXPECT_LE(share, 0.70 + 0.028 + 0.005) << "window " << w;
+    if (w != 3) {
+      EXPECT_NEAR(share, 0.70, kMeanTolerance) << "window " << w << " (3 holds the kill)";
+    }
+  }
 }
 
-// FAILS (issue 20, item 2): the tenant of two processes is held under its share. Its processes time-slice each
-// other, so each one's kernels measure up to twice their length, and the launches it is released are judged by
-// those estimates. Observed: 10.1, 19.6, 29.2, 35.1 % (seed 1; bench/sharing_compare --cycle-max-ms 640).
+// Issue 20, item 2, with handovers that cost nothing: each of the four within 2 points, the tenant of two
+// processes too (its account is charged the union of its processes' kernels, which slice each other).
+TEST(TimeDivision, TenTwentyThirtyFortyWithMixedKernelsHoldWhenHandoversCostNothing) {
+  Tenant d = OneProcess("d", 40, Mixed());
+  d.processes.push_back(d.processes[0]);
+  Scenario scenario = Divided({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()),
+                               OneProcess("c", 30, Mixed()), d}, 11);
+  scenario.switch_ns = 0;
+  ExpectSharesHeldTogether(RunAndPrint(scenario), 0.95);
+}
+
+// FAILS (issue 20, item 2) with the H100's 160 us handovers: the tenant of two processes loses a handover inside its
+// own windows every time slice its processes trade (~7 % of its share), which NVML does not count as busy.
+// Observed: 9.5, 19.5, 29.0, 38.1 % (seed 1); 36.9 .. 37.2 for d with seeds 2 .. 4. The same tenant alone: 37.5 %
+// with 1 ms kernels (40.0 with handovers that cost nothing).
 TEST(TimeDivision, DISABLED_TenTwentyThirtyFortyWithMixedKernelsAndATenantOfTwoProcesses) {
   Tenant d = OneProcess("d", 40, Mixed());
   d.processes.push_back(d.processes[0]);
   const Result result = RunAndPrint(Divided({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()),
                                              OneProcess("c", 30, Mixed()), d}, 11));
-  ExpectSharesHeldTogether(result, 0.90);
+  ExpectSharesHeldTogether(result, 0.95);
 }
 
-// FAILS (issue 20, item 6): `default` alone borrows the idle time 2 ms ahead at a time, and loses the gaps at
-// window edges. Observed: 95.0 % with 1 ms kernels, 70.5 % with mixed ones (goal: at least 97 %).
-TEST(TimeDivision, DISABLED_DefaultAloneGetsAtLeast97Percent) {
+// Issue 20, item 6: a `default` tenant alone has the GPU; a neighbour arriving has its share in the next second.
+TEST(TimeDivision, DefaultGivesTheGpuBackWithinASecondOfAnArrival) {
+  const Tenant a = OneProcess("a", 30, Persistent(kMillisecondNs, 4), Policy::default_policy);
+  const Tenant b = OneProcess("b", 70, Persistent(kMillisecondNs, 4), Policy::force, 3 * kSecondNs);
+  const Result result = RunAndPrint(Divided({a, b}));
+  ASSERT_EQ(result.tenants.size(), 2u);
+  for (std::size_t w = 0; w < 3; ++w) EXPECT_GE(result.tenants[0].window_shares[w], 0.97) << "window " << w;
+  for (std::size_t w = 3; w < 6; ++w) {
+    EXPECT_NEAR(result.tenants[0].window_shares[w], 0.30, kMeanTolerance) << "window " << w;
+    EXPECT_NEAR(result.tenants[1].window_shares[w], 0.70, kMeanTolerance) << "window " << w;
+  }
+}
+
+// Issue 20, item 6: `default` alone borrows the whole GPU (2 ms ahead at a time, a longer kernel on an empty queue).
+TEST(TimeDivision, DefaultAloneGetsAtLeast97Percent) {
   for (const Workload& workload : {Persistent(kMillisecondNs, 4), Mixed()}) {
     const Result result = RunAndPrint(Divided({OneProcess("a", 30, workload, Policy::default_policy)}));
     EXPECT_GE(result.tenants[0].mean_share, 0.97);

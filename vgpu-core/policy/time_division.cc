@@ -245,7 +245,7 @@ static std::uint64_t PerCycleOwnTime(const WindowPlan& plan, std::size_t me) {
 void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t now_ns) {
   if (now_ns <= account.as_of_ns) return;
   const auto gained = static_cast<std::int64_t>(plan.OwnTimeIn(me, account.as_of_ns, now_ns));
-  const auto cap = static_cast<std::int64_t>(PerCycleOwnTime(plan, me));
+  const auto cap = 2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me));  // two cycles' window time
   account.balance_ns = std::max(account.balance_ns, std::min(account.balance_ns + gained, cap));
   account.as_of_ns = now_ns;
 }
@@ -270,29 +270,71 @@ struct Candidate {
   Interval owner_stretch;  // the stretch of the GPU's cycle around now (whoever owns it)
 };
 
+bool Idle(const Published& p) { return p.in_flight == 0 && p.waiting == 0; }
+
+// Whether time at `t_ns` on the GPU may be borrowed for free: nobody owns it, its owner has no work, or it is the
+// borrower's own window while it is in debt and no other member has work.
+bool Borrowable(std::size_t me, std::span<const Published> published, int owner, bool others_idle) {
+  if (owner < 0) return true;
+  return owner == static_cast<int>(me) ? others_idle : Idle(published[owner]);
+}
+
+// The end of a free borrow from `now_ns`: `ahead_ns` on, or sooner where a stretch that may not be borrowed begins.
+// The borrower's own window, when it is not in debt, is its own anyway: a borrow may run on into it.
+std::uint64_t BorrowEnd(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+                        bool in_debt, bool others_idle, std::uint64_t now_ns, std::uint64_t ahead_ns) {
+  const std::uint64_t end_ns = now_ns + ahead_ns;
+  for (std::uint64_t t = now_ns; t < end_ns;) {
+    Interval stretch;
+    const int owner = plan.OwnerAt(gpu, t, &stretch);
+    const bool own = owner == static_cast<int>(me) && !in_debt;
+    if (!own && !Borrowable(me, published, owner, others_idle)) return t;
+    t = stretch.end_ns;
+  }
+  return end_ns;
+}
+
+bool OthersIdle(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published) {
+  for (std::size_t o = 0; o < plan.size(); ++o) {
+    if (o != me && Spans(plan.member(o), gpu) && !Idle(published[o])) return false;
+  }
+  return true;
+}
+
 Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                      const Account& account, const TurnConfig& config, std::uint64_t now_ns) {
   Candidate c;
   const int owner = plan.OwnerAt(gpu, now_ns, &c.owner_stretch);
   const Interval stretch = c.owner_stretch;
-  if (owner == static_cast<int>(me)) {
-    if (account.balance_ns < 0) return c;  // in debt: this window is lent to the others
+  const bool others_idle = OthersIdle(plan, me, gpu, published);
+  if (config.borrow_idle && others_idle) {  // nobody else wants the GPU: all of it is free to borrow
+    c.found = true;
+    c.free = true;
+    c.window = {now_ns, now_ns + config.borrow_ahead_ns};
+    c.whole_ns = c.window.length();
+    return c;
+  }
+  if (owner == static_cast<int>(me) && account.balance_ns >= 0) {
     const Interval own = plan.WindowAt(me, now_ns);
     c.found = true;
     c.window = {now_ns, own.end_ns};
     c.whole_ns = own.length();
-  } else if (owner >= 0 && now_ns < published[owner].repaid_until_ns && account.balance_ns > 0) {
+    return c;
+  }
+  if (owner >= 0 && owner != static_cast<int>(me) && now_ns < published[owner].repaid_until_ns &&
+      account.balance_ns > 0) {
     c.found = true;  // on credit
     c.window = {now_ns, std::min(stretch.end_ns, published[owner].repaid_until_ns)};
     c.whole_ns = c.window.length();
-  } else if (config.borrow_idle &&
-             (owner < 0 || (published[owner].in_flight == 0 && published[owner].waiting == 0 &&
-                            now_ns >= published[owner].repaid_until_ns))) {
-    c.found = true;
-    c.free = true;
-    c.window = {now_ns, std::min(stretch.end_ns, now_ns + config.borrow_ahead_ns)};
-    c.whole_ns = c.window.length();
+    return c;
   }
+  if (!config.borrow_idle) return c;  // in debt in its own window: lent to the others
+  if (!Borrowable(me, published, owner, others_idle)) return c;
+  c.found = true;
+  c.free = true;
+  c.window = {now_ns, BorrowEnd(plan, me, gpu, published, account.balance_ns < 0, others_idle, now_ns,
+                                config.borrow_ahead_ns)};
+  c.whole_ns = c.window.length();
   return c;
 }
 
@@ -350,7 +392,16 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
   if (Affordable(plan, me, c, account, queued_end_ns, estimate_ns, now_ns)) {
     return {now_ns, WaitReason::none, c.window, c.free};
   }
-  return {c.window.end_ns, WaitReason::fit, c.window, c.free};  // the window it would have gone into is over
+  // It looks again when the window it would have gone into is over. A free borrow slides with the time: it looks
+  // again as soon as the borrow would reach the launch's expected end, or, for a launch longer than a borrow, when
+  // its queue is expected to be empty.
+  std::uint64_t again_ns = c.window.end_ns;
+  if (c.free) {
+    const std::uint64_t end_ns = std::max(now_ns, queued_end_ns) + estimate_ns;
+    const std::uint64_t reach_ns = end_ns - std::min(end_ns, config.borrow_ahead_ns);
+    again_ns = std::min(again_ns, std::max(now_ns + 1, std::min(reach_ns, queued_end_ns)));
+  }
+  return {again_ns, WaitReason::fit, c.window, c.free};
 }
 
 }  // namespace vgpu::policy
