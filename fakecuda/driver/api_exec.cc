@@ -184,11 +184,11 @@ struct LaunchRequest {
   bool cooperative;
 };
 
-// The spin kernel's first parameter, from kernelParams or the packed `extra` buffer.
-bool ReadFirstU64(const Function& f, void** params, void** extra, std::uint64_t& value) {
-  if (f.params.empty() || f.params[0].size != 8) return false;
-  if (params != nullptr && params[0] != nullptr) {
-    std::memcpy(&value, params[0], sizeof value);
+// A 64-bit parameter of the spin or collective kernel, from kernelParams or the packed `extra` buffer.
+bool ReadU64Param(const Function& f, std::size_t index, void** params, void** extra, std::uint64_t& value) {
+  if (f.params.size() <= index || f.params[index].size != 8) return false;
+  if (params != nullptr && params[index] != nullptr) {
+    std::memcpy(&value, params[index], sizeof value);
     return true;
   }
   if (extra != nullptr) {
@@ -198,12 +198,27 @@ bool ReadFirstU64(const Function& f, void** params, void** extra, std::uint64_t&
       if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
       if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1] != nullptr) size = *static_cast<std::size_t*>(extra[i + 1]);
     }
-    if (buffer != nullptr && size >= f.params[0].offset + 8) {
-      std::memcpy(&value, static_cast<const char*>(buffer) + f.params[0].offset, sizeof value);
+    if (buffer != nullptr && size >= f.params[index].offset + 8) {
+      std::memcpy(&value, static_cast<const char*>(buffer) + f.params[index].offset, sizeof value);
       return true;
     }
   }
   return false;
+}
+
+// The arguments fakecuda models: vgpu_spin's time, and vgpu_collective's time, group and group size (a group of
+// 0 or a size outside 2 .. the devices fakecuda can have is CUDA_ERROR_INVALID_VALUE, as any unreadable argument).
+CUresult ReadModelledParams(const Function& f, void** params, void** extra, KernelNode& node) {
+  if (!f.spin && !f.collective) return CUDA_SUCCESS;
+  if (!ReadU64Param(f, 0, params, extra, node.per_wave_ns)) return CUDA_ERROR_INVALID_VALUE;
+  if (!f.collective) return CUDA_SUCCESS;
+  std::uint64_t size = 0;
+  if (!ReadU64Param(f, 1, params, extra, node.group) || !ReadU64Param(f, 2, params, extra, size)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (node.group == 0 || size < 2 || size > model::kMaxDevices) return CUDA_ERROR_INVALID_VALUE;
+  node.group_size = static_cast<std::uint32_t>(size);
+  return CUDA_SUCCESS;
 }
 
 CUresult ValidateShape(const Driver& d, const Function& f, const Context& c, const LaunchRequest& r) {
@@ -246,8 +261,13 @@ CUresult EnqueueKernels(Driver& d, std::unique_lock<std::mutex>& guard, CUstream
       while (next < nodes.size()) {
         QueueImplicitSync(d, m, rs, now);
         const KernelNode& node = nodes[next];
-        model::KernelLaunch launch{node.shape, node.per_wave_ns, node.name.c_str()};
-        if (model::EnqueueKernel(m, rs.index, launch, now, nullptr) != model::EnqueueResult::ok) {
+        model::KernelLaunch launch{node.shape, node.per_wave_ns, node.name.c_str(), node.group, node.group_size};
+        const model::EnqueueResult queued = model::EnqueueKernel(m, rs.index, launch, now, nullptr);
+        // A group that cannot be joined (another process of the device in it, another size, no room) is the
+        // caller's error; kernels queued before it in this call stay queued, as a partly launched graph's.
+        if (queued == model::EnqueueResult::bad_group) return CUDA_ERROR_INVALID_VALUE;
+        if (queued == model::EnqueueResult::no_group) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+        if (queued != model::EnqueueResult::ok) {
           const model::Stream& s = m.streams[rs.index];
           wait_ns = model::LowerBoundRemainingNs(m, rs.index, s.head);
           break;
@@ -352,11 +372,7 @@ CUresult Launch(const LaunchRequest& r) {
   node.name = f->name;
   node.shape = model::LaunchShape{{r.grid[0], r.grid[1], r.grid[2]}, {r.block[0], r.block[1], r.block[2]}, r.shared_bytes};
   node.per_wave_ns = f->per_wave_ns;
-  if (f->spin) {
-    std::uint64_t ns = 0;
-    if (!ReadFirstU64(*f, r.params, r.extra, ns)) return CUDA_ERROR_INVALID_VALUE;
-    node.per_wave_ns = ns;
-  }
+  if (const CUresult read = ReadModelledParams(*f, r.params, r.extra, node); read != CUDA_SUCCESS) return read;
   ResolvedStream rs;
   if (const CUresult s = ResolveStream(d, r.stream, r.per_thread, rs); s != CUDA_SUCCESS) return s;
   if (rs.stream != nullptr && rs.stream->capture != nullptr) {
@@ -575,6 +591,7 @@ CUresult LoadModule(CUmodule* out, std::string_view image) {
     for (const ptx::Param& p : entry.params) f->params.push_back({p.offset, p.size});
     f->param_bytes = entry.param_bytes;
     f->spin = entry.name == "vgpu_spin" && !entry.params.empty() && entry.params[0].size == 8;
+    f->collective = entry.name == "vgpu_collective" && entry.params.size() == 3;
     f->per_wave_ns = CostOf(d, entry.name);
     module->functions[entry.name] = Register(d, f);
   }
@@ -1471,7 +1488,9 @@ FAKECUDA_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph hand
   kernel.shape = model::LaunchShape{{params->gridDimX, params->gridDimY, params->gridDimZ},
                                     {params->blockDimX, params->blockDimY, params->blockDimZ}, params->sharedMemBytes};
   kernel.per_wave_ns = f->per_wave_ns;
-  if (f->spin && !ReadFirstU64(*f, params->kernelParams, params->extra, kernel.per_wave_ns)) return CUDA_ERROR_INVALID_VALUE;
+  if (const CUresult read = ReadModelledParams(*f, params->kernelParams, params->extra, kernel); read != CUDA_SUCCESS) {
+    return read;
+  }
   g->nodes.push_back(kernel);
   g->node_tokens.push_back(std::make_unique<std::uint32_t>(static_cast<std::uint32_t>(g->nodes.size() - 1)));
   d.handles.emplace(g->node_tokens.back().get(), Kind::graph_node);

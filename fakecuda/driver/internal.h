@@ -102,6 +102,7 @@ struct Function : Object {
   std::vector<ParamInfo> params;
   std::uint32_t param_bytes = 0;
   bool spin = false;                        // the built-in vgpu_spin(ns_per_block) cost model
+  bool collective = false;                  // vgpu_collective(ns_per_block, group, size): a modelled collective
   std::uint64_t per_wave_ns = 5000;         // for other kernels
   int max_dynamic_shared = 48 * 1024;
   int carveout = -1;
@@ -125,6 +126,8 @@ struct KernelNode {
   std::string name;
   model::LaunchShape shape{};
   std::uint64_t per_wave_ns = 0;
+  std::uint64_t group = 0;                  // vgpu_collective: its group and the group's size (0: not one)
+  std::uint32_t group_size = 0;
 };
 
 struct Graph : Object {

@@ -272,11 +272,74 @@ void InitMachine(Machine& m, const MachineConfig& config, std::uint64_t now_ns, 
   }
 }
 
+// ---- collective kernels ---------------------------------------------------------------------------------------
+
+namespace {
+
+CollectiveGroup* FindGroup(Machine& m, std::uint64_t id) {
+  for (CollectiveGroup& g : m.groups) {
+    if (g.id == id) return &g;
+  }
+  return nullptr;
+}
+
+bool AnyGroup(const Machine& m) {
+  for (const CollectiveGroup& g : m.groups) {
+    if (g.id != 0) return true;
+  }
+  return false;
+}
+
+// The round of a collective op started at `t`: one more member there.
+void Arrive(Machine& m, const Op& op, std::uint64_t t) {
+  CollectiveGroup* g = FindGroup(m, op.group);
+  if (g == nullptr) return;
+  GroupRound& r = g->rounds[op.round % kGroupRounds];
+  if (r.round != op.round) return;
+  ++r.started;
+  r.last_start_ns = std::max(r.last_start_ns, t);
+}
+
+// When the round of a collective op is released (every member started or left), or kNever while it is not. An
+// op whose group is gone (every member left) is released at once.
+constexpr std::uint64_t kNotReleased = ~0ull;
+std::uint64_t ReleasedAt(Machine& m, const Op& op) {
+  CollectiveGroup* g = FindGroup(m, op.group);
+  if (g == nullptr) return 0;
+  const GroupRound& r = g->rounds[op.round % kGroupRounds];
+  if (r.round != op.round || r.started + g->left < g->size) return kNotReleased;
+  return g->left > 0 ? std::max(r.last_start_ns, g->left_at_ns) : r.last_start_ns;
+}
+
+// Collectives: all devices are advanced together, this far at a time, so that each learns within it when the
+// members on the others started (a device running ahead would spin through a release it did not know of yet).
+constexpr std::uint64_t kLockstepNs = 10'000;
+
+void AdvanceOne(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineListener* listener);
+
+}  // namespace
+
 void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineListener* listener) {
-  if (device >= m.config.device_count) return;
+  if (device >= m.config.device_count || now_ns <= m.devices[device].advanced_to_ns) return;
+  if (!AnyGroup(m)) {
+    AdvanceOne(m, device, now_ns, listener);
+    return;
+  }
+  std::uint64_t from = now_ns;
+  for (std::uint32_t d = 0; d < m.config.device_count; ++d) from = std::min(from, m.devices[d].advanced_to_ns);
+  for (std::uint64_t t = from; t < now_ns;) {
+    t = std::min(now_ns, t + kLockstepNs);
+    for (std::uint32_t d = 0; d < m.config.device_count; ++d) AdvanceOne(m, d, t, listener);
+  }
+}
+
+namespace {
+
+void AdvanceOne(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineListener* listener) {
   DeviceTimeline& d = m.devices[device];
   if (now_ns <= d.advanced_to_ns) return;
   const bool mps = m.config.mode == SchedulingMode::mps;
+  static thread_local std::uint64_t released_at[kMaxStreams];
   const std::uint64_t window = m.config.nvml_window_ns;
   std::uint64_t t = d.advanced_to_ns;
   static thread_local Runnable runnable;
@@ -395,6 +458,24 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
     if (switching) next_t = std::min(next_t, d.switch_until_ns);
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       if (rates[k] <= 0) continue;
+      // A collective kernel starts (and holds the device) now; it works only from its round's release on.
+      Op& head = *runnable.ops[k];
+      if (head.group != 0) {
+        if (head.started == 0) Arrive(m, head, t);
+        released_at[k] = ReleasedAt(m, head);
+        if (released_at[k] == kNotReleased) continue;
+        if (released_at[k] > t) {
+          next_t = std::min(next_t, released_at[k]);
+          continue;
+        }
+        if (head.caught_up == 0) {
+          // Released in the past (a peer's start was learnt up to kLockstepNs late): the work it would have done
+          // since, holding its device as it did.
+          head.caught_up = 1;
+          const std::uint64_t from = std::max(released_at[k], head.start_ns);
+          if (from < t) head.remaining_ns -= static_cast<double>(t - from);
+        }
+      }
       const double left = std::max(0.0, runnable.ops[k]->remaining_ns);
       // At full speed (always, under time-slicing) the division is exact: skip it.
       const std::uint64_t until = CeilToNs(rates[k] == 1.0 ? left : left / rates[k]);
@@ -411,7 +492,7 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
         op.start_ns = t;
         op.started = 1;
       }
-      op.remaining_ns -= static_cast<double>(dt) * rates[k];
+      if (op.group == 0 || released_at[k] <= t) op.remaining_ns -= static_cast<double>(dt) * rates[k];
       op.ran_ns += dt;
       any_running = true;
       const std::uint32_t slot = runnable.slots[k];
@@ -451,6 +532,8 @@ void Advance(Machine& m, std::uint32_t device, std::uint64_t now_ns, TimelineLis
   d.advanced_to_ns = now_ns;
 }
 
+}  // namespace
+
 std::uint32_t ClaimSlot(Machine& m, std::int32_t pid, std::uint64_t now_ns) {
   for (std::uint32_t i = 0; i < kMaxProcesses; ++i) {
     ProcessSlot& slot = m.slots[i];
@@ -478,6 +561,25 @@ void ReleaseSlot(Machine& m, std::uint32_t slot_index, std::uint64_t returned_by
   }
   for (Stream& s : m.streams) {
     if (StreamInUse(s) && s.slot == slot_index) FreeStream(s);
+  }
+  // Its collective groups lose a member: their rounds no longer wait for it; a group nobody is left in is freed.
+  for (CollectiveGroup& g : m.groups) {
+    if (g.id == 0) continue;
+    bool present = false;
+    bool others = false;
+    for (std::uint32_t& member : g.member_slots) {
+      if (member == slot_index) {
+        present = true;
+        member = kNoSlot;
+      } else if (member != kNoSlot) {
+        others = true;
+      }
+    }
+    if (!present) continue;
+    ++g.left;
+    // When it left: the latest time any device was advanced to (the caller's clock is not passed in).
+    for (const DeviceTimeline& d : m.devices) g.left_at_ns = std::max(g.left_at_ns, d.advanced_to_ns);
+    if (!others) g = CollectiveGroup{};
   }
   std::memset(&slot, 0, sizeof slot);
   slot.state = SlotState::free;
@@ -513,6 +615,29 @@ void DestroyStream(Machine& m, std::uint32_t stream) {
 
 namespace {
 
+// A collective launch on stream `s`: finds or makes its group, makes the stream's process the group's member on its
+// device, and takes the device's next round (whose ring entry it resets if it is the round's first launch).
+EnqueueResult JoinGroup(Machine& m, const Stream& s, const KernelLaunch& launch, std::uint64_t& round) {
+  if (launch.group_size < 2 || launch.group_size > kMaxDevices) return EnqueueResult::bad_group;
+  CollectiveGroup* g = FindGroup(m, launch.group);
+  if (g == nullptr) {
+    g = FindGroup(m, 0);
+    if (g == nullptr) return EnqueueResult::no_group;
+    *g = CollectiveGroup{};
+    g->id = launch.group;
+    g->size = launch.group_size;
+    for (std::uint32_t& member : g->member_slots) member = kNoSlot;
+  }
+  if (g->size != launch.group_size) return EnqueueResult::bad_group;
+  std::uint32_t& member = g->member_slots[s.device];
+  if (member != kNoSlot && member != s.slot) return EnqueueResult::bad_group;
+  member = s.slot;
+  round = g->next_round[s.device]++;
+  GroupRound& r = g->rounds[round % kGroupRounds];
+  if (r.round != round) r = GroupRound{round, 0, 0, 0};  // the ring entry held round - kGroupRounds, long done
+  return EnqueueResult::ok;
+}
+
 EnqueueResult Push(Machine& m, std::uint32_t stream, const Op& op, std::uint64_t* seq_out) {
   Stream& s = m.streams[stream];
   if (s.tail - s.head >= kStreamDepth) return EnqueueResult::queue_full;
@@ -534,9 +659,16 @@ EnqueueResult EnqueueKernel(Machine& m, std::uint32_t stream, const KernelLaunch
   // A process's MPS share limits its SMs only in MPS mode.
   const std::uint32_t sm_count = m.config.mode == SchedulingMode::mps ? m.slots[s.slot].mps_sm_count[s.device] : 0;
   const KernelCost cost = CostKernel(spec, sm_count, launch.shape, launch.per_wave_ns);
+  std::uint64_t round = 0;
+  if (launch.group != 0) {
+    const EnqueueResult joined = JoinGroup(m, s, launch, round);
+    if (joined != EnqueueResult::ok) return joined;
+  }
   // Written in place, past the tail (invisible until the tail is bumped), as Push would copy it there.
   Op& op = s.ring[s.tail % kStreamDepth];
   op = Op{};
+  op.group = launch.group;
+  op.round = round;
   op.kind = OpKind::kernel;
   op.alone_ns = cost.alone_ns;
   op.remaining_ns = static_cast<double>(cost.alone_ns);

@@ -86,8 +86,10 @@ std::string FormatDecimal(double value) {
   return text;
 }
 
-// One --phase value: "kernels=1ms,for=2s,depth=4,blocks=1", "kernels=5us|50us,rate=200,jitter=10", "idle=1s".
-std::string PhaseArgument(const scenario::Phase& phase) {
+// One --phase value: "kernels=1ms,for=2s,depth=4,blocks=1", "kernels=5us|50us,rate=200,jitter=10", "idle=1s",
+// "kernels=1ms,depth=8,blocks=1,collective=1ms,ranks=2,every=4,group=1001". `group`: the collective's group, the
+// same for the tenant's processes (ranks) that run this phase.
+std::string PhaseArgument(const scenario::Phase& phase, std::uint64_t group) {
   if (phase.kind == scenario::Phase::Kind::idle) return "idle=" + FormatDuration(phase.for_ns);
   std::string text = "kernels=";
   for (std::size_t i = 0; i < phase.sizes_ns.size(); ++i) {
@@ -99,6 +101,10 @@ std::string PhaseArgument(const scenario::Phase& phase) {
   text += ",blocks=" + std::to_string(phase.blocks);
   if (phase.rate > 0) text += ",rate=" + FormatDecimal(phase.rate);
   if (phase.jitter_permille != 0) text += ",jitter=" + FormatDecimal(phase.jitter_permille / 10.0);
+  if (phase.collective_ns != 0) {
+    text += ",collective=" + FormatDuration(phase.collective_ns) + ",ranks=" + std::to_string(phase.ranks) +
+            ",every=" + std::to_string(phase.every) + ",group=" + std::to_string(group);
+  }
   return text;
 }
 
@@ -824,7 +830,11 @@ class LiveRun {
     std::vector<std::string> argv = {tenant_binary_, "--device", std::to_string(spec.device)};
     if (spec.alloc_bytes != 0) argv.insert(argv.end(), {"--alloc", std::to_string(spec.alloc_bytes)});
     argv.insert(argv.end(), {"--seconds", FormatSeconds(spec.stop_ns - spec.start_ns)});
-    for (const scenario::Phase& phase : spec.work) argv.insert(argv.end(), {"--phase", PhaseArgument(phase)});
+    for (std::size_t w = 0; w < spec.work.size(); ++w) {
+      // The tenant's ranks that run this phase form one group: the same id in each of them.
+      const std::uint64_t group = (run.tenant + 1ull) * 1000 + w + 1;
+      argv.insert(argv.end(), {"--phase", PhaseArgument(spec.work[w], group)});
+    }
     if (spec.repeat) argv.push_back("--repeat");
     argv.insert(argv.end(), {"--seed", std::to_string(s_.seed + run.global), "--report-ms",
                              std::to_string(s_.sample_ns / kMillisecondNs)});

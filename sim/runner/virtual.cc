@@ -32,6 +32,11 @@ sim::Policy SimPolicy(scenario::Policy policy) {
 // What vgpu-tenant does for a kernels phase, as the simulator's workload.
 bool ToWorkload(const scenario::Phase& phase, sim::Workload& workload, std::string& error) {
   workload = sim::Workload{};
+  if (phase.collective_ns != 0) {
+    error = "collective: the simulator runs each device alone, so a collective among devices runs live only; "
+            "accepted in virtual mode: phases without collective:";
+    return false;
+  }
   workload.queue_depth = phase.depth;
   workload.jitter_permille = phase.jitter_permille;
   if (phase.sizes_ns.size() > 1) {

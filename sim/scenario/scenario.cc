@@ -109,6 +109,9 @@ constexpr Misplaced kMisplaced[] = {
     {"rate", "in a phase (an item of a process's work:)"},
     {"blocks", "in a phase (an item of a process's work:)"},
     {"jitter", "in a phase (an item of a process's work:)"},
+    {"collective", "in a phase (an item of a process's work:)"},
+    {"ranks", "in a phase (an item of a process's work:)"},
+    {"every", "in a phase (an item of a process's work:)"},
     {"replicas", "in a process (an item of a tenant's processes:)"},
     {"alloc", "in a process (an item of a tenant's processes:)"},
     {"crash_at", "in a process (an item of a tenant's processes:)"},
@@ -890,7 +893,8 @@ class Checker {
   }
 
   bool CheckPhase(const Node& node, const std::string& path, Phase& phase) {
-    if (!CheckMapping(node, path, {"kernels", "idle", "for", "depth", "rate", "blocks", "jitter"},
+    if (!CheckMapping(node, path, {"kernels", "idle", "for", "depth", "rate", "blocks", "jitter", "collective", "ranks",
+                                   "every"},
                       "a phase (kernels: 1ms or idle: 1s, with for:, depth:, ...)")) {
       return false;
     }
@@ -974,6 +978,7 @@ class Checker {
         phase.blocks = static_cast<std::uint32_t>(*value);
       }
     }
+    CheckCollective(node, path, phase);
     if (const Node* jitter = node.Find("jitter")) {
       const std::string accepted = "a percentage 0 .. 50 in steps of 0.1 (e.g. 10%)";
       if (auto percent = Percent(*jitter, Join(path, "jitter"), 0, kMaxJitterPercent, accepted)) {
@@ -985,6 +990,31 @@ class Checker {
           phase.jitter_permille = rounded;
         }
       }
+    }
+  }
+
+  // collective: D with ranks: N (and every: K): a collective kernel among the tenant's ranks (Phase::collective_ns).
+  void CheckCollective(const Node& node, const std::string& path, Phase& phase) {
+    const Node* collective = node.Find("collective");
+    const Node* ranks = node.Find("ranks");
+    const Node* every = node.Find("every");
+    if (collective == nullptr && ranks == nullptr && every == nullptr) return;
+    if (collective == nullptr || ranks == nullptr) {
+      Add(node.line, path, "a collective needs both collective: (its kernel's duration) and ranks: (how many "
+                           "processes, one per device), e.g. collective: 1ms, ranks: 2");
+      return;
+    }
+    if (auto ns = Duration(*collective, Join(path, "collective"), kMicrosecondNs, kMaxDurationNs, "1ms")) {
+      phase.collective_ns = *ns;
+    }
+    if (auto value = Whole(*ranks, Join(path, "ranks"), 2, fakecuda::model::kMaxDevices,
+                           "2 .. 8 processes of the tenant, one per device")) {
+      phase.ranks = static_cast<std::uint32_t>(*value);
+    }
+    if (every == nullptr) return;
+    if (auto value = Whole(*every, Join(path, "every"), 1, kMaxInFlight,
+                           "1 .. 128 kernels between two collectives")) {
+      phase.every = static_cast<std::uint32_t>(*value);
     }
   }
 

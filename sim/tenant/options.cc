@@ -1,6 +1,7 @@
 // Strict parsing of vgpu-tenant's command line: a value that does not read exactly as documented is refused.
 #include "options.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -30,6 +31,8 @@ constexpr std::uint64_t kMaxPhaseNs = 1'000'000'000'000'000;  // kMaxSeconds
 constexpr std::uint64_t kMaxReportMs = 3'600'000;              // an hour
 constexpr double kMaxJitterPercent = 99.9;
 constexpr std::uint64_t kMaxChurnThreads = 64;
+constexpr std::uint64_t kMaxRanks = 8;                         // one per device: fakecuda's kMaxDevices
+constexpr std::uint64_t kMaxGroup = 1'000'000'000;
 constexpr std::uint64_t kMaxChurnHold = 4096;
 constexpr std::uint64_t kChurnStep = 4096;
 constexpr std::uint64_t kMaxChurnBytes = 1ull << 40;
@@ -203,7 +206,10 @@ constexpr std::array kFlags = {
              "        kernels=D[|D...] (durations with a unit ns, us, ms or s; several: each kernel drawn\n"
              "        uniformly from them), for=DURATION (default: until --seconds ends), depth=N\n"
              "        (default --depth), rate=HZ (default 0: closed loop), blocks=B (default --blocks),\n"
-             "        jitter=P (percent below 100: each kernel's duration varies uniformly by +/- P %);\n"
+             "        jitter=P (percent below 100: each kernel's duration varies uniformly by +/- P %),\n"
+             "        collective=D and ranks=N (after every `every=K` kernels, default 1, one collective kernel\n"
+             "        of D in group=G, default 1, of N ranks, one per device: fakecuda makes it wait for the\n"
+             "        other ranks' to start, as an all_reduce does; a real GPU runs it as a spin of D);\n"
              "        or idle=DURATION: launch nothing for that long. A phase ends by launching no more;\n"
              "        its kernels in flight count against the next phase's depth. Replaces --kernel-us\n"
              "        and --rate; after the last phase the tenant idles until --seconds ends",
@@ -493,7 +499,7 @@ std::string ForEachPair(std::string_view text, std::string_view keys, std::vecto
 
 std::string ParsePhase(std::string_view text, Phase* phase)
 {
-    constexpr std::string_view kKeys = "kernels, for, depth, rate, blocks, jitter or idle";
+    constexpr std::string_view kKeys = "kernels, for, depth, rate, blocks, jitter, collective, ranks, group, every or idle";
     if (text.empty()) {
         return "is empty; expected key=value pairs joined by commas, with kernels= or idle=";
     }
@@ -525,6 +531,22 @@ std::string ParsePhase(std::string_view text, Phase* phase)
             }
             phase->for_ns = duration_ns;
             phase->idle = phase->idle || key == "idle";
+        } else if (key == "collective") {
+            problem = ReadDuration(key, value, kMaxKernelNs, "3600s", &phase->collective_ns);
+            if (!problem.empty()) {
+                return problem;
+            }
+        } else if (key == "ranks" || key == "every") {
+            problem = key == "ranks" ? ReadInto(value, 2, kMaxRanks, &phase->ranks)
+                                     : ReadInto(value, 1, kMaxDepth, &phase->every);
+            if (!problem.empty()) {
+                return "has " + std::string(key) + "=" + Quoted(value) + ", which " + problem;
+            }
+        } else if (key == "group") {
+            problem = ReadInto(value, 1, kMaxGroup, &phase->group);
+            if (!problem.empty()) {
+                return "has group=" + Quoted(value) + ", which " + problem;
+            }
         } else if (key == "depth" || key == "blocks") {
             std::uint32_t number = 0;
             problem = ReadInto(value, 1, key == "depth" ? kMaxDepth : kMaxBlocks, &number);
@@ -571,6 +593,14 @@ std::string ParsePhase(std::string_view text, Phase* phase)
     }
     if (!phase->idle && !has_kernels) {
         return "has neither kernels= nor idle=; expected one of them, e.g. kernels=1ms or idle=1s";
+    }
+    const bool collective_keys = std::ranges::any_of(seen_keys, [](std::string_view key) {
+        return key == "ranks" || key == "group" || key == "every";
+    });
+    if ((phase->collective_ns > 0) != (phase->ranks > 0) || (collective_keys && phase->collective_ns == 0)) {
+        return "has an incomplete collective; expected collective=DURATION and ranks=N (2 .. " +
+               std::to_string(kMaxRanks) + ") together, with group= and every= optional, e.g. "
+               "kernels=5ms,collective=1ms,ranks=2";
     }
     return {};
 }

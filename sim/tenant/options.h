@@ -22,6 +22,12 @@ struct Phase {
     double rate_hz = 0;                    // 0: closed loop
     std::optional<std::uint32_t> blocks;   // absent: --blocks
     std::uint32_t jitter_permille = 0;     // each kernel's duration varies uniformly by +/- this much
+    // collective=D: after every `every` kernels, one vgpu_collective of D (an all_reduce of a DDP step) in group
+    // `group` of `ranks` members, one per device (on fakecuda it waits for the other ranks' kernels to start).
+    std::uint64_t collective_ns = 0;
+    std::uint32_t ranks = 0;
+    std::uint64_t group = 1;
+    std::uint32_t every = 1;
 };
 
 // --churn: threads that allocate and free device memory as fast as they can, beside the kernels.

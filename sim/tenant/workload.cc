@@ -170,11 +170,11 @@ public:
         }
     }
 
-    // busy_ns: the kernel's duration, credited when it is seen complete.
-    void Launch(CUfunction function, std::uint32_t blocks, std::uint32_t threads, unsigned long long ns_per_block,
+    // busy_ns: the kernel's duration, credited when it is seen complete. `parameters`: the kernel's arguments
+    // (vgpu_spin's ns_per_block; vgpu_collective's, then its group and ranks).
+    void Launch(CUfunction function, std::uint32_t blocks, std::uint32_t threads, void** parameters,
                 std::uint64_t busy_ns)
     {
-        void* parameters[] = {&ns_per_block};
         VGPU_TENANT_CUDA(cuLaunchKernel, function, blocks, 1, 1, threads, 1, 1, 0, stream_.get(), parameters,
                          nullptr);
         // tail_ is written by this thread only; the slot at tail_ is outside what the reporter queries.
@@ -685,6 +685,11 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
     DriverObject<CUmodule> module(module_handle, cuModuleUnload, "cuModuleUnload");
     CUfunction spin = nullptr;
     VGPU_TENANT_CUDA(cuModuleGetFunction, &spin, module.get(), "vgpu_spin");
+    CUfunction collective = nullptr;
+    const bool collectives = std::ranges::any_of(options.phases, [](const Phase& p) { return p.collective_ns > 0; });
+    if (collectives) {
+        VGPU_TENANT_CUDA(cuModuleGetFunction, &collective, module.get(), "vgpu_collective");
+    }
 
     const int sm_count = DeviceAttribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
     const int max_threads_per_sm = DeviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, device);
@@ -824,10 +829,21 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
                         break;
                     }
                 }
-                const unsigned long long ns_per_block = DrawDurationNs(phase, random) / waves;
-                stream.Launch(spin, *phase.blocks, options.threads, ns_per_block, ns_per_block * waves);
+                unsigned long long ns_per_block = DrawDurationNs(phase, random) / waves;
+                void* spin_parameters[] = {&ns_per_block};
+                stream.Launch(spin, *phase.blocks, options.threads, spin_parameters, ns_per_block * waves);
                 ++launched;
                 ++launched_in_phase;
+                if (phase.collective_ns > 0 && launched_in_phase % phase.every == 0) {
+                    // A DDP step's all_reduce: after its kernels, on the same stream, one per rank and round.
+                    stream.WaitForRoom(*phase.depth);
+                    unsigned long long collective_ns = phase.collective_ns / waves;
+                    unsigned long long group = phase.group;
+                    unsigned long long ranks = phase.ranks;
+                    void* collective_parameters[] = {&collective_ns, &group, &ranks};
+                    stream.Launch(collective, *phase.blocks, options.threads, collective_parameters,
+                                  collective_ns * waves);
+                }
             }
             phase_start_ns = phase_end_ns;
         }

@@ -190,8 +190,12 @@ def test_reports_under_a_compute_cap_grow_at_the_cap(fake_gpu, tenant_available)
     ("idle=1s,depth=2", "mixes idle= with other keys"),
     ("for=2s", "neither kernels= nor idle="),
     ("", "is empty"),
+    ("kernels=1ms,collective=1ms", "has an incomplete collective"),
+    ("kernels=1ms,ranks=2", "has an incomplete collective"),
+    ("kernels=1ms,collective=1ms,ranks=9", 'ranks="9", which is out of range'),
+    ("kernels=1ms,collective=1ms,ranks=2,every=0", 'every="0", which is out of range'),
 ], ids=["unit", "no-unit", "empty-size", "depth", "rate", "jitter", "key", "twice", "idle-mixed", "no-kernels",
-        "empty"])
+        "empty", "collective-alone", "ranks-alone", "ranks", "every"])
 def test_a_bad_phase_is_refused_with_one_line_and_exit_2(fake_gpu, tenant_available, spec, says):
     result = fake_gpu.tenant(f"--phase={spec}", "--seconds", "1", timeout=30, check=False)
     assert result.returncode == 2, result.describe()

@@ -558,6 +558,22 @@ TEST(ScenarioRules, Phases) {
                  "500ns is too short; expected 1us .. 3600s");
 }
 
+TEST(ScenarioRules, Collectives) {
+  const Scenario s = Valid(With("            collective: 1ms\n            ranks: 2\n            every: 4", 6));
+  const Phase& phase = s.tenants[0].processes[0].work[0];
+  EXPECT_EQ(phase.collective_ns, kMillisecondNs);
+  EXPECT_EQ(phase.ranks, 2u);
+  EXPECT_EQ(phase.every, 4u);
+  EXPECT_EQ(Valid(kMinimal).tenants[0].processes[0].work[0].collective_ns, 0u);
+  EXPECT_PROBLEM(With("            collective: 1ms", 6), 6, "tenants[0].processes[0].work[0]",
+                 "a collective needs both collective: (its kernel's duration) and ranks:");
+  EXPECT_PROBLEM(With("            every: 4", 6), 6, "tenants[0].processes[0].work[0]", "a collective needs both");
+  EXPECT_PROBLEM(With("            collective: 1ms\n            ranks: 9", 6), 8,
+                 "tenants[0].processes[0].work[0].ranks", "expected 2 .. 8 processes of the tenant, one per device");
+  EXPECT_PROBLEM(With("          - idle: 1s\n            ranks: 2", 6), 8, "tenants[0].processes[0].work[1].ranks",
+                 "ranks applies to kernels phases only");
+}
+
 TEST(ScenarioRules, Faults) {
   EXPECT_PROBLEM(std::string(kMinimal) + "faults:\n  - \"cuLaunchKernel:CUDA_ERROR_LAUNCH_FAILED:p=0.001\"\n", 8,
                  "faults[0]", "is not a fault rule: field 'CUDA_ERROR_LAUNCH_FAILED' is not key=value");

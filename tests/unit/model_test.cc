@@ -977,5 +977,102 @@ TEST_F(Timeline, RepairMachineFixesATornStateAndCountsTheFixes) {
   EXPECT_EQ(completions().size(), 1u);
 }
 
+
+// ---- collective kernels (issue 20: a job spanning GPUs) -----------------------------------------------------------
+
+// Two devices, a process on each (as torchrun's ranks), each launching the group's kernels on its own device.
+class Collective : public Timeline {
+ protected:
+  void SetUp() override {
+    MachineConfig config = IdealConfig();
+    std::string error;
+    ASSERT_TRUE(ParseDevices("h100-80gb,h100-80gb", config, error)) << error;
+    config.timeslice_ns = 2 * kMs;
+    config.switch_ns = 0;
+    Init(config);
+    for (std::uint32_t d = 0; d < 2; ++d) {
+      slots_[d] = NewProcess(200 + static_cast<std::int32_t>(d));
+      streams_[d] = CreateStream(m(), slots_[d], d, 0, 0);
+      ASSERT_NE(streams_[d], kNoSlot);
+    }
+  }
+
+  EnqueueResult Launch(std::uint32_t rank, std::uint64_t per_wave_ns, std::uint64_t now_ns, std::uint64_t group = 7,
+                       std::uint32_t size = 2) {
+    KernelLaunch launch{};
+    launch.shape = Shape(1, 32);
+    launch.per_wave_ns = per_wave_ns;
+    launch.name = "vgpu_collective";
+    launch.group = group;
+    launch.group_size = size;
+    return EnqueueKernel(m(), streams_[rank], launch, now_ns, nullptr);
+  }
+
+  void AdvanceDevice(std::uint32_t device, std::uint64_t now_ns) { model::Advance(m(), device, now_ns, &recorder_); }
+
+  std::uint32_t slots_[2] = {};
+  std::uint32_t streams_[2] = {};
+  Recorder recorder_;
+};
+
+TEST_F(Collective, AKernelHoldsItsDeviceUntilItsPeerStartsThenRunsItsOwnTime) {
+  ASSERT_EQ(Launch(0, kMs, kStart), EnqueueResult::ok);
+  model::Advance(m(), 0, kStart + 5 * kMs, &recorder_);  // rank 1 has launched nothing: rank 0 spins
+  EXPECT_TRUE(recorder_.completions.empty());
+  EXPECT_EQ(m().slots[slots_[0]].busy_total_ns[0], 5 * kMs) << "a waiting collective keeps its device busy";
+  ASSERT_EQ(Launch(1, kMs, kStart + 5 * kMs), EnqueueResult::ok);
+  // Advancing device 0 alone brings device 1 along: the round is released at 5 ms, both end at 6 ms.
+  AdvanceDevice(0, kStart + 10 * kMs);
+  ASSERT_EQ(recorder_.completions.size(), 2u);
+  for (const Completion& c : recorder_.completions) EXPECT_EQ(c.end_ns, kStart + 6 * kMs) << "stream " << c.stream;
+  EXPECT_EQ(m().slots[slots_[0]].busy_total_ns[0], 6 * kMs);
+  EXPECT_EQ(m().slots[slots_[1]].busy_total_ns[1], kMs);
+}
+
+TEST_F(Collective, RoundsPairTheKthLaunchOnEachDevice) {
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Launch(0, kMs, kStart), EnqueueResult::ok);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Launch(1, 2 * kMs, kStart), EnqueueResult::ok);
+  AdvanceDevice(1, kStart + 20 * kMs);
+  ASSERT_EQ(recorder_.completions.size(), 6u);
+  // Rank 0's k-th waits for rank 1's k-th to start: rank 1 starts its kernels at 0, 2, 4 ms.
+  std::vector<std::uint64_t> rank0;
+  for (const Completion& c : recorder_.completions) {
+    if (c.stream == streams_[0]) rank0.push_back(c.end_ns - kStart);
+  }
+  EXPECT_EQ(rank0, (std::vector<std::uint64_t>{kMs, 3 * kMs, 5 * kMs}));
+}
+
+TEST_F(Collective, APeerThatLeavesReleasesTheRoundsWaitingForIt) {
+  ASSERT_EQ(Launch(0, kMs, kStart), EnqueueResult::ok);  // round 0 on both: [0, 1 ms)
+  ASSERT_EQ(Launch(1, kMs, kStart), EnqueueResult::ok);
+  ASSERT_EQ(Launch(0, kMs, kStart), EnqueueResult::ok);  // round 1 on device 0 only: it waits from 1 ms
+  AdvanceDevice(0, kStart + 3 * kMs);
+  ASSERT_EQ(recorder_.completions.size(), 2u);
+  ReleaseSlot(m(), slots_[1], nullptr);  // rank 1 dies at 3 ms: round 1 waits for it no more
+  AdvanceDevice(0, kStart + 10 * kMs);
+  ASSERT_EQ(recorder_.completions.size(), 3u);
+  EXPECT_EQ(recorder_.completions[2].end_ns, kStart + 4 * kMs);
+  EXPECT_NE(m().groups[0].id, 0u);
+  ReleaseSlot(m(), slots_[0], nullptr);
+  EXPECT_EQ(m().groups[0].id, 0u) << "a group nobody is left in is freed";
+}
+
+TEST_F(Collective, BadGroupsAreRefused) {
+  EXPECT_EQ(Launch(0, kMs, kStart, 7, 1), EnqueueResult::bad_group);
+  EXPECT_EQ(Launch(0, kMs, kStart, 7, kMaxDevices + 1), EnqueueResult::bad_group);
+  ASSERT_EQ(Launch(0, kMs, kStart, 7, 2), EnqueueResult::ok);
+  EXPECT_EQ(Launch(1, kMs, kStart, 7, 3), EnqueueResult::bad_group) << "another size than the group's";
+  const std::uint32_t intruder = NewProcess(300);
+  const std::uint32_t stream = CreateStream(m(), intruder, 0, 0, 0);
+  KernelLaunch launch{};
+  launch.shape = Shape(1, 32);
+  launch.per_wave_ns = kMs;
+  launch.group = 7;
+  launch.group_size = 2;
+  EXPECT_EQ(EnqueueKernel(m(), stream, launch, kStart, nullptr), EnqueueResult::bad_group)
+      << "device 0 already has its member";
+  for (std::uint64_t g = 100; g < 100 + kMaxGroups - 1; ++g) ASSERT_EQ(Launch(0, kMs, kStart, g), EnqueueResult::ok);
+  EXPECT_EQ(Launch(0, kMs, kStart, 999), EnqueueResult::no_group);
+}
 }  // namespace
 }  // namespace fakecuda::model

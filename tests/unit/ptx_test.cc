@@ -9,7 +9,7 @@
 namespace fakecuda::ptx {
 namespace {
 
-TEST(PtxTest, ReadsTheTenantSpinKernel) {
+TEST(PtxTest, ReadsTheTenantSpinAndCollectiveKernels) {
   std::ifstream file(VGPU_SOURCE_DIR "/sim/tenant/spin.ptx");
   ASSERT_TRUE(file) << "spin.ptx missing";
   std::stringstream text;
@@ -18,10 +18,16 @@ TEST(PtxTest, ReadsTheTenantSpinKernel) {
   std::string error;
   ASSERT_TRUE(Parse(text.str(), module, error)) << error;
   EXPECT_EQ(module.target_sm, 75);
-  ASSERT_EQ(module.entries.size(), 1u);
+  ASSERT_EQ(module.entries.size(), 2u);
   EXPECT_EQ(module.entries[0].name, "vgpu_spin");
   ASSERT_EQ(module.entries[0].params.size(), 1u);
   EXPECT_EQ(module.entries[0].params[0].size, 8u);
+  EXPECT_EQ(module.entries[1].name, "vgpu_collective");  // ns_per_block, group, size
+  ASSERT_EQ(module.entries[1].params.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(module.entries[1].params[i].size, 8u);
+    EXPECT_EQ(module.entries[1].params[i].offset, 8 * i);
+  }
 }
 
 TEST(PtxTest, LaysOutParametersWithTheirAlignment) {

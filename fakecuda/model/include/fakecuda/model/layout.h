@@ -13,7 +13,7 @@
 namespace fakecuda::model {
 
 inline constexpr std::uint64_t kMagic = 0x4144554345'4b4146ULL;  // "FAKECUDA" little-endian
-inline constexpr std::uint32_t kLayoutVersion = 3;
+inline constexpr std::uint32_t kLayoutVersion = 4;  // 4: collective kernels (Op::group, Machine::groups)
 
 inline constexpr std::uint32_t kMaxDevices = 8;
 inline constexpr std::uint32_t kMaxProcesses = 256;
@@ -22,6 +22,8 @@ inline constexpr std::uint32_t kStreamDepth = 128;       // queued operations pe
 inline constexpr std::uint32_t kKernelNameBytes = 48;
 inline constexpr std::uint32_t kWindowHistory = 16;      // NVML utilization windows kept per device
 inline constexpr std::uint32_t kNoSlot = 0xffffffffu;
+inline constexpr std::uint32_t kMaxGroups = 16;          // collective groups in use at once
+inline constexpr std::uint32_t kGroupRounds = 128;       // rounds of one group tracked at once (a ring)
 
 struct DeviceSpec {
   char preset[32];
@@ -84,6 +86,12 @@ struct Op {
   std::uint32_t started;                 // kernel: has run at least once (start_ns is then valid, even 0)
   std::uint64_t wait_generation;
   std::uint64_t wait_seq;
+  // kernel, collective (group != 0): it holds the device from its start but does no work until every member of
+  // its round has started (or left), as a collective kernel waits for its peers on the other devices.
+  std::uint64_t group;
+  std::uint64_t round;                   // this member's launches of `group` before this one
+  std::uint32_t caught_up;               // collective: the work it missed before its release was known is done
+  std::uint32_t reserved1;
 };
 
 enum class StreamState : std::uint32_t { free = 0, live = 1, draining = 2 };  // draining: destroyed, work left
@@ -145,6 +153,24 @@ struct DeviceTimeline {
   UtilWindow windows[kWindowHistory];
 };
 
+// One collective group: its members (one per device, each the launching process's slot) and its recent rounds.
+struct GroupRound {
+  std::uint64_t round;
+  std::uint32_t started;                 // members whose kernel of this round has started
+  std::uint32_t reserved0;
+  std::uint64_t last_start_ns;           // when the last of them started: the round is released then
+};
+
+struct CollectiveGroup {
+  std::uint64_t id;                      // 0: a free entry
+  std::uint32_t size;                    // members the group has (the launch says)
+  std::uint32_t left;                    // members whose process has gone: their rounds never start
+  std::uint64_t left_at_ns;              // when the latest of them went
+  std::uint32_t member_slots[kMaxDevices];  // by device: the process launching there (kNoSlot: none yet)
+  std::uint64_t next_round[kMaxDevices];    // by device: the round of the next launch there
+  GroupRound rounds[kGroupRounds];       // round r at r % kGroupRounds
+};
+
 struct Machine {
   std::uint64_t magic;
   std::uint32_t layout_version;
@@ -158,6 +184,7 @@ struct Machine {
   DeviceTimeline devices[kMaxDevices];
   ProcessSlot slots[kMaxProcesses];
   Stream streams[kMaxStreams];
+  CollectiveGroup groups[kMaxGroups];
 };
 
 static_assert(std::is_trivially_copyable_v<Machine>);

@@ -79,12 +79,19 @@ std::uint32_t CreateStream(Machine& machine, std::uint32_t slot, std::uint32_t d
 // Work already queued still runs; the stream is freed once empty (as cuStreamDestroy promises).
 void DestroyStream(Machine& machine, std::uint32_t stream);
 
-enum class EnqueueResult { ok, queue_full };
+// queue_full: the stream holds kStreamDepth operations. bad_group: a collective launch whose group size is outside
+// 2 .. kMaxDevices or differs from the group's, or whose device already has another process in the group.
+// no_group: kMaxGroups groups are in use.
+enum class EnqueueResult { ok, queue_full, bad_group, no_group };
 
 struct KernelLaunch {
   LaunchShape shape;
   std::uint64_t per_wave_ns;
   const char* name;
+  // A collective kernel (vgpu_collective): the group it belongs to (0: none) and how many members the group has
+  // (one per device, 2 .. kMaxDevices). Its k-th launch on a device joins round k of the group.
+  std::uint64_t group = 0;
+  std::uint32_t group_size = 0;
 };
 
 EnqueueResult EnqueueKernel(Machine& machine, std::uint32_t stream, const KernelLaunch& launch,

@@ -24,6 +24,12 @@ struct Phase {
   double rate = 0;                      // launches per second on a fixed schedule; 0 = closed loop
   std::uint32_t blocks = 1;             // blocks per kernel, 1 .. 65535
   std::uint32_t jitter_permille = 0;    // each kernel's duration varies by +/- this much, 0 .. 500
+  // A job spanning GPUs (a DDP step's all_reduce): after every `every` kernels, one collective kernel of
+  // `collective_ns` among `ranks` processes of the tenant, one per device (fakecuda makes it wait for the other
+  // ranks' to start). 0: none. Runs live only.
+  std::uint64_t collective_ns = 0;
+  std::uint32_t ranks = 0;
+  std::uint32_t every = 1;
   std::uint32_t line = 0;
 };
 
