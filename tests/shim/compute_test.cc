@@ -74,6 +74,21 @@ TEST(Compute, AWaitingLaunchSaysWhyAtLogLevel4) {
   EXPECT_EQ(silent.Stderr().find("for the budget"), std::string::npos) << "only at level 4";
 }
 
+// LIBCUDA_LOG_LEVEL=4 also says when a launch measured far more than it was charged: its span held waiting (the DDP
+// collapse of issue 20: an all_reduce measuring 35-189 ms where 3-6 ms were expected). Here the same kernel runs
+// 500 us and 20 ms: the long runs measure 40 x the charge.
+TEST(Compute, ALaunchMeasuredFarOverItsChargeIsSaidAtLogLevel4) {
+  auto env = ShimEnv("long", "");
+  env["CUDA_DEVICE_SM_LIMIT"] = "50";
+  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  env["LIBCUDA_LOG_LEVEL"] = "4";
+  Child worker = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", "long_us=20000"}, env,
+                           std::chrono::seconds(60));
+  ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
+  const std::string log = worker.Stderr();
+  EXPECT_NE(log.find("us were expected: its span held waiting"), std::string::npos) << log.substr(0, 2000);
+}
+
 // The shim asks the driver whether a launch's stream is capturing only while a capture may be in progress (it counts
 // the captures begun and ended: docs/compute-limit.md, "The launch path"). A capture begun through any of the driver's
 // entry points must be seen. Over fakecuda its cuEventRecord fails here, so a launch the shim admitted would be

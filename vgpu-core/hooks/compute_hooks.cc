@@ -320,6 +320,16 @@ class RelaxedCapture {
   bool active_ = false;
 };
 
+// LIBCUDA_LOG_LEVEL=4: a measurement far above what was charged says that its span held waiting, not work (a
+// collective kernel waiting for its peers, other contexts' time slices). The container is charged all of it and its
+// next launches wait for the budget: with this line, a collapse like issue 20's DDP one explains itself.
+void LogLongMeasurement(const void* function, std::uint64_t charged_ns, const std::optional<std::uint64_t>& measured) {
+  if (!measured || *measured < 4 * charged_ns || *measured < charged_ns + 1'000'000) return;
+  Log(4, "a launch of %p measured %llu us where %llu us were expected: its span held waiting (a collective's peers, "
+      "other contexts' time slices), charged in full", function, static_cast<unsigned long long>(*measured / 1000),
+      static_cast<unsigned long long>(charged_ns / 1000));
+}
+
 // Settles every measured launch that has completed (in order per device; a later one may wait for an earlier).
 // Caller holds d.mutex.
 void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
@@ -349,6 +359,9 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
           measured = std::min(elapsed, std::max(to_last, estimated));
         }
       }
+      std::uint64_t charged = 0;
+      for (const auto& launch : p.window) charged += launch.charged_ns;
+      LogLongMeasurement(p.window.empty() ? nullptr : p.window.front().key.function, charged, measured);
       d.limiter->SettleWindow(p.window.data(), p.window.size(), measured, now);
       ReturnEvent(d, p.context, p.start);
       ReturnEvent(d, p.context, p.end);
@@ -377,6 +390,7 @@ void SettleCompleted(DeviceLimiter& d, std::uint64_t now) {
       const std::uint64_t seen = NowNs();
       measured = seen > p.launched_ns ? seen - p.launched_ns : 1;
     }
+    LogLongMeasurement(p.key.function, p.charged_ns, measured);
     d.limiter->Settle(p.key, p.charged_ns, measured, now, !p.first);
     ReturnEvent(d, p.context, p.start);
     ReturnEvent(d, p.context, p.end);
