@@ -5,6 +5,7 @@
 //
 //   build/default/bin/sharing_compare [--cycle-ms N] [--cycle-max-ms N] [--seconds N] [--seed N] [--case NAME]
 // --cycle-max-ms: the cycle doubles from --cycle-ms up to this until every window holds its tenant's longest kernel.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +59,16 @@ std::vector<Case> Cases() {
   return cases;
 }
 
+// p50 / p99 / max of a tenant's launch waits (under the limiter: its sleeps for the budget).
+std::string WaitPercentiles(std::vector<std::uint64_t> waits) {
+  if (waits.empty()) return "-";
+  std::sort(waits.begin(), waits.end());
+  const auto at = [&](double q) { return waits[static_cast<std::size_t>(q * static_cast<double>(waits.size() - 1))]; };
+  char text[96];
+  std::snprintf(text, sizeof text, "%.2f / %.2f / %.2f", at(0.5) / 1e6, at(0.99) / 1e6, waits.back() / 1e6);
+  return text;
+}
+
 bool ParseNumber(const char* text, std::uint64_t& value) {
   char* end = nullptr;
   value = std::strtoull(text, &end, 10);
@@ -90,7 +101,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points |\n|---|---|---|---|---|\n");
+  std::printf("| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points | first tenant's launch "
+              "wait p50 / p99 / max, ms |\n|---|---|---|---|---|---|\n");
   for (const Case& c : Cases()) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     for (const Sharing sharing : {Sharing::budget, Sharing::time_division}) {
@@ -104,6 +116,7 @@ int main(int argc, char** argv) {
       scenario.cycle_ns = cycle_ms * kMillisecondNs;
       scenario.cycle_max_ns = cycle_max_ms * kMillisecondNs;
       scenario.tenants = c.tenants;
+      scenario.record_waits = true;
       const Result result = Run(scenario);
       if (!result.error.empty()) {
         std::fprintf(stderr, "sharing_compare: %s (%s): %s\n", c.name.c_str(), SharingName(sharing),
@@ -121,8 +134,8 @@ int main(int argc, char** argv) {
         sum += t.mean_share;
         worst = worst > t.worst_window_error ? worst : t.worst_window_error;
       }
-      std::printf("| %s | %s | %s | %.1f | %.1f |\n", c.name.c_str(), SharingName(sharing), shares.c_str(), sum * 100,
-                  worst * 100);
+      std::printf("| %s | %s | %s | %.1f | %.1f | %s |\n", c.name.c_str(), SharingName(sharing), shares.c_str(),
+                  sum * 100, worst * 100, WaitPercentiles(result.tenants.front().launch_waits_ns).c_str());
       std::fflush(stdout);
     }
   }

@@ -620,6 +620,10 @@ class Engine final : public model::TimelineListener {
         return;
       }
       p.pending_admission = admission;
+      if (scenario_.record_waits && tenants_[p.tenant].member < 0) {
+        const std::uint64_t sleep_ns = admission.ready_at_ns > now_ns_ ? admission.ready_at_ns - now_ns_ : 0;
+        tenants_[p.tenant].result.launch_waits_ns.push_back(sleep_ns);
+      }
       if (admission.ready_at_ns > now_ns_) {
         // The shim sleeps until ready_at, precisely, then launches.
         SetState(index, HostState::sleeping);
@@ -648,12 +652,13 @@ class Engine final : public model::TimelineListener {
                                                    p.queued_end_ns, p.pending_admission.charged_ns, now_ns_);
     const bool waiting = p.state == HostState::waiting_for_turn;
     if (release.at_ns <= now_ns_) {
+      const std::uint64_t waited_ns = waiting ? now_ns_ - p.turn_wait_since_ns : 0;
       if (waiting) {
         --published_[member].waiting;
-        const std::uint64_t waited_ns = now_ns_ - p.turn_wait_since_ns;
         result_.wait_total_ns += waited_ns;
         result_.wait_longest_ns = std::max(result_.wait_longest_ns, waited_ns);
       }
+      if (scenario_.record_waits) tenant.result.launch_waits_ns.push_back(waited_ns);
       p.pending_release = release;
       return true;
     }

@@ -121,6 +121,7 @@ struct Scenario {
   std::uint64_t cycle_max_ns = 0;
   std::vector<Tenant> tenants;
   bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
+  bool record_waits = false;                 // fills TenantResult::launch_waits_ns
   // If not 0: every sample_ns, each tenant's cumulative busy time is recorded (TenantResult::busy_samples_ns);
   // duration_ns must be a multiple.
   std::uint64_t sample_ns = 0;
@@ -139,6 +140,9 @@ struct TenantResult {
   // Scenario::sample_ns: the tenant's cumulative busy time (the model's exact per-process device time, summed over
   // its processes) at sample_ns, 2 x sample_ns, ..., duration_ns.
   std::vector<std::uint64_t> busy_samples_ns;
+  // Scenario::record_waits: how long each launch of the tenant waited, in launch order (0: it went at once): for its
+  // turn under time division, for the budget under the limiter (not counting waits for completions).
+  std::vector<std::uint64_t> launch_waits_ns;
 };
 
 struct Result {
