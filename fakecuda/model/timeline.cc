@@ -283,18 +283,12 @@ CollectiveGroup* FindGroup(Machine& m, std::uint64_t id) {
   return nullptr;
 }
 
-bool AnyGroup(const Machine& m) {
-  for (const CollectiveGroup& g : m.groups) {
-    if (g.id != 0) return true;
-  }
-  return false;
-}
+bool AnyGroup(const Machine& m) { return m.groups_in_use != 0; }
 
 // The round of a collective op started at `t`: one more member there.
 void Arrive(Machine& m, const Op& op, std::uint64_t t) {
-  CollectiveGroup* g = FindGroup(m, op.group);
-  if (g == nullptr) return;
-  GroupRound& r = g->rounds[op.round % kGroupRounds];
+  CollectiveGroup& g = m.groups[op.group_entry - 1];
+  GroupRound& r = g.rounds[op.round % kGroupRounds];
   if (r.round != op.round) return;
   ++r.started;
   r.last_start_ns = std::max(r.last_start_ns, t);
@@ -304,11 +298,11 @@ void Arrive(Machine& m, const Op& op, std::uint64_t t) {
 // op whose group is gone (every member left) is released at once.
 constexpr std::uint64_t kNotReleased = ~0ull;
 std::uint64_t ReleasedAt(Machine& m, const Op& op) {
-  CollectiveGroup* g = FindGroup(m, op.group);
-  if (g == nullptr) return 0;
-  const GroupRound& r = g->rounds[op.round % kGroupRounds];
-  if (r.round != op.round || r.started + g->left < g->size) return kNotReleased;
-  return g->left > 0 ? std::max(r.last_start_ns, g->left_at_ns) : r.last_start_ns;
+  const CollectiveGroup& g = m.groups[op.group_entry - 1];
+  if (g.id == 0) return 0;
+  const GroupRound& r = g.rounds[op.round % kGroupRounds];
+  if (r.round != op.round || r.started + g.left < g.size) return kNotReleased;
+  return g.left > 0 ? std::max(r.last_start_ns, g.left_at_ns) : r.last_start_ns;
 }
 
 // Collectives: all devices are advanced together, this far at a time, so that each learns within it when the
@@ -460,18 +454,22 @@ void AdvanceOne(Machine& m, std::uint32_t device, std::uint64_t now_ns, Timeline
       if (rates[k] <= 0) continue;
       // A collective kernel starts (and holds the device) now; it works only from its round's release on.
       Op& head = *runnable.ops[k];
-      if (head.group != 0) {
-        if (head.started == 0) Arrive(m, head, t);
+      if (head.group_entry != 0) {
+        if (head.started == 0) {
+          head.start_ns = t;
+          head.started = 1;
+          Arrive(m, head, t);
+        }
         released_at[k] = ReleasedAt(m, head);
         if (released_at[k] == kNotReleased) continue;
         if (released_at[k] > t) {
           next_t = std::min(next_t, released_at[k]);
           continue;
         }
-        if (head.caught_up == 0) {
+        if (head.started != kStartedCaughtUp) {
           // Released in the past (a peer's start was learnt up to kLockstepNs late): the work it would have done
           // since, holding its device as it did.
-          head.caught_up = 1;
+          head.started = kStartedCaughtUp;
           const std::uint64_t from = std::max(released_at[k], head.start_ns);
           if (from < t) head.remaining_ns -= static_cast<double>(t - from);
         }
@@ -492,7 +490,7 @@ void AdvanceOne(Machine& m, std::uint32_t device, std::uint64_t now_ns, Timeline
         op.start_ns = t;
         op.started = 1;
       }
-      if (op.group == 0 || released_at[k] <= t) op.remaining_ns -= static_cast<double>(dt) * rates[k];
+      if (op.group_entry == 0 || released_at[k] <= t) op.remaining_ns -= static_cast<double>(dt) * rates[k];
       op.ran_ns += dt;
       any_running = true;
       const std::uint32_t slot = runnable.slots[k];
@@ -579,7 +577,10 @@ void ReleaseSlot(Machine& m, std::uint32_t slot_index, std::uint64_t returned_by
     ++g.left;
     // When it left: the latest time any device was advanced to (the caller's clock is not passed in).
     for (const DeviceTimeline& d : m.devices) g.left_at_ns = std::max(g.left_at_ns, d.advanced_to_ns);
-    if (!others) g = CollectiveGroup{};
+    if (!others) {
+      g = CollectiveGroup{};
+      --m.groups_in_use;
+    }
   }
   std::memset(&slot, 0, sizeof slot);
   slot.state = SlotState::free;
@@ -617,7 +618,8 @@ namespace {
 
 // A collective launch on stream `s`: finds or makes its group, makes the stream's process the group's member on its
 // device, and takes the device's next round (whose ring entry it resets if it is the round's first launch).
-EnqueueResult JoinGroup(Machine& m, const Stream& s, const KernelLaunch& launch, std::uint64_t& round) {
+EnqueueResult JoinGroup(Machine& m, const Stream& s, const KernelLaunch& launch, std::uint32_t& entry,
+                        std::uint32_t& round) {
   if (launch.group_size < 2 || launch.group_size > kMaxDevices) return EnqueueResult::bad_group;
   CollectiveGroup* g = FindGroup(m, launch.group);
   if (g == nullptr) {
@@ -626,13 +628,15 @@ EnqueueResult JoinGroup(Machine& m, const Stream& s, const KernelLaunch& launch,
     *g = CollectiveGroup{};
     g->id = launch.group;
     g->size = launch.group_size;
+    ++m.groups_in_use;
     for (std::uint32_t& member : g->member_slots) member = kNoSlot;
   }
   if (g->size != launch.group_size) return EnqueueResult::bad_group;
   std::uint32_t& member = g->member_slots[s.device];
   if (member != kNoSlot && member != s.slot) return EnqueueResult::bad_group;
   member = s.slot;
-  round = g->next_round[s.device]++;
+  round = static_cast<std::uint32_t>(g->next_round[s.device]++);
+  entry = static_cast<std::uint32_t>(g - m.groups) + 1;
   GroupRound& r = g->rounds[round % kGroupRounds];
   if (r.round != round) r = GroupRound{round, 0, 0, 0};  // the ring entry held round - kGroupRounds, long done
   return EnqueueResult::ok;
@@ -659,15 +663,16 @@ EnqueueResult EnqueueKernel(Machine& m, std::uint32_t stream, const KernelLaunch
   // A process's MPS share limits its SMs only in MPS mode.
   const std::uint32_t sm_count = m.config.mode == SchedulingMode::mps ? m.slots[s.slot].mps_sm_count[s.device] : 0;
   const KernelCost cost = CostKernel(spec, sm_count, launch.shape, launch.per_wave_ns);
-  std::uint64_t round = 0;
+  std::uint32_t entry = 0;
+  std::uint32_t round = 0;
   if (launch.group != 0) {
-    const EnqueueResult joined = JoinGroup(m, s, launch, round);
+    const EnqueueResult joined = JoinGroup(m, s, launch, entry, round);
     if (joined != EnqueueResult::ok) return joined;
   }
   // Written in place, past the tail (invisible until the tail is bumped), as Push would copy it there.
   Op& op = s.ring[s.tail % kStreamDepth];
   op = Op{};
-  op.group = launch.group;
+  op.group_entry = entry;
   op.round = round;
   op.kind = OpKind::kernel;
   op.alone_ns = cost.alone_ns;
@@ -837,6 +842,20 @@ std::uint32_t RepairMachine(Machine& m) {
       d.stream_high_water = kMaxStreams;
       ++fixes;
     }
+  }
+  // Collective groups: a size out of range frees the entry (its rounds could never be released right); the count
+  // of entries in use is derived.
+  std::uint32_t in_use = 0;
+  for (CollectiveGroup& g : m.groups) {
+    if (g.id != 0 && (g.size < 2 || g.size > kMaxDevices)) {
+      g = CollectiveGroup{};
+      ++fixes;
+    }
+    in_use += g.id != 0 ? 1 : 0;
+  }
+  if (m.groups_in_use != in_use) {
+    m.groups_in_use = in_use;
+    ++fixes;
   }
   return fixes;
 }

@@ -82,7 +82,6 @@ struct InFlight {
   std::uint64_t seq;
   std::uint32_t kind;
   std::uint64_t charged_ns;
-  policy::Interval free;  // time division: the idle window it borrowed for free (empty: none)
 };
 
 // The kernels a process has queued and not yet seen complete, oldest first (one stream: they complete in order).
@@ -151,6 +150,8 @@ struct ProcessState {
   policy::Admission pending_admission;
   policy::Release pending_release;     // time division: the window the pending launch goes into
   std::uint64_t turn_wait_since_ns = 0;
+  // Time division: per kernel in flight (by seq), the idle window it borrowed for free (empty: none).
+  std::vector<policy::Interval> free_windows;
   // Time division: when its released work is expected to be done. Per process: a tenant's processes slice each
   // other, so each one's estimates already hold the others' time, and its own queue's end is the tenant's.
   std::uint64_t queued_end_ns = 0;
@@ -220,7 +221,7 @@ class Engine final : public model::TimelineListener {
     p.last_end_ns = op.end_ns;
     p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
     TenantState& tenant = tenants_[p.tenant];
-    if (tenant.member >= 0) SettleTurn(tenant, p, op, done.free);
+    if (tenant.member >= 0) SettleTurn(tenant, p, op, p.free_windows[done.seq % model::kStreamDepth]);
     ++tenant.result.kernels;
     ++result_.kernels;
     if (scenario_.record_trace) {
@@ -365,6 +366,9 @@ class Engine final : public model::TimelineListener {
     }
     published_.assign(members.size(), policy::Published{});
     longest_ns_.assign(members.size(), 0);
+    for (ProcessState& p : processes_) {
+      if (tenants_[p.tenant].member >= 0) p.free_windows.assign(model::kStreamDepth, policy::Interval{});
+    }
     return true;
   }
 
@@ -738,14 +742,14 @@ class Engine final : public model::TimelineListener {
     launch.name = p.kinds[p.pending_kind].name.c_str();
     std::uint64_t seq = 0;
     TenantState& tenant = tenants_[p.tenant];
-    const bool free = tenant.member >= 0 && p.pending_release.free;
-    const policy::Interval free_window = free ? p.pending_release.window : policy::Interval{};
+
     if (model::EnqueueKernel(*machine_, p.stream, launch, now_ns_, &seq) != model::EnqueueResult::ok ||
-        !p.in_flight.Push(InFlight{seq, p.pending_kind, p.pending_admission.charged_ns, free_window})) {
+        !p.in_flight.Push(InFlight{seq, p.pending_kind, p.pending_admission.charged_ns})) {
       Fail("process " + std::to_string(index) + "'s stream queue is full");
       return;
     }
     if (tenant.member >= 0) {
+      p.free_windows[seq % model::kStreamDepth] = p.pending_release.free ? p.pending_release.window : policy::Interval{};
       policy::Published& own = published_[static_cast<std::size_t>(tenant.member)];
       ++own.in_flight;
       own.released_until_ns = p.pending_release.window.end_ns;

@@ -83,16 +83,18 @@ struct Op {
   char name[kKernelNameBytes];
   // wait: complete when stream `wait_stream` (generation `wait_generation`) has passed `wait_seq`
   std::uint32_t wait_stream;
-  std::uint32_t started;                 // kernel: has run at least once (start_ns is then valid, even 0)
+  // kernel: 1 once it has run at least once (start_ns is then valid, even 0); a collective kernel 2 once the work
+  // it missed before its release was known has been caught up (kStartedCaughtUp)
+  std::uint32_t started;
   std::uint64_t wait_generation;
   std::uint64_t wait_seq;
-  // kernel, collective (group != 0): it holds the device from its start but does no work until every member of
+  // kernel, collective (group_entry != 0): it holds the device from its start but does no work until every member of
   // its round has started (or left), as a collective kernel waits for its peers on the other devices.
-  std::uint64_t group;
-  std::uint64_t round;                   // this member's launches of `group` before this one
-  std::uint32_t caught_up;               // collective: the work it missed before its release was known is done
-  std::uint32_t reserved1;
+  std::uint32_t group_entry;             // 1 + its group's index in Machine::groups; 0: not a collective
+  std::uint32_t round;                   // this member's launches of its group before this one
 };
+
+inline constexpr std::uint32_t kStartedCaughtUp = 2;
 
 enum class StreamState : std::uint32_t { free = 0, live = 1, draining = 2 };  // draining: destroyed, work left
 
@@ -184,6 +186,8 @@ struct Machine {
   DeviceTimeline devices[kMaxDevices];
   ProcessSlot slots[kMaxProcesses];
   Stream streams[kMaxStreams];
+  std::uint32_t groups_in_use;           // entries of `groups` with an id: 0 keeps Advance off the lockstep path
+  std::uint32_t reserved1;
   CollectiveGroup groups[kMaxGroups];
 };
 
