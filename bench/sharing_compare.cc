@@ -69,6 +69,68 @@ std::string WaitPercentiles(std::vector<std::uint64_t> waits) {
   return text;
 }
 
+// A job on two GPUs, a rank on each (the second starting 300 us later): 1 ms kernels, an all_reduce of 1 ms after every
+// 4 (depth 8), capped at `cap`
+// % (0: no limit), alone or beside a 1-GPU neighbour at 50 % on GPU 0 with 1 ms kernels.
+Scenario DdpScenario(std::uint32_t cap, bool neighbour, Sharing sharing, const Scenario& base) {
+  Scenario scenario = base;
+  scenario.device = "h100-80gb,h100-80gb";
+  scenario.sharing = sharing;
+  Workload step = Persistent(kMillisecondNs, 8);
+  step.collective_ns = kMillisecondNs;
+  step.collective_ranks = 2;
+  step.collective_every = 4;
+  Tenant job = Of("ddp", cap, step, 2);
+  job.processes[1].device = 1;
+  job.processes[1].start_ns = 300 * kMicrosecondNs;  // ranks never start together
+  scenario.tenants = {job};
+  if (neighbour) scenario.tenants.push_back(Of("other", 50, Persistent(kMillisecondNs, 4)));
+  return scenario;
+}
+
+// Issue 20, item 4 in virtual time: kernels the job completes in the run, against uncapped.
+int PrintDdp(const Scenario& base) {
+  std::printf("\n| 2-GPU job (1 ms kernels, all_reduce of 1 ms after every 4) | kernels | of uncapped | busy per GPU, %% "
+              "| neighbour |\n|---|---|---|---|---|\n");
+  const Result uncapped = Run(DdpScenario(0, false, Sharing::budget, base));
+  if (!uncapped.error.empty()) {
+    std::fprintf(stderr, "sharing_compare: ddp uncapped: %s\n", uncapped.error.c_str());
+    return 1;
+  }
+  const double reference = static_cast<double>(uncapped.tenants[0].kernels);
+  for (const bool neighbour : {false, true}) {
+    for (const Sharing sharing : {Sharing::budget, Sharing::time_division}) {
+      const Result result = Run(DdpScenario(50, neighbour, sharing, base));
+      if (!result.error.empty()) {
+        std::fprintf(stderr, "sharing_compare: ddp: %s\n", result.error.c_str());
+        return 1;
+      }
+      char other[64] = "-";
+      if (neighbour) std::snprintf(other, sizeof other, "%.1f %%", result.tenants[1].mean_share * 100);
+      std::printf("| at 50 %%%s, %s | %llu | %.2f | %.1f | %s |\n", neighbour ? " beside a 50 % neighbour on GPU 0" : "",
+                  SharingName(sharing), static_cast<unsigned long long>(result.tenants[0].kernels),
+                  static_cast<double>(result.tenants[0].kernels) / reference, result.tenants[0].mean_share * 50, other);
+    }
+  }
+  std::printf("| uncapped | %llu | 1.00 | %.1f | - |\n", static_cast<unsigned long long>(uncapped.tenants[0].kernels),
+              uncapped.tenants[0].mean_share * 50);
+  return 0;
+}
+
+// The H100-calibrated device and the run's settings.
+Scenario Calibrated(std::uint64_t seconds, std::uint64_t seed, std::uint64_t cycle_ms, std::uint64_t cycle_max_ms) {
+  Scenario scenario;
+  scenario.timeslice_ns = 2'090 * kMicrosecondNs;
+  scenario.switch_ns = 160 * kMicrosecondNs;
+  scenario.measurement = Measurement::event_pair;
+  scenario.duration_ns = seconds * kSecondNs;
+  scenario.seed = seed;
+  scenario.cycle_ns = cycle_ms * kMillisecondNs;
+  scenario.cycle_max_ns = cycle_max_ms * kMillisecondNs;
+  scenario.record_waits = true;
+  return scenario;
+}
+
 bool ParseNumber(const char* text, std::uint64_t& value) {
   char* end = nullptr;
   value = std::strtoull(text, &end, 10);
@@ -106,17 +168,9 @@ int main(int argc, char** argv) {
   for (const Case& c : Cases()) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     for (const Sharing sharing : {Sharing::budget, Sharing::time_division}) {
-      Scenario scenario;
-      scenario.timeslice_ns = 2'090 * kMicrosecondNs;
-      scenario.switch_ns = 160 * kMicrosecondNs;
-      scenario.measurement = Measurement::event_pair;
-      scenario.duration_ns = seconds * kSecondNs;
-      scenario.seed = seed;
+      Scenario scenario = Calibrated(seconds, seed, cycle_ms, cycle_max_ms);
       scenario.sharing = sharing;
-      scenario.cycle_ns = cycle_ms * kMillisecondNs;
-      scenario.cycle_max_ns = cycle_max_ms * kMillisecondNs;
       scenario.tenants = c.tenants;
-      scenario.record_waits = true;
       const Result result = Run(scenario);
       if (!result.error.empty()) {
         std::fprintf(stderr, "sharing_compare: %s (%s): %s\n", c.name.c_str(), SharingName(sharing),
@@ -138,6 +192,9 @@ int main(int argc, char** argv) {
                   sum * 100, worst * 100, WaitPercentiles(result.tenants.front().launch_waits_ns).c_str());
       std::fflush(stdout);
     }
+  }
+  if (only.empty() || std::string("ddp").find(only) != std::string::npos) {
+    return PrintDdp(Calibrated(seconds, seed, cycle_ms, cycle_max_ms));
   }
   return 0;
 }

@@ -47,6 +47,36 @@ std::string ValidateWorkload(const Workload& w, const std::string& where) {
     return where + "launches_per_second = " + std::to_string(w.launches_per_second) +
            "; accepted: 0.001 .. 1e9, e.g. 1000";
   }
+  if (w.collective_ns != 0 || w.collective_ranks != 0) {
+    if (w.collective_ns < 1 || w.collective_ns > kMaxKernelNs) {
+      return Field(where, "collective_ns", w.collective_ns, "1 ns .. 1 hour with collective_ranks, e.g. 1000000");
+    }
+    if (w.collective_ranks < 2 || w.collective_ranks > fakecuda::model::kMaxDevices) {
+      return Field(where, "collective_ranks", w.collective_ranks, "2 .. 8 (one process per device)");
+    }
+    if (w.collective_every < 1 || w.collective_every > 1024) {
+      return Field(where, "collective_every", w.collective_every, "1 .. 1024 kernels between collectives");
+    }
+  }
+  return {};
+}
+
+// The processes' devices: each within the spec; `default` (which observes NVML on device 0) only there.
+std::string ValidateDevices(const Scenario& s, std::uint32_t device_count) {
+  for (std::size_t t = 0; t < s.tenants.size(); ++t) {
+    const Tenant& tenant = s.tenants[t];
+    for (std::size_t p = 0; p < tenant.processes.size(); ++p) {
+      const std::string at = "tenants[" + std::to_string(t) + "].processes[" + std::to_string(p) + "].";
+      const std::uint32_t device = tenant.processes[p].device;
+      if (device >= device_count) {
+        return Field(at, "device", device,
+                     ("0 .. " + std::to_string(device_count - 1) + " (the devices of '" + s.device + "')").c_str());
+      }
+      if (device != 0 && tenant.policy == Policy::default_policy) {
+        return Field(at, "device", device, "0 for a `default` tenant (the simulator reads NVML on device 0 only)");
+      }
+    }
+  }
   return {};
 }
 
@@ -138,6 +168,7 @@ std::string Validate(const Scenario& s) {
     return Field("", "cycle_max_ns", s.cycle_max_ns, "0 (a fixed cycle) or cycle_ns .. 10 s, e.g. 640000000");
   }
   if (s.tenants.empty()) return "tenants is empty; accepted: one or more tenants";
+  if (std::string devices = ValidateDevices(s, config.device_count); !devices.empty()) return devices;
   std::uint64_t processes = 0;
   for (std::size_t t = 0; t < s.tenants.size(); ++t) {
     const Tenant& tenant = s.tenants[t];

@@ -2,6 +2,7 @@
 // running them, both in virtual nanoseconds. The loop stops at every host wake-up, NVML read and share window, and
 // wherever a kernel completion makes a process act, so every process acts at the instant it would in real life.
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -24,7 +25,7 @@ namespace {
 namespace model = fakecuda::model;
 
 constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
-constexpr std::uint32_t kDevice = 0;
+constexpr std::uint32_t kNvmlDevice = 0;  // `default` observes NVML here (Validate keeps such tenants on it)
 constexpr std::int32_t kFirstPid = 1000;
 constexpr std::uintptr_t kFirstFunction = 0x10000;  // kernel "functions" are addresses only the limiter sees
 
@@ -76,6 +77,7 @@ struct KernelKind {
   policy::KernelKey key;
   std::uint64_t duration_ns;
   std::string name;
+  bool collective = false;  // the segment's collective kernel (Workload::collective_ns)
 };
 
 struct InFlight {
@@ -126,11 +128,14 @@ struct SegmentPlan {
   const Workload* workload = nullptr;
   std::uint32_t first_kind = 0;
   std::uint32_t kind_count = 0;
+  std::uint32_t collective_kind = 0;  // Workload::collective_ns: its kind (after the others), else unused
   std::uint64_t rate_origin_ns = 0;  // rate: the schedule's first launch (a seeded phase after start_ns)
 };
 
 struct ProcessState {
   const Process* spec = nullptr;
+  std::uint32_t device = 0;               // spec->device
+  std::uint32_t since_collective = 0;     // kernels launched since its last collective
   std::vector<SegmentPlan> plans;
   std::uint32_t segment = 0;          // the plan BeginCall last launched from
   std::uint64_t segment_launches = 0;  // launches in it so far (the rate schedule's count)
@@ -167,7 +172,10 @@ struct BusyAt {
 
 struct TenantState {
   const Tenant* spec = nullptr;
-  policy::BudgetCell cell{};
+  // Its budget per device (the shim's region has one per device); `cell` is device 0's, the one `default` observes.
+  policy::BudgetCell cells[model::kMaxDevices]{};
+  const policy::BudgetCell& cell() const { return cells[kNvmlDevice]; }
+  std::uint64_t gpus = 0;                   // bit d: one of its processes runs on device d
   std::uint32_t share_permille = 1000;
   std::vector<std::uint32_t> processes;
   std::uint64_t busy_at_window_start_ns = 0;
@@ -178,8 +186,12 @@ struct TenantState {
   // whether it borrows idle windows (`default`).
   int member = -1;
   policy::TurnConfig turn;
-  policy::Account account;
-  std::uint64_t charged_until_ns = 0;  // its GPU time is charged up to here (its processes' kernels overlap)
+  // Per device: its account, and up to when its GPU time is charged (its processes' kernels overlap). A tenant
+  // that spans devices keeps one account for all of them (`accounts[0]`), charged its time on each divided by
+  // their number: its ranks then see the same balance, and go into (and out of) debt together.
+  policy::Account accounts[model::kMaxDevices];
+  policy::Account& AccountOn(std::uint32_t device) { return accounts[std::popcount(gpus) > 1 ? 0 : device]; }
+  std::uint64_t charged_until_ns[model::kMaxDevices] = {};
 };
 
 class Engine final : public model::TimelineListener {
@@ -230,7 +242,7 @@ class Engine final : public model::TimelineListener {
           .Text("tenant", tenant.spec->name)
           .Number("process", p.index_in_tenant)
           .Number("pid", static_cast<std::uint64_t>(kFirstPid) + process_by_stream_[stream])
-          .Number("device", kDevice)
+          .Number("device", p.device)
           .Number("stream", stream)
           .Text("name", p.kinds[done.kind].name)
           .Number("queued_ns", op.queued_ns)
@@ -261,7 +273,9 @@ class Engine final : public model::TimelineListener {
     config.mode = model::SchedulingMode::timeslice;
     machine_ = std::make_unique<model::Machine>();  // value-initialized: zeroed, as a fresh state file is
     model::InitMachine(*machine_, config, 0, 0);
-    const model::DeviceSpec& spec = machine_->config.devices[kDevice];
+    device_count_ = machine_->config.device_count;
+    // Kernels are shaped for device 0; the devices of one scenario are of one preset in practice.
+    const model::DeviceSpec& spec = machine_->config.devices[0];
 
     // Every kernel is one full wave of 256-thread blocks: it occupies the whole device for its duration, as a
     // persistent kernel does, and its duration is exactly the per-wave time.
@@ -289,22 +303,28 @@ class Engine final : public model::TimelineListener {
       state.turn.borrow_idle = tenant.policy == Policy::default_policy;
       if (tenant.burst_ns != 0) limiter_config.burst_ns = tenant.burst_ns;
       if (tenant.in_flight_max_ns != 0) limiter_config.in_flight_max_ns = tenant.in_flight_max_ns;
-      policy::Limiter::InitCell(state.cell, state.share_permille, limiter_config.burst_ns, 0);
-      state.reported_rate_permille = state.cell.rate_permille;
+      for (policy::BudgetCell& cell : state.cells) {
+        policy::Limiter::InitCell(cell, state.share_permille, limiter_config.burst_ns, 0);
+      }
+      state.reported_rate_permille = state.cell().rate_permille;
       state.result.name = tenant.name;
-      state.result.cap = state.share_permille / 1000.0;
+      std::uint64_t devices = 0;
+      for (const Process& process : tenant.processes) devices |= 1ull << process.device;
+      state.gpus = devices;
+      state.result.cap = state.share_permille / 1000.0 * std::popcount(devices);
       for (std::uint32_t i = 0; i < tenant.processes.size(); ++i) {
         const auto index = static_cast<std::uint32_t>(processes_.size());
         processes_.emplace_back();
         ProcessState& p = processes_.back();
         p.spec = &tenant.processes[i];
+        p.device = p.spec->device;
         p.tenant = t;
         p.index_in_tenant = i;
         p.random = SplitMix64::Derive(scenario_.seed, index);
-        p.limiter = std::make_unique<policy::Limiter>(state.cell, limiter_config);
+        p.limiter = std::make_unique<policy::Limiter>(state.cells[p.device], limiter_config);
         PlanSegments(p, shape_key);
         p.slot = model::ClaimSlot(*machine_, kFirstPid + static_cast<std::int32_t>(index), 0);
-        p.stream = p.slot == model::kNoSlot ? model::kNoSlot : model::CreateStream(*machine_, p.slot, kDevice, 0, 0);
+        p.stream = p.slot == model::kNoSlot ? model::kNoSlot : model::CreateStream(*machine_, p.slot, p.device, 0, 0);
         if (p.stream == model::kNoSlot) {
           result_.error = "the device model ran out of process slots or streams at process " + std::to_string(index);
           return false;
@@ -356,7 +376,7 @@ class Engine final : public model::TimelineListener {
       TenantState& tenant = tenants_[t];
       if (tenant.member < 0) continue;
       tenant.member = static_cast<int>(members.size());
-      members.push_back({t + 1ull, tenant.share_permille, 1});
+      members.push_back({t + 1ull, tenant.share_permille, tenant.gpus});
     }
     members_ = members;
     const std::string error = plan_.Build(members, scenario_.cycle_ns);
@@ -364,7 +384,7 @@ class Engine final : public model::TimelineListener {
       result_.error = "time division: " + error;
       return false;
     }
-    published_.assign(members.size(), policy::Published{});
+    published_.assign(device_count_, std::vector<policy::Published>(members.size()));
     longest_ns_.assign(members.size(), 0);
     for (ProcessState& p : processes_) {
       if (tenants_[p.tenant].member >= 0) p.free_windows.assign(model::kStreamDepth, policy::Interval{});
@@ -422,6 +442,12 @@ class Engine final : public model::TimelineListener {
                            one_function ? base : base + "_" + std::to_string(k)});
       }
       next_function += one_function ? 1 : sizes.size();
+      if (w.collective_ns != 0) {  // its own function: the limiter learns its cost apart
+        plan.collective_kind = static_cast<std::uint32_t>(p.kinds.size());
+        p.kinds.push_back({policy::KernelKey{reinterpret_cast<const void*>(next_function++), shape_key},
+                           w.collective_ns, segmented ? "sim_collective_s" + std::to_string(s) : "sim_collective",
+                           true});
+      }
       p.plans.push_back(plan);
     }
   }
@@ -472,25 +498,23 @@ class Engine final : public model::TimelineListener {
 
   // The first instant at which a kernel's completion may need a process to act: the loop must stop there. Each
   // kernel completes no earlier than its work left at full speed after it can first run; under time-slicing a
-  // process other than the running one runs only after the running one's slice ends or its work does.
+  // process other than the running one on its device runs only after the running one's slice ends or its work does.
+  // (A collective kernel waiting for its peers completes later than that: the loop then stops early, which is safe.)
   std::uint64_t NextCompletionStop() const {
-    const model::DeviceTimeline& device = machine_->devices[kDevice];
-    const std::uint64_t model_ns = device.advanced_to_ns;
     bool any_reaction = false;
     for (std::uint32_t i = 0; i < processes_.size() && !any_reaction; ++i) {
       // in_flight_count_ and reacts_ are compact copies: most processes have nothing queued or do not react.
       any_reaction = in_flight_count_[i] != 0 && reacts_[i] != 0;
     }
     if (!any_reaction) return kNever;
-    std::uint64_t active_need_ns = kNever;
+    std::uint64_t active_need_ns[model::kMaxDevices];
+    std::fill(std::begin(active_need_ns), std::end(active_need_ns), kNever);
     for (std::uint32_t i = 0; i < processes_.size(); ++i) {
-      if (in_flight_count_[i] != 0 && processes_[i].slot == device.active_slot) {
-        active_need_ns = std::min(active_need_ns, HeadNeedNs(i));
+      const ProcessState& p = processes_[i];
+      if (in_flight_count_[i] != 0 && p.slot == machine_->devices[p.device].active_slot) {
+        active_need_ns[p.device] = std::min(active_need_ns[p.device], HeadNeedNs(i));
       }
     }
-    const std::uint64_t slice_end_ns = std::max(model_ns, device.slice_end_ns);
-    const std::uint64_t others_start_ns =
-        active_need_ns == kNever ? model_ns : std::min(model_ns + active_need_ns, slice_end_ns);
     std::uint64_t stop_ns = kNever;
     for (std::uint32_t i = 0; i < processes_.size(); ++i) {
       if (in_flight_count_[i] == 0) continue;
@@ -498,17 +522,24 @@ class Engine final : public model::TimelineListener {
       if (delay_ns == kNever) continue;
       const std::uint64_t need_ns = HeadNeedNs(i);
       if (need_ns == kNever) continue;
+      const model::DeviceTimeline& device = machine_->devices[processes_[i].device];
+      const std::uint64_t model_ns = device.advanced_to_ns;
+      const std::uint64_t slice_end_ns = std::max(model_ns, device.slice_end_ns);
+      const std::uint64_t active_ns = active_need_ns[processes_[i].device];
+      const std::uint64_t others_start_ns =
+          active_ns == kNever ? model_ns : std::min(model_ns + active_ns, slice_end_ns);
       const std::uint64_t start_ns = processes_[i].slot == device.active_slot ? model_ns : others_start_ns;
       stop_ns = std::min(stop_ns, start_ns + need_ns + delay_ns);
     }
     return stop_ns;
   }
 
-  // Brings the device model up to now. The model is advanced lazily: only where a kernel may complete, before a
-  // kernel is queued, and where its state is read; host events in between leave it behind.
+  // Brings the device model up to now, every device in use. The model is advanced lazily: only where a kernel may
+  // complete, before a kernel is queued, and where its state is read; host events in between leave it behind.
   void AdvanceModel() {
-    if (machine_->devices[kDevice].advanced_to_ns >= now_ns_) return;
-    model::Advance(*machine_, kDevice, now_ns_, this);
+    for (std::uint32_t d = 0; d < device_count_; ++d) {
+      if (machine_->devices[d].advanced_to_ns < now_ns_) model::Advance(*machine_, d, now_ns_, this);
+    }
   }
 
   void Loop() {
@@ -651,14 +682,17 @@ class Engine final : public model::TimelineListener {
     ProcessState& p = processes_[index];
     TenantState& tenant = tenants_[p.tenant];
     const auto member = static_cast<std::size_t>(tenant.member);
-    policy::Accrue(plan_, member, tenant.account, now_ns_);
-    const policy::Release release = policy::Decide(plan_, member, kDevice, published_, tenant.account, tenant.turn,
-                                                   p.queued_end_ns, p.pending_admission.charged_ns, now_ns_);
+    policy::Account& account = tenant.AccountOn(p.device);
+    std::vector<policy::Published>& published = published_[p.device];
+    policy::Accrue(plan_, member, account, now_ns_);
+    const policy::Release release = policy::Decide(plan_, member, p.device, published, account, tenant.turn,
+                                                   p.queued_end_ns, p.pending_admission.charged_ns, now_ns_,
+                                                   PeersHeld(tenant, member, p.device));
     const bool waiting = p.state == HostState::waiting_for_turn;
     if (release.at_ns <= now_ns_) {
       const std::uint64_t waited_ns = waiting ? now_ns_ - p.turn_wait_since_ns : 0;
       if (waiting) {
-        --published_[member].waiting;
+        --published[member].waiting;
         result_.wait_total_ns += waited_ns;
         result_.wait_longest_ns = std::max(result_.wait_longest_ns, waited_ns);
       }
@@ -667,12 +701,23 @@ class Engine final : public model::TimelineListener {
       return true;
     }
     if (!waiting) {
-      ++published_[member].waiting;
+      ++published[member].waiting;
       ++result_.waits[static_cast<int>(release.reason)];
       p.turn_wait_since_ns = now_ns_;
       SetState(index, HostState::waiting_for_turn);
     }
     if (release.at_ns != policy::kNoTime) Schedule(index, release.at_ns);
+    return false;
+  }
+
+  // A tenant that spans devices: another tenant's work holds one of its other devices (its window there).
+  bool PeersHeld(const TenantState& tenant, std::size_t member, std::uint32_t device) const {
+    if (std::popcount(tenant.gpus) < 2) return false;
+    const std::uint64_t bound_ns = plan_.WindowAt(member, now_ns_).length();
+    for (std::uint32_t d = 0; d < device_count_; ++d) {
+      if (d == device || ((tenant.gpus >> d) & 1) == 0) continue;
+      if (policy::OthersHold(plan_, member, d, published_[d], bound_ns, now_ns_)) return true;
+    }
     return false;
   }
 
@@ -689,24 +734,30 @@ class Engine final : public model::TimelineListener {
   // processes' kernels time-slice each other, and each span holds the others' slices.
   void SettleTurn(TenantState& tenant, ProcessState& p, const model::Op& op, policy::Interval free) {
     const auto member = static_cast<std::size_t>(tenant.member);
-    policy::Published& own = published_[member];
+    policy::Published& own = published_[p.device][member];
     --own.in_flight;
-    const std::uint64_t from = std::max(TenantBusySince(tenant, op.start_ns), tenant.charged_until_ns);
-    tenant.charged_until_ns = std::max(tenant.charged_until_ns, op.end_ns);
+    std::uint64_t& charged_until_ns = tenant.charged_until_ns[p.device];
+    const std::uint64_t from = std::max(TenantBusySince(tenant, p.device, op.start_ns), charged_until_ns);
+    charged_until_ns = std::max(charged_until_ns, op.end_ns);
     const std::uint64_t span_ns = op.end_ns > from ? op.end_ns - from : 0;
     const std::uint64_t free_start = std::max(from, free.start_ns);
     const std::uint64_t free_end = std::min(op.end_ns, free.end_ns);
     const std::uint64_t ran_ns = span_ns - (free_end > free_start ? std::min(span_ns, free_end - free_start) : 0);
-    own.repaid_until_ns = policy::Charge(plan_, member, tenant.account, ran_ns, op.end_ns);
+    const auto spanned = static_cast<std::uint64_t>(std::popcount(tenant.gpus));
+    const std::uint64_t repaid_until_ns = policy::Charge(plan_, member, tenant.AccountOn(p.device), ran_ns / spanned,
+                                                         op.end_ns);
+    for (std::uint32_t d = 0; d < device_count_; ++d) {
+      if ((tenant.gpus >> d) & 1) published_[d][member].repaid_until_ns = repaid_until_ns;
+    }
     if (p.in_flight.size() == 0) p.queued_end_ns = op.end_ns;
     GrowCycle(tenant);
   }
 
-  // The earliest start among the tenant's kernels that have started and not completed, and `start_ns`.
-  std::uint64_t TenantBusySince(const TenantState& tenant, std::uint64_t start_ns) const {
+  // The earliest start among the tenant's kernels on `device` that have started and not completed, and `start_ns`.
+  std::uint64_t TenantBusySince(const TenantState& tenant, std::uint32_t device, std::uint64_t start_ns) const {
     for (const std::uint32_t index : tenant.processes) {
       const ProcessState& p = processes_[index];
-      if (p.crashed) continue;
+      if (p.crashed || p.device != device) continue;
       const model::Stream& stream = machine_->streams[p.stream];
       for (std::uint64_t seq = stream.head; seq < stream.tail; ++seq) {
         const model::Op& queued = stream.ring[seq % model::kStreamDepth];
@@ -719,6 +770,15 @@ class Engine final : public model::TimelineListener {
   void Choose(ProcessState& p) {
     const SegmentPlan& plan = p.plans[p.segment];
     const Workload& w = *plan.workload;
+    if (w.collective_ns != 0 && p.since_collective >= w.collective_every) {
+      // A step's all_reduce after its kernels (no draw: runs without collectives draw as before).
+      p.since_collective = 0;
+      p.pending_kind = plan.collective_kind;
+      p.pending_duration_ns = w.collective_ns;
+      p.has_pending = true;
+      return;
+    }
+    ++p.since_collective;
     p.pending_kind = plan.first_kind +
                      (plan.kind_count == 1 ? 0 : static_cast<std::uint32_t>(p.random.Below(plan.kind_count)));
     std::uint64_t duration_ns = p.kinds[p.pending_kind].duration_ns;
@@ -740,17 +800,28 @@ class Engine final : public model::TimelineListener {
     launch.shape = shape_;
     launch.per_wave_ns = p.pending_duration_ns;
     launch.name = p.kinds[p.pending_kind].name.c_str();
+    if (p.kinds[p.pending_kind].collective) {
+      const Workload& w = *p.plans[p.segment].workload;
+      launch.group = w.collective_group != 0 ? w.collective_group : p.tenant + 1ull;
+      launch.group_size = w.collective_ranks;
+    }
     std::uint64_t seq = 0;
     TenantState& tenant = tenants_[p.tenant];
 
-    if (model::EnqueueKernel(*machine_, p.stream, launch, now_ns_, &seq) != model::EnqueueResult::ok ||
+    const model::EnqueueResult queued = model::EnqueueKernel(*machine_, p.stream, launch, now_ns_, &seq);
+    if (queued == model::EnqueueResult::bad_group || queued == model::EnqueueResult::no_group) {
+      Fail("process " + std::to_string(index) + "'s collective cannot join group " + std::to_string(launch.group) +
+           " (ranks " + std::to_string(launch.group_size) + "): one process per device, one size per group");
+      return;
+    }
+    if (queued != model::EnqueueResult::ok ||
         !p.in_flight.Push(InFlight{seq, p.pending_kind, p.pending_admission.charged_ns})) {
       Fail("process " + std::to_string(index) + "'s stream queue is full");
       return;
     }
     if (tenant.member >= 0) {
       p.free_windows[seq % model::kStreamDepth] = p.pending_release.free ? p.pending_release.window : policy::Interval{};
-      policy::Published& own = published_[static_cast<std::size_t>(tenant.member)];
+      policy::Published& own = published_[p.device][static_cast<std::size_t>(tenant.member)];
       ++own.in_flight;
       own.released_until_ns = p.pending_release.window.end_ns;
       p.queued_end_ns = std::max(now_ns_, p.queued_end_ns) + p.pending_admission.charged_ns;
@@ -764,7 +835,7 @@ class Engine final : public model::TimelineListener {
     std::uint64_t busy_ns = 0;
     for (const std::uint32_t index : tenant.processes) {
       const ProcessState& p = processes_[index];
-      busy_ns += p.crashed ? p.crash_busy_ns : machine_->slots[p.slot].busy_total_ns[kDevice];
+      busy_ns += p.crashed ? p.crash_busy_ns : machine_->slots[p.slot].busy_total_ns[p.device];
     }
     return busy_ns;
   }
@@ -807,12 +878,12 @@ class Engine final : public model::TimelineListener {
     if (sleeping) p.limiter->Cancel(p.kinds[p.pending_kind].key, p.pending_admission.charged_ns);
     TenantState& owner = tenants_[p.tenant];
     if (owner.member >= 0) {
-      policy::Published& own = published_[static_cast<std::size_t>(owner.member)];
+      policy::Published& own = published_[p.device][static_cast<std::size_t>(owner.member)];
       own.in_flight -= static_cast<std::uint32_t>(dropped);
       if (p.state == HostState::waiting_for_turn) --own.waiting;
     }
     p.has_pending = false;
-    p.crash_busy_ns = machine_->slots[p.slot].busy_total_ns[kDevice];
+    p.crash_busy_ns = machine_->slots[p.slot].busy_total_ns[p.device];
     p.crashed = true;
     model::ReleaseSlot(*machine_, p.slot, nullptr);
     process_by_stream_[p.stream] = model::kNoSlot;
@@ -864,7 +935,7 @@ class Engine final : public model::TimelineListener {
   // The end of the NVML window whose utilization is published at `now_ns_` (as PublishedUtilizationPercent
   // finds it), or 0 if none is.
   std::uint64_t PublishedNvmlWindowEnd() const {
-    const model::DeviceTimeline& d = machine_->devices[kDevice];
+    const model::DeviceTimeline& d = machine_->devices[kNvmlDevice];
     const std::uint32_t available = std::min<std::uint32_t>(d.window_count, model::kWindowHistory);
     for (std::uint32_t back = 1; back <= available; ++back) {
       const model::UtilWindow& w = d.windows[(d.window_count - back) % model::kWindowHistory];
@@ -876,21 +947,21 @@ class Engine final : public model::TimelineListener {
   // `default` policy: what the shim learns from NVML, as fakecuda publishes it, minus the container's own share.
   void Observe() {
     AdvanceModel();
-    const double device_busy = model::PublishedUtilizationPercent(*machine_, kDevice, now_ns_) / 100.0;
+    const double device_busy = model::PublishedUtilizationPercent(*machine_, kNvmlDevice, now_ns_) / 100.0;
     const std::uint64_t nvml_end_ns = PublishedNvmlWindowEnd();
     for (TenantState& tenant : tenants_) {
       if (tenant.spec->policy != Policy::default_policy) continue;
       double own = 0;
       switch (scenario_.others_estimate) {
         case OthersEstimate::nvml_minus_published_share:
-          own = policy::Limiter::PublishedShare(tenant.cell, now_ns_);
+          own = policy::Limiter::PublishedShare(tenant.cell(), now_ns_);
           break;
         case OthersEstimate::nvml_minus_same_window:
           own = BusyInNvmlWindow(tenant, nvml_end_ns, nvml_window_ns_);
           break;
         case OthersEstimate::nvml_minus_cell_busy:
           own = nvml_end_ns >= nvml_window_ns_
-                    ? policy::Limiter::BusyFraction(tenant.cell, nvml_end_ns - nvml_window_ns_, nvml_end_ns)
+                    ? policy::Limiter::BusyFraction(tenant.cell(), nvml_end_ns - nvml_window_ns_, nvml_end_ns)
                     : 0;
           break;
       }
@@ -898,14 +969,14 @@ class Engine final : public model::TimelineListener {
       for (const std::uint32_t index : tenant.processes) {
         if (!processes_[index].crashed) processes_[index].limiter->ObserveOthers(others, now_ns_);
       }
-      if (tenant.cell.rate_permille != tenant.reported_rate_permille) {
-        tenant.reported_rate_permille = tenant.cell.rate_permille;
+      if (tenant.cell().rate_permille != tenant.reported_rate_permille) {
+        tenant.reported_rate_permille = tenant.cell().rate_permille;
         if (scenario_.record_trace) {
           LineWriter(result_.trace)
               .Begin("rate")
               .Text("tenant", tenant.spec->name)
               .Number("t_ns", now_ns_)
-              .Number("rate_permille", tenant.cell.rate_permille)
+              .Number("rate_permille", tenant.cell().rate_permille)
               .End();
         }
       }
@@ -966,11 +1037,13 @@ class Engine final : public model::TimelineListener {
   std::vector<std::uint32_t> in_flight_count_;  // per process: kernels queued and not seen complete
   std::vector<std::uint8_t> reacts_;            // per process: ReactionDelayNs(its state) != kNever
   bool lending_ = false;
+  std::uint32_t device_count_ = 1;
   bool time_division_ = false;     // Scenario::sharing
   policy::WindowPlan plan_;        // time division: the windows of the tenants with a limit
   std::vector<policy::Member> members_;
   std::vector<std::uint64_t> longest_ns_;  // per member: its longest kernel, as its processes publish it
-  std::vector<policy::Published> published_;  // per member: what its processes publish (the shim: shared memory)
+  // Per device, per member: what its processes publish (the shim: the schedule file).
+  std::vector<std::vector<policy::Published>> published_;
   std::uint64_t now_ns_ = 0;
   std::uint64_t next_observe_ns_ = kNever;
   std::uint64_t next_window_ns_ = kNever;

@@ -277,6 +277,19 @@ TEST(Decide, OthersWorkInFlightHoldsALaunchForAtMostOneWindow) {
   // b's work outlived its window by a's whole window (6 ms): dead, stopped or lying; a goes.
   r = p.Decide(0, 0, kMs, 40 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_TRUE(OthersHold(p.plan, 0, 0, p.published, 6 * kMs, 21 * kMs));
+  EXPECT_FALSE(OthersHold(p.plan, 0, 0, p.published, 6 * kMs, 40 * kMs));
+  EXPECT_FALSE(OthersHold(p.plan, 1, 0, p.published, 6 * kMs, 21 * kMs)) << "its own work holds nothing";
+}
+
+TEST(Decide, AMemberSpanningGpusWaitsWhileAnotherHoldsOneOfItsOtherGpus) {
+  Pair p;
+  // a's window on this GPU is free, but the caller found another member's work on a's other GPU (its rank there
+  // could not start): a waits too, so that its ranks start together.
+  Accrue(p.plan, 0, p.accounts[0], kMs);
+  const Release r = policy::Decide(p.plan, 0, 0, p.published, p.accounts[0], p.config, 0, kMs, kMs, true);
+  EXPECT_EQ(r.reason, WaitReason::others_work);
+  EXPECT_EQ(r.at_ns, kNoTime);
 }
 
 TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadForFreeAndForceDoesNot) {

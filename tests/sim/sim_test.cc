@@ -570,6 +570,53 @@ TEST(TimeDivision, DISABLED_TenTwentyThirtyFortyWithMixedKernelsAndATenantOfTwoP
   ExpectSharesHeldTogether(result, 0.95);
 }
 
+// A job on two GPUs, a rank on each (the second starting `offset_ns` later, as ranks never start together): 1 ms
+// kernels, an all_reduce of 1 ms after every 4, capped at `cap` (0: none), maybe beside a 50 % neighbour on GPU 0.
+Scenario TwoGpuJob(std::uint32_t cap, std::uint64_t offset_ns, bool neighbour, Sharing sharing) {
+  Workload step = Persistent(kMillisecondNs, 8);
+  step.collective_ns = kMillisecondNs;
+  step.collective_ranks = 2;
+  step.collective_every = 4;
+  Tenant job = OneProcess("ddp", cap, step);
+  job.processes.push_back(job.processes[0]);
+  job.processes[1].device = 1;
+  job.processes[1].start_ns = offset_ns;
+  std::vector<Tenant> tenants = {job};
+  if (neighbour) tenants.push_back(OneProcess("other", 50, Persistent(kMillisecondNs, 4)));
+  Scenario scenario = Divided(tenants);
+  scenario.device = "h100-80gb,h100-80gb";
+  scenario.sharing = sharing;
+  return scenario;
+}
+
+// Issue 20, item 4 in virtual time: the job at half its GPUs keeps a step within 2.2 x uncapped, alone and beside a
+// neighbour on one of its GPUs, who keeps its share. The job's ranks share one account, so they are in and out of
+// debt together and their windows stay aligned (with an account per GPU: 0.07 of uncapped).
+TEST(TimeDivision, ATwoGpuJobAtHalfItsGpusKeepsItsStepTime) {
+  for (const std::uint64_t offset_ns : {300 * kMicrosecondNs, 2'500 * kMicrosecondNs}) {
+    const Result uncapped = RunAndPrint(TwoGpuJob(0, offset_ns, false, Sharing::time_division));
+    ASSERT_EQ(uncapped.tenants.size(), 1u);
+    for (const bool neighbour : {false, true}) {
+      const Result capped = RunAndPrint(TwoGpuJob(50, offset_ns, neighbour, Sharing::time_division));
+      const double ratio = static_cast<double>(capped.tenants[0].kernels) / uncapped.tenants[0].kernels;
+      EXPECT_GE(ratio, 1 / 2.2) << "offset " << offset_ns << ", neighbour " << neighbour;
+      EXPECT_LE(ratio, 0.5 + 0.02) << "offset " << offset_ns << ", neighbour " << neighbour;
+      if (neighbour) {
+        EXPECT_NEAR(capped.tenants[1].mean_share, 0.50, kMeanTolerance) << "offset " << offset_ns;
+      }
+    }
+  }
+}
+
+// FAILS (issue 20, item 4; the DDP collapse of ../shared/FIELD-NOTES.md, in virtual time): under the event-pair
+// limiter a rank's all_reduce is charged its wait for the other rank, which the limiter holds back. Observed: 0.09 of
+// uncapped alone, 0.04 beside a neighbour (offset 300 us).
+TEST(Force, DISABLED_ATwoGpuJobAtHalfItsGpusKeepsItsStepTime) {
+  const Result uncapped = RunAndPrint(TwoGpuJob(0, 300 * kMicrosecondNs, false, Sharing::budget));
+  const Result capped = RunAndPrint(TwoGpuJob(50, 300 * kMicrosecondNs, false, Sharing::budget));
+  EXPECT_GE(static_cast<double>(capped.tenants[0].kernels) / uncapped.tenants[0].kernels, 1 / 2.2);
+}
+
 // Issue 20, item 6: a `default` tenant alone has the GPU; a neighbour arriving has its share in the next second.
 TEST(TimeDivision, DefaultGivesTheGpuBackWithinASecondOfAnArrival) {
   const Tenant a = OneProcess("a", 30, Persistent(kMillisecondNs, 4), Policy::default_policy);

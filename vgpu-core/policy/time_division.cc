@@ -258,6 +258,15 @@ std::uint64_t Charge(const WindowPlan& plan, std::size_t me, Account& account, s
   return plan.AfterOwnTime(me, now_ns, static_cast<std::uint64_t>(-account.balance_ns));
 }
 
+bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+                std::uint64_t bound_ns, std::uint64_t now_ns) {
+  for (std::size_t o = 0; o < plan.size() && o < published.size(); ++o) {
+    if (o == me || !Spans(plan.member(o), gpu) || published[o].in_flight == 0) continue;
+    if (now_ns < published[o].released_until_ns + bound_ns) return true;
+  }
+  return false;
+}
+
 namespace {
 
 // The window a launch of `me` may go into at `now_ns`, if any. `whole` is the window's full length, for the rule
@@ -338,17 +347,6 @@ Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, 
   return c;
 }
 
-// Another member's work is in flight on the GPU and has not outlived the window it was released into by more than
-// `bound_ns`.
-bool OthersWorkInFlight(const WindowPlan& plan, std::size_t me, std::uint32_t gpu,
-                        std::span<const Published> published, std::uint64_t bound_ns, std::uint64_t now_ns) {
-  for (std::size_t o = 0; o < plan.size(); ++o) {
-    if (o == me || !Spans(plan.member(o), gpu) || published[o].in_flight == 0) continue;
-    if (now_ns < published[o].released_until_ns + bound_ns) return true;
-  }
-  return false;
-}
-
 // When a launch that finds no window now should look again: its own next window (after its debt), or the next
 // change of owner on the GPU (a window there may be lent).
 std::uint64_t NextChance(const WindowPlan& plan, std::size_t me, const Published& own, const Candidate& c,
@@ -376,7 +374,7 @@ bool Affordable(const WindowPlan& plan, std::size_t me, const Candidate& c, cons
 
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
-               std::uint64_t estimate_ns, std::uint64_t now_ns) {
+               std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held) {
   if (me >= plan.size() || !Spans(plan.member(me), gpu) || published.size() < plan.size()) {
     return {now_ns, WaitReason::none, {now_ns, kNoTime}, false};  // not scheduled here: the driver's time-slicing
   }
@@ -386,7 +384,7 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
     return {NextChance(plan, me, published[me], c, now_ns), in_debt ? WaitReason::debt : WaitReason::window,
             c.window, false};
   }
-  if (OthersWorkInFlight(plan, me, gpu, published, c.whole_ns, now_ns)) {
+  if (peers_held || OthersHold(plan, me, gpu, published, c.whole_ns, now_ns)) {
     return {kNoTime, WaitReason::others_work, c.window, c.free};
   }
   if (Affordable(plan, me, c, account, queued_end_ns, estimate_ns, now_ns)) {

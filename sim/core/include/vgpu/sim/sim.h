@@ -33,6 +33,13 @@ struct Workload {
   std::uint32_t jitter_permille = 0;         // each kernel's duration varies uniformly by +/- this much
   std::uint32_t queue_depth = 4;             // 1 .. 128 (the model's stream queue)
   double launches_per_second = 1000;         // rate
+  // A job spanning GPUs (a DDP step's all_reduce): after every `collective_every` kernels, one collective kernel of
+  // `collective_ns` among `collective_ranks` processes, one per device, of group `collective_group` (0: the
+  // tenant's index + 1). fakecuda makes it wait for the other ranks' to start. 0: none.
+  std::uint64_t collective_ns = 0;
+  std::uint32_t collective_ranks = 0;
+  std::uint32_t collective_every = 1;
+  std::uint64_t collective_group = 0;
 };
 
 // Workloads named as docs/compute-limit.md names them.
@@ -59,6 +66,8 @@ struct Process {
   // Killed at this time (SIGKILL): no launch from then on, its queued and running kernels are dropped, as a
   // context destroyed with its process. UINT64_MAX = never.
   std::uint64_t crash_ns = UINT64_MAX;
+  // The device it launches on (an index into the scenario's `device` spec: "h100-80gb,h100-80gb" has two).
+  std::uint32_t device = 0;
   // Host time of a launch call before the shim's Admit. The kernel is queued at the Admit (or at ready_at, after
   // the shim's sleep), and the application's next call begins then.
   std::uint64_t launch_overhead_ns = 3 * kMicrosecondNs;
@@ -104,7 +113,7 @@ enum class Sharing {
 };
 
 struct Scenario {
-  std::string device = "h100-80gb";          // a FAKECUDA_DEVICES spec; the simulator uses device 0
+  std::string device = "h100-80gb";          // a FAKECUDA_DEVICES spec; processes say which device they use
   std::uint64_t timeslice_ns = 2 * kMillisecondNs;
   std::uint64_t switch_ns = 0;               // a handover between processes (an H100: ~160 us; scenarios pass it)
   std::uint64_t duration_ns = 6 * kSecondNs;
@@ -130,9 +139,11 @@ struct Scenario {
   std::function<bool(std::uint64_t now_ns)> progress;
 };
 
+// A tenant's shares are its busy time summed over its devices: a job on two GPUs at 50 % is held to 1.0 (cap x
+// devices; TenantResult::cap says so).
 struct TenantResult {
   std::string name;
-  double cap = 1.0;                          // the share as a fraction
+  double cap = 1.0;                          // the share as a fraction, times the devices its processes use
   std::vector<double> window_shares;         // every whole window from time 0: busy fraction of the window
   double mean_share = 0;                     // over the windows from settle_ns on
   double worst_window_error = 0;             // largest |window share - cap| over those windows

@@ -127,12 +127,19 @@ struct TurnConfig {
 // - it goes only inside one of its windows when not in debt, inside another's window while that one repays (on
 //   credit), or, with borrow_idle, in a window whose owner has no work or in time nobody owns;
 // - only when no other member's work is in flight there, unless that work outlived the window it was released into
-//   by more than the window this launch would go into (a dead or stopped holder stalls the others one window);
+//   by more than the window this launch would go into (a dead or stopped holder stalls the others one window), nor,
+//   for a member that spans GPUs, on its other GPUs (`peers_held`: the caller asks OthersHold there), so that its
+//   ranks start their windows together and their collective kernels meet;
 // - only if, after it, the account is expected to be at least minus half the launch (what runs past a window is
 //   then repaid, and on average windows are neither overrun nor left unfilled), or nothing of the member's is
 //   queued and the launch could not fit even a whole window (it overruns into debt). A free launch must fit.
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
-               std::uint64_t estimate_ns, std::uint64_t now_ns);
+               std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held = false);
+
+// Whether another member's work is in flight on `gpu` and has not outlived the window it was released into by more
+// than `bound_ns` (the window the asking launch would go into).
+bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+                std::uint64_t bound_ns, std::uint64_t now_ns);
 
 }  // namespace vgpu::policy
