@@ -752,6 +752,18 @@ TEST(Validate, EachRefusalNamesTheFieldTheValueAndWhatIsAccepted) {
   cycle_max.sharing = Sharing::time_division;
   cycle_max.cycle_max_ns = kMillisecondNs;
   cases.push_back({"cycle_max", cycle_max, {"cycle_max_ns = 1000000", "cycle_ns .. 10 s"}});
+  Scenario ordinal = good;
+  ordinal.tenants[0].processes[0].device = 1;
+  cases.push_back({"ordinal", ordinal, {"tenants[0].processes[0].device = 1", "0 .. 0 (the devices of 'h100-80gb')"}});
+  Scenario lending = good;
+  lending.device = "h100-80gb,h100-80gb";
+  lending.tenants[0].policy = Policy::default_policy;
+  lending.tenants[0].processes[0].device = 1;
+  cases.push_back({"lending", lending, {"tenants[0].processes[0].device = 1", "0 for a `default` tenant"}});
+  Scenario collective = good;
+  collective.tenants[0].processes[0].workload.collective_ns = kMillisecondNs;
+  collective.tenants[0].processes[0].workload.collective_ranks = 1;
+  cases.push_back({"collective", collective, {"workload.collective_ranks = 1", "2 .. 8"}});
   Scenario device = good;
   device.device = "h200";
   cases.push_back({"device", device, {"device: ", "unknown preset 'h200'"}});
