@@ -137,38 +137,74 @@ bool ParseNumber(const char* text, std::uint64_t& value) {
   return end != text && *end == '\0';
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Arguments {
   std::uint64_t cycle_ms = 20;
   std::uint64_t cycle_max_ms = 0;
   std::uint64_t seconds = 6;
   std::uint64_t seed = 1;
-  std::string only;
+  std::string only;  // --case: only the cases whose name holds this
+};
+
+// The command line, strictly: false (after one line on stderr) for anything else.
+bool ParseArguments(int argc, char** argv, Arguments& a) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
     bool ok = has_value;
-    if (arg == "--cycle-ms" && has_value) ok = ParseNumber(argv[++i], cycle_ms) && cycle_ms >= 1 && cycle_ms <= 1000;
-    else if (arg == "--cycle-max-ms" && has_value) ok = ParseNumber(argv[++i], cycle_max_ms) && cycle_max_ms <= 10000;
-    else if (arg == "--seconds" && has_value) ok = ParseNumber(argv[++i], seconds) && seconds >= 2 && seconds <= 3600;
-    else if (arg == "--seed" && has_value) ok = ParseNumber(argv[++i], seed);
-    else if (arg == "--case" && has_value) only = argv[++i];
-    else ok = false;
+    if (arg == "--cycle-ms" && has_value) {
+      ok = ParseNumber(argv[++i], a.cycle_ms) && a.cycle_ms >= 1 && a.cycle_ms <= 1000;
+    } else if (arg == "--cycle-max-ms" && has_value) {
+      ok = ParseNumber(argv[++i], a.cycle_max_ms) && a.cycle_max_ms <= 10000;
+    } else if (arg == "--seconds" && has_value) {
+      ok = ParseNumber(argv[++i], a.seconds) && a.seconds >= 2 && a.seconds <= 3600;
+    } else if (arg == "--seed" && has_value) {
+      ok = ParseNumber(argv[++i], a.seed);
+    } else if (arg == "--case" && has_value) {
+      a.only = argv[++i];
+    } else {
+      ok = false;
+    }
     if (!ok) {
       std::fprintf(stderr,
-                   "sharing_compare: bad argument '%s'; accepted: --cycle-ms 1..1000, --cycle-max-ms 0..10000, --seconds 2..3600, --seed N, "
-                   "--case <text in a case's name>\n",
+                   "sharing_compare: bad argument '%s'; accepted: --cycle-ms 1..1000, --cycle-max-ms 0..10000, "
+                   "--seconds 2..3600, --seed N, --case <text in a case's name>\n",
                    arg.c_str());
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+// One row: each tenant's cap and mean share, their sum, the worst second, the first tenant's waits.
+void PrintRow(const std::string& name, Sharing sharing, const Result& result) {
+  std::string shares;
+  double sum = 0;
+  double worst = 0;
+  for (const TenantResult& t : result.tenants) {
+    char cell[64];
+    std::snprintf(cell, sizeof cell, "%s%s %.0f: %.1f", shares.empty() ? "" : ", ", t.name.c_str(), t.cap * 100,
+                  t.mean_share * 100);
+    shares += cell;
+    sum += t.mean_share;
+    worst = std::max(worst, t.worst_window_error);
+  }
+  std::printf("| %s | %s | %s | %.1f | %.1f | %s |\n", name.c_str(), SharingName(sharing), shares.c_str(), sum * 100,
+              worst * 100, WaitPercentiles(result.tenants.front().launch_waits_ns).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Arguments a;
+  if (!ParseArguments(argc, argv, a)) return 2;
+  const Scenario base = Calibrated(a.seconds, a.seed, a.cycle_ms, a.cycle_max_ms);
   std::printf("| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points | first tenant's launch "
               "wait p50 / p99 / max, ms |\n|---|---|---|---|---|---|\n");
   for (const Case& c : Cases()) {
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    if (!a.only.empty() && c.name.find(a.only) == std::string::npos) continue;
     for (const Sharing sharing : {Sharing::budget, Sharing::time_division}) {
-      Scenario scenario = Calibrated(seconds, seed, cycle_ms, cycle_max_ms);
+      Scenario scenario = base;
       scenario.sharing = sharing;
       scenario.tenants = c.tenants;
       const Result result = Run(scenario);
@@ -177,24 +213,9 @@ int main(int argc, char** argv) {
                      result.error.c_str());
         return 1;
       }
-      std::string shares;
-      double sum = 0;
-      double worst = 0;
-      for (const TenantResult& t : result.tenants) {
-        char cell[64];
-        std::snprintf(cell, sizeof cell, "%s%s %.0f: %.1f", shares.empty() ? "" : ", ", t.name.c_str(), t.cap * 100,
-                      t.mean_share * 100);
-        shares += cell;
-        sum += t.mean_share;
-        worst = worst > t.worst_window_error ? worst : t.worst_window_error;
-      }
-      std::printf("| %s | %s | %s | %.1f | %.1f | %s |\n", c.name.c_str(), SharingName(sharing), shares.c_str(),
-                  sum * 100, worst * 100, WaitPercentiles(result.tenants.front().launch_waits_ns).c_str());
-      std::fflush(stdout);
+      PrintRow(c.name, sharing, result);
     }
   }
-  if (only.empty() || std::string("ddp").find(only) != std::string::npos) {
-    return PrintDdp(Calibrated(seconds, seed, cycle_ms, cycle_max_ms));
-  }
+  if (a.only.empty() || std::string("ddp").find(a.only) != std::string::npos) return PrintDdp(base);
   return 0;
 }

@@ -305,6 +305,24 @@ std::uint64_t ReleasedAt(Machine& m, const Op& op) {
   return g.left > 0 ? std::max(r.last_start_ns, g.left_at_ns) : r.last_start_ns;
 }
 
+// A collective kernel that runs at `t`: it starts (and holds the device) now if it had not; it works only from its
+// round's release on. Returns the release (kNotReleased: none yet). Released in the past (a peer's start was learnt
+// up to kLockstepNs late), it first does the work it would have done since, holding its device as it did.
+std::uint64_t HoldCollective(Machine& m, Op& op, std::uint64_t t) {
+  if (op.started == 0) {
+    op.start_ns = t;
+    op.started = 1;
+    Arrive(m, op, t);
+  }
+  const std::uint64_t released = ReleasedAt(m, op);
+  if (released <= t && op.started != kStartedCaughtUp) {
+    op.started = kStartedCaughtUp;
+    const std::uint64_t from = std::max(released, op.start_ns);
+    if (from < t) op.remaining_ns -= static_cast<double>(t - from);
+  }
+  return released;
+}
+
 // Collectives: all devices are advanced together, this far at a time, so that each learns within it when the
 // members on the others started (a device running ahead would spin through a release it did not know of yet).
 constexpr std::uint64_t kLockstepNs = 10'000;
@@ -452,26 +470,13 @@ void AdvanceOne(Machine& m, std::uint32_t device, std::uint64_t now_ns, Timeline
     if (switching) next_t = std::min(next_t, d.switch_until_ns);
     for (std::uint32_t k = 0; k < runnable.count; ++k) {
       if (rates[k] <= 0) continue;
-      // A collective kernel starts (and holds the device) now; it works only from its round's release on.
       Op& head = *runnable.ops[k];
       if (head.group_entry != 0) {
-        if (head.started == 0) {
-          head.start_ns = t;
-          head.started = 1;
-          Arrive(m, head, t);
-        }
-        released_at[k] = ReleasedAt(m, head);
+        released_at[k] = HoldCollective(m, head, t);
         if (released_at[k] == kNotReleased) continue;
         if (released_at[k] > t) {
           next_t = std::min(next_t, released_at[k]);
           continue;
-        }
-        if (head.started != kStartedCaughtUp) {
-          // Released in the past (a peer's start was learnt up to kLockstepNs late): the work it would have done
-          // since, holding its device as it did.
-          head.started = kStartedCaughtUp;
-          const std::uint64_t from = std::max(released_at[k], head.start_ns);
-          if (from < t) head.remaining_ns -= static_cast<double>(t - from);
         }
       }
       const double left = std::max(0.0, runnable.ops[k]->remaining_ns);

@@ -61,6 +61,18 @@ std::string ValidateWorkload(const Workload& w, const std::string& where) {
   return {};
 }
 
+// Time division's cycle: its base and the bound it may double to.
+std::string ValidateSharing(const Scenario& s) {
+  if (s.sharing != Sharing::time_division) return {};
+  if (s.cycle_ns < 100 * kMicrosecondNs || s.cycle_ns > 10 * kSecondNs) {
+    return Field("", "cycle_ns", s.cycle_ns, "100 us .. 10 s, e.g. 20000000");
+  }
+  if (s.cycle_max_ns != 0 && (s.cycle_max_ns < s.cycle_ns || s.cycle_max_ns > 10 * kSecondNs)) {
+    return Field("", "cycle_max_ns", s.cycle_max_ns, "0 (a fixed cycle) or cycle_ns .. 10 s, e.g. 640000000");
+  }
+  return {};
+}
+
 // The processes' devices: each within the spec; `default` (which observes NVML on device 0) only there.
 std::string ValidateDevices(const Scenario& s, std::uint32_t device_count) {
   for (std::size_t t = 0; t < s.tenants.size(); ++t) {
@@ -160,13 +172,7 @@ std::string Validate(const Scenario& s) {
     return Field("", "sample_ns", s.sample_ns,
                  "0 (no samples) or 1 ms .. duration_ns, dividing duration_ns, e.g. 100000000");
   }
-  if (s.sharing == Sharing::time_division && (s.cycle_ns < 100 * kMicrosecondNs || s.cycle_ns > 10 * kSecondNs)) {
-    return Field("", "cycle_ns", s.cycle_ns, "100 us .. 10 s, e.g. 20000000");
-  }
-  if (s.sharing == Sharing::time_division && s.cycle_max_ns != 0 &&
-      (s.cycle_max_ns < s.cycle_ns || s.cycle_max_ns > 10 * kSecondNs)) {
-    return Field("", "cycle_max_ns", s.cycle_max_ns, "0 (a fixed cycle) or cycle_ns .. 10 s, e.g. 640000000");
-  }
+  if (std::string sharing = ValidateSharing(s); !sharing.empty()) return sharing;
   if (s.tenants.empty()) return "tenants is empty; accepted: one or more tenants";
   if (std::string devices = ValidateDevices(s, config.device_count); !devices.empty()) return devices;
   std::uint64_t processes = 0;

@@ -288,51 +288,7 @@ class Engine final : public model::TimelineListener {
 
     tenants_.resize(scenario_.tenants.size());  // never resized again: limiters hold references to the cells
     for (std::uint32_t t = 0; t < scenario_.tenants.size(); ++t) {
-      const Tenant& tenant = scenario_.tenants[t];
-      TenantState& state = tenants_[t];
-      state.spec = &tenant;
-      state.share_permille = tenant.share_percent == 0 ? 1000 : tenant.share_percent * 10;
-      policy::LimiterConfig limiter_config;
-      limiter_config.share_permille = state.share_permille;
-      const bool scheduled = scenario_.sharing == Sharing::time_division && tenant.policy != Policy::disable &&
-                             state.share_permille < 1000;
-      // Scheduled, the windows hold the share: the limiter measures and estimates only.
-      limiter_config.throttle = tenant.policy != Policy::disable && !scheduled;
-      limiter_config.lend_when_idle = tenant.policy == Policy::default_policy && !scheduled;
-      if (scheduled) state.member = static_cast<int>(t);  // renumbered below
-      state.turn.borrow_idle = tenant.policy == Policy::default_policy;
-      if (tenant.burst_ns != 0) limiter_config.burst_ns = tenant.burst_ns;
-      if (tenant.in_flight_max_ns != 0) limiter_config.in_flight_max_ns = tenant.in_flight_max_ns;
-      for (policy::BudgetCell& cell : state.cells) {
-        policy::Limiter::InitCell(cell, state.share_permille, limiter_config.burst_ns, 0);
-      }
-      state.reported_rate_permille = state.cell().rate_permille;
-      state.result.name = tenant.name;
-      std::uint64_t devices = 0;
-      for (const Process& process : tenant.processes) devices |= 1ull << process.device;
-      state.gpus = devices;
-      state.result.cap = state.share_permille / 1000.0 * std::popcount(devices);
-      for (std::uint32_t i = 0; i < tenant.processes.size(); ++i) {
-        const auto index = static_cast<std::uint32_t>(processes_.size());
-        processes_.emplace_back();
-        ProcessState& p = processes_.back();
-        p.spec = &tenant.processes[i];
-        p.device = p.spec->device;
-        p.tenant = t;
-        p.index_in_tenant = i;
-        p.random = SplitMix64::Derive(scenario_.seed, index);
-        p.limiter = std::make_unique<policy::Limiter>(state.cells[p.device], limiter_config);
-        PlanSegments(p, shape_key);
-        p.slot = model::ClaimSlot(*machine_, kFirstPid + static_cast<std::int32_t>(index), 0);
-        p.stream = p.slot == model::kNoSlot ? model::kNoSlot : model::CreateStream(*machine_, p.slot, p.device, 0, 0);
-        if (p.stream == model::kNoSlot) {
-          result_.error = "the device model ran out of process slots or streams at process " + std::to_string(index);
-          return false;
-        }
-        if (process_by_stream_.size() <= p.stream) process_by_stream_.resize(p.stream + 1, model::kNoSlot);
-        process_by_stream_[p.stream] = index;
-        state.processes.push_back(index);
-      }
+      if (!SetupTenant(t, shape_key)) return false;
     }
     if (!PlanWindows()) return false;
     wake_ns_.assign(processes_.size(), kNever);
@@ -364,6 +320,57 @@ class Engine final : public model::TimelineListener {
       for (TenantState& tenant : tenants_) tenant.result.busy_samples_ns.reserve(samples);
     }
     if (scenario_.record_trace) WriteHeader();
+    return true;
+  }
+
+  // A tenant's state, its limiters (measuring only where time division holds its share) and its processes' slots
+  // and streams on their devices.
+  bool SetupTenant(std::uint32_t t, std::uint64_t shape_key) {
+    const Tenant& tenant = scenario_.tenants[t];
+    TenantState& state = tenants_[t];
+    state.spec = &tenant;
+    state.share_permille = tenant.share_percent == 0 ? 1000 : tenant.share_percent * 10;
+    policy::LimiterConfig limiter_config;
+    limiter_config.share_permille = state.share_permille;
+    const bool scheduled = scenario_.sharing == Sharing::time_division && tenant.policy != Policy::disable &&
+                           state.share_permille < 1000;
+    // Scheduled, the windows hold the share: the limiter measures and estimates only.
+    limiter_config.throttle = tenant.policy != Policy::disable && !scheduled;
+    limiter_config.lend_when_idle = tenant.policy == Policy::default_policy && !scheduled;
+    if (scheduled) state.member = static_cast<int>(t);  // renumbered below
+    state.turn.borrow_idle = tenant.policy == Policy::default_policy;
+    if (tenant.burst_ns != 0) limiter_config.burst_ns = tenant.burst_ns;
+    if (tenant.in_flight_max_ns != 0) limiter_config.in_flight_max_ns = tenant.in_flight_max_ns;
+    for (policy::BudgetCell& cell : state.cells) {
+      policy::Limiter::InitCell(cell, state.share_permille, limiter_config.burst_ns, 0);
+    }
+    state.reported_rate_permille = state.cell().rate_permille;
+    state.result.name = tenant.name;
+    std::uint64_t devices = 0;
+    for (const Process& process : tenant.processes) devices |= 1ull << process.device;
+    state.gpus = devices;
+    state.result.cap = state.share_permille / 1000.0 * std::popcount(devices);
+    for (std::uint32_t i = 0; i < tenant.processes.size(); ++i) {
+      const auto index = static_cast<std::uint32_t>(processes_.size());
+      processes_.emplace_back();
+      ProcessState& p = processes_.back();
+      p.spec = &tenant.processes[i];
+      p.device = p.spec->device;
+      p.tenant = t;
+      p.index_in_tenant = i;
+      p.random = SplitMix64::Derive(scenario_.seed, index);
+      p.limiter = std::make_unique<policy::Limiter>(state.cells[p.device], limiter_config);
+      PlanSegments(p, shape_key);
+      p.slot = model::ClaimSlot(*machine_, kFirstPid + static_cast<std::int32_t>(index), 0);
+      p.stream = p.slot == model::kNoSlot ? model::kNoSlot : model::CreateStream(*machine_, p.slot, p.device, 0, 0);
+      if (p.stream == model::kNoSlot) {
+        result_.error = "the device model ran out of process slots or streams at process " + std::to_string(index);
+        return false;
+      }
+      if (process_by_stream_.size() <= p.stream) process_by_stream_.resize(p.stream + 1, model::kNoSlot);
+      process_by_stream_[p.stream] = index;
+      state.processes.push_back(index);
+    }
     return true;
   }
 

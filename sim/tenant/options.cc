@@ -495,6 +495,37 @@ std::string ForEachPair(std::string_view text, std::string_view keys, std::vecto
     return {};
 }
 
+// One of a phase's collective keys (collective=, ranks=, every=, group=).
+std::string ParseCollectiveKey(std::string_view key, std::string_view value, Phase* phase)
+{
+    std::string problem;
+    if (key == "collective") {
+        return ReadDuration(key, value, kMaxKernelNs, "3600s", &phase->collective_ns);
+    }
+    if (key == "ranks") {
+        problem = ReadInto(value, 2, kMaxRanks, &phase->ranks);
+    } else if (key == "every") {
+        problem = ReadInto(value, 1, kMaxDepth, &phase->every);
+    } else {
+        problem = ReadInto(value, 1, kMaxGroup, &phase->group);
+    }
+    return problem.empty() ? problem : "has " + std::string(key) + "=" + Quoted(value) + ", which " + problem;
+}
+
+// A collective needs both collective= and ranks=; group= and every= mean nothing without them.
+std::string CheckCollective(const std::vector<std::string_view>& seen_keys, const Phase& phase)
+{
+    const bool optional_keys = std::ranges::any_of(seen_keys, [](std::string_view key) {
+        return key == "ranks" || key == "group" || key == "every";
+    });
+    if ((phase.collective_ns > 0) != (phase.ranks > 0) || (optional_keys && phase.collective_ns == 0)) {
+        return "has an incomplete collective; expected collective=DURATION and ranks=N (2 .. " +
+               std::to_string(kMaxRanks) + ") together, with group= and every= optional, e.g. "
+               "kernels=5ms,collective=1ms,ranks=2";
+    }
+    return {};
+}
+
 }  // namespace
 
 std::string ParsePhase(std::string_view text, Phase* phase)
@@ -531,22 +562,8 @@ std::string ParsePhase(std::string_view text, Phase* phase)
             }
             phase->for_ns = duration_ns;
             phase->idle = phase->idle || key == "idle";
-        } else if (key == "collective") {
-            problem = ReadDuration(key, value, kMaxKernelNs, "3600s", &phase->collective_ns);
-            if (!problem.empty()) {
-                return problem;
-            }
-        } else if (key == "ranks" || key == "every") {
-            problem = key == "ranks" ? ReadInto(value, 2, kMaxRanks, &phase->ranks)
-                                     : ReadInto(value, 1, kMaxDepth, &phase->every);
-            if (!problem.empty()) {
-                return "has " + std::string(key) + "=" + Quoted(value) + ", which " + problem;
-            }
-        } else if (key == "group") {
-            problem = ReadInto(value, 1, kMaxGroup, &phase->group);
-            if (!problem.empty()) {
-                return "has group=" + Quoted(value) + ", which " + problem;
-            }
+        } else if (key == "collective" || key == "ranks" || key == "every" || key == "group") {
+            return ParseCollectiveKey(key, value, phase);
         } else if (key == "depth" || key == "blocks") {
             std::uint32_t number = 0;
             problem = ReadInto(value, 1, key == "depth" ? kMaxDepth : kMaxBlocks, &number);
@@ -594,15 +611,7 @@ std::string ParsePhase(std::string_view text, Phase* phase)
     if (!phase->idle && !has_kernels) {
         return "has neither kernels= nor idle=; expected one of them, e.g. kernels=1ms or idle=1s";
     }
-    const bool collective_keys = std::ranges::any_of(seen_keys, [](std::string_view key) {
-        return key == "ranks" || key == "group" || key == "every";
-    });
-    if ((phase->collective_ns > 0) != (phase->ranks > 0) || (collective_keys && phase->collective_ns == 0)) {
-        return "has an incomplete collective; expected collective=DURATION and ranks=N (2 .. " +
-               std::to_string(kMaxRanks) + ") together, with group= and every= optional, e.g. "
-               "kernels=5ms,collective=1ms,ranks=2";
-    }
-    return {};
+    return CheckCollective(seen_keys, *phase);
 }
 
 std::string ParseChurn(std::string_view text, Churn* churn)

@@ -603,6 +603,18 @@ private:
 };
 
 // A kernel's duration: one of the phase's sizes, drawn uniformly, varied by +/- jitter (as the simulator draws).
+// A DDP step's all_reduce: after its kernels, on the same stream, one per rank and round.
+void LaunchCollective(StreamQueue& stream, CUfunction collective, const Phase& phase, std::uint32_t threads,
+                      std::uint64_t waves)
+{
+    stream.WaitForRoom(*phase.depth);
+    unsigned long long collective_ns = phase.collective_ns / waves;
+    unsigned long long group = phase.group;
+    unsigned long long ranks = phase.ranks;
+    void* parameters[] = {&collective_ns, &group, &ranks};
+    stream.Launch(collective, *phase.blocks, threads, parameters, collective_ns * waves);
+}
+
 std::uint64_t DrawDurationNs(const Phase& phase, SplitMix64& random)
 {
     std::uint64_t duration_ns =
@@ -835,14 +847,7 @@ void RunWorkload(const Options& options, const char* ptx, ResultLine* result)
                 ++launched;
                 ++launched_in_phase;
                 if (phase.collective_ns > 0 && launched_in_phase % phase.every == 0) {
-                    // A DDP step's all_reduce: after its kernels, on the same stream, one per rank and round.
-                    stream.WaitForRoom(*phase.depth);
-                    unsigned long long collective_ns = phase.collective_ns / waves;
-                    unsigned long long group = phase.group;
-                    unsigned long long ranks = phase.ranks;
-                    void* collective_parameters[] = {&collective_ns, &group, &ranks};
-                    stream.Launch(collective, *phase.blocks, options.threads, collective_parameters,
-                                  collective_ns * waves);
+                    LaunchCollective(stream, collective, phase, options.threads, waves);
                 }
             }
             phase_start_ns = phase_end_ns;

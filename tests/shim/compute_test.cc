@@ -54,38 +54,31 @@ TEST(Compute, ThreadsLaunchingThroughBooksIntoTheirOwnStreamsAreHeldToTheCap) {
                         0.40, 0.75, "four threads into four streams");
 }
 
+// One second of one thread's launches of kernels of `short_us` and `long_us` under a `force` cap of `cap`, at
+// LIBCUDA_LOG_LEVEL `level` (empty: not set); what the shim wrote on stderr.
+std::string LaunchLog(const std::string& name, const char* cap, const char* long_us, const char* level) {
+  auto env = ShimEnv(name, "");
+  env["CUDA_DEVICE_SM_LIMIT"] = cap;
+  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  if (*level != '\0') env["LIBCUDA_LOG_LEVEL"] = level;
+  Child worker = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", std::string("long_us=") + long_us},
+                           env, std::chrono::seconds(60));
+  EXPECT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
+  return worker.Stderr();
+}
+
 // LIBCUDA_LOG_LEVEL=4 says, for a launch that waited, why and how long (issue 20: a collapse must explain itself).
 TEST(Compute, AWaitingLaunchSaysWhyAtLogLevel4) {
-  auto env = ShimEnv("why", "");
-  env["CUDA_DEVICE_SM_LIMIT"] = "30";
-  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
-  env["LIBCUDA_LOG_LEVEL"] = "4";
-  Child worker = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", "long_us=500"}, env,
-                           std::chrono::seconds(60));
-  ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
-  const std::string log = worker.Stderr();
+  const std::string log = LaunchLog("why", "30", "500", "4");
   EXPECT_NE(log.find("us for the budget: charged"), std::string::npos) << log.substr(0, 2000);
-  auto quiet = ShimEnv("quiet", "");
-  quiet["CUDA_DEVICE_SM_LIMIT"] = "30";
-  quiet["GPU_CORE_UTILIZATION_POLICY"] = "force";
-  Child silent = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", "long_us=500"}, quiet,
-                           std::chrono::seconds(60));
-  ASSERT_TRUE(silent.exited() && silent.exit_code() == 0) << silent.Describe();
-  EXPECT_EQ(silent.Stderr().find("for the budget"), std::string::npos) << "only at level 4";
+  EXPECT_EQ(LaunchLog("quiet", "30", "500", "").find("for the budget"), std::string::npos) << "only at level 4";
 }
 
 // LIBCUDA_LOG_LEVEL=4 also says when a launch measured far more than it was charged: its span held waiting (the DDP
 // collapse of issue 20: an all_reduce measuring 35-189 ms where 3-6 ms were expected). Here the same kernel runs
 // 500 us and 20 ms: the long runs measure 40 x the charge.
 TEST(Compute, ALaunchMeasuredFarOverItsChargeIsSaidAtLogLevel4) {
-  auto env = ShimEnv("long", "");
-  env["CUDA_DEVICE_SM_LIMIT"] = "50";
-  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
-  env["LIBCUDA_LOG_LEVEL"] = "4";
-  Child worker = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", "long_us=20000"}, env,
-                           std::chrono::seconds(60));
-  ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
-  const std::string log = worker.Stderr();
+  const std::string log = LaunchLog("long", "50", "20000", "4");
   EXPECT_NE(log.find("us were expected: its span held waiting"), std::string::npos) << log.substr(0, 2000);
 }
 
