@@ -12,7 +12,7 @@
 //     when non-zero, else the all-devices one), SM limits 0..99 (100 stored as 0), log level 0..4;
 //   - a refused config names the first wrong variable in the parser's order, leaves `out` untouched, and its message
 //     is one line of printable ASCII starting "vgpu: ";
-//   - ParseConfig asks its lookup for the contract's names only; IsConfigKey agrees with the list of 38 names;
+//   - ParseConfig asks its lookup for the contract's names only; IsConfigKey agrees with the list of 40 names;
 //   - the config file grammar (trimmed KEY=VALUE lines, '#' comments, no duplicates, no unknown keys) matches an
 //     oracle line by line, and a refusal names a line that exists.
 #include <fcntl.h>
@@ -68,10 +68,12 @@ constexpr const char* kPolicy = "GPU_CORE_UTILIZATION_POLICY";
 constexpr const char* kLog = "LIBCUDA_LOG_LEVEL";
 constexpr const char* kVerdict = "VGPU_VERDICT_FILE";
 constexpr const char* kHeadroom = "VGPU_DRIVER_HEADROOM";
+constexpr const char* kSharing = "VGPU_COMPUTE_SHARING";
+constexpr const char* kSchedule = "VGPU_SCHEDULE_FILE";
 
 const std::set<std::string>& ContractNames() {
   static const std::set<std::string> names = [] {
-    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict, kHeadroom};
+    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict, kHeadroom, kSharing, kSchedule};
     for (int i = 0; i < kMaxDevices; ++i) {
       all.insert(std::string(kMemory) + "_" + std::to_string(i));
       all.insert(std::string(kSm) + "_" + std::to_string(i));
@@ -186,6 +188,21 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     if (!text->empty() && !absolute) return refuse(kVerdict);
     config.verdict_path = *text;
   }
+  if (const auto text = Find(entries, kSharing)) {
+    if (*text == "limiter") {
+      config.sharing = vgpu::policy::Sharing::limiter;
+    } else if (*text == "time-division" || *text == "time_division") {
+      config.sharing = vgpu::policy::Sharing::time_division;
+    } else {
+      return refuse(kSharing);
+    }
+  }
+  if (const auto text = Find(entries, kSchedule)) {
+    const bool absolute = !text->empty() && text->front() == '/' && text->size() <= 4095 &&
+                          text->find('\0') == std::string::npos;
+    if (!absolute) return refuse(kSchedule);
+    config.schedule_path = *text;
+  }
   if (const auto text = Find(entries, kHeadroom)) {
     const auto value = OracleSize(*text);
     if (!value) return refuse(kHeadroom);
@@ -210,7 +227,8 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
 
 bool SameConfig(const Config& a, const Config& b) {
   return a.memory_limit_bytes == b.memory_limit_bytes && a.sm_limit_percent == b.sm_limit_percent &&
-         a.region_path == b.region_path && a.verdict_path == b.verdict_path &&
+         a.region_path == b.region_path && a.verdict_path == b.verdict_path && a.sharing == b.sharing &&
+         a.schedule_path == b.schedule_path &&
          a.driver_headroom_bytes == b.driver_headroom_bytes && a.policy == b.policy && a.log_level == b.log_level &&
          a.source == b.source;
 }

@@ -17,6 +17,8 @@ constexpr std::string_view kPolicy = "GPU_CORE_UTILIZATION_POLICY";
 constexpr std::string_view kLogLevel = "LIBCUDA_LOG_LEVEL";
 constexpr std::string_view kVerdictFile = "VGPU_VERDICT_FILE";
 constexpr std::string_view kDriverHeadroom = "VGPU_DRIVER_HEADROOM";
+constexpr std::string_view kSharing = "VGPU_COMPUTE_SHARING";
+constexpr std::string_view kScheduleFile = "VGPU_SCHEDULE_FILE";
 
 // The longest path open(2) takes (PATH_MAX counts the terminating NUL); spelled out to keep this file OS-free.
 constexpr std::size_t kMaxPathBytes = 4095;
@@ -219,7 +221,7 @@ bool ParseSize(std::string_view text, std::uint64_t& bytes) {
 
 bool IsConfigKey(std::string_view key) {
   if (key == kMemoryLimit || key == kSmLimit || key == kSharedCache || key == kPolicy || key == kLogLevel ||
-      key == kVerdictFile || key == kDriverHeadroom) {
+      key == kVerdictFile || key == kDriverHeadroom || key == kSharing || key == kScheduleFile) {
     return true;
   }
   for (const std::string_view base : {kMemoryLimit, kSmLimit}) {
@@ -291,6 +293,26 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
       return false;
     }
     config.verdict_path = *text;
+  }
+
+  if (const auto text = lookup(kSharing)) {
+    if (*text == "limiter") {
+      config.sharing = Sharing::limiter;
+    } else if (*text == "time-division" || *text == "time_division") {
+      config.sharing = Sharing::time_division;
+    } else {
+      error = ValueError(kSharing, *text, source, "limiter or time-division", "time-division");
+      return false;
+    }
+  }
+
+  if (const auto text = lookup(kScheduleFile)) {
+    // One file for every container on the node: a relative path would depend on each process's working directory.
+    if (text->empty() || !IsAbsolutePath(*text)) {
+      error = ValueError(kScheduleFile, *text, source, "an absolute path", kDefaultScheduleFile);
+      return false;
+    }
+    config.schedule_path = *text;
   }
 
   if (const auto text = lookup(kDriverHeadroom)) {
@@ -367,7 +389,7 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
       error = where + std::to_string(line_number) + ": '" + Printable(key) +
               "' is not a known variable (CUDA_DEVICE_MEMORY_LIMIT[_0.._15], CUDA_DEVICE_SM_LIMIT[_0.._15], "
               "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE, "
-              "VGPU_DRIVER_HEADROOM" + also +
+              "VGPU_DRIVER_HEADROOM, VGPU_COMPUTE_SHARING, VGPU_SCHEDULE_FILE" + also +
               "); "
               "e.g. CUDA_DEVICE_MEMORY_LIMIT=4Gi";
       return false;

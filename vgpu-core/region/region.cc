@@ -1,6 +1,7 @@
 // The container region's OS side: atomic creation, validation, the robust lock and its repair, OFD-lock
 // liveness, reaping, and reserve/release accounting (docs/region.md).
 #include "vgpu/region/region.h"
+#include "vgpu/region/shared_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -165,80 +166,23 @@ bool DefaultPath(std::string& path, std::string& error) {
   return true;
 }
 
-// A fresh, complete region in the file behind `fd` (not yet visible under the final name).
-bool InitializeFile(int fd, const std::string& path, std::string& error) {
-  // Allocate every block now: a full tmpfs must fail here with a message, not later with SIGBUS on first touch.
-  if (const int r = posix_fallocate(fd, 0, static_cast<off_t>(sizeof(Region))); r != 0) {
-    error = "cannot size " + Quoted(path) + " to " + std::to_string(sizeof(Region)) + " bytes: " + std::strerror(r);
+// A fresh region in a new file's zeroed mapping: every slot free, no device.
+bool InitializeRegion(void* mapped, std::string& error) {
+  auto* region = static_cast<Region*>(mapped);
+  if (const int r = InitRobustMutex(region->lock_storage); r != 0) {
+    error = std::string("cannot initialise its lock: ") + std::strerror(r);
     return false;
   }
-  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (mapped == MAP_FAILED) {
-    error = "cannot map " + Quoted(path) + ": " + std::strerror(errno);
-    return false;
-  }
-  auto* region = static_cast<Region*>(mapped);  // the file reads as zeros: every slot free, no device
-  pthread_mutexattr_t attributes;
-  pthread_mutexattr_init(&attributes);
-  pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
-  const int r = pthread_mutex_init(MutexOf(*region), &attributes);
-  pthread_mutexattr_destroy(&attributes);
   region->magic = kRegionMagic;
   region->version = kRegionVersion;
   region->region_bytes = static_cast<std::uint32_t>(sizeof(Region));
   region->created_ns = ClockNs(CLOCK_REALTIME);
-  munmap(mapped, sizeof(Region));
-  if (r != 0) {
-    error = "cannot initialise the lock of " + Quoted(path) + ": " + std::strerror(r);
-    return false;
-  }
   return true;
 }
 
 // Returns the fd of the complete region now at `path` (ours, or the winner's of a creation race), or -1.
-// The file is built under a temporary name and linked into place, so nobody ever maps a half-made header.
 int CreateOrOpen(const std::string& path, std::string& error) {
-  static std::atomic<unsigned> temporaries{0};
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
-    if (fd >= 0) return fd;
-    if (errno != ENOENT) {
-      error = "cannot open " + Quoted(path) + ": " + std::strerror(errno) + "; check its permissions, or set " +
-              kPathVariable + " to another path";
-      return -1;
-    }
-    // pid, clock and counter: unique even between pid namespaces sharing the folder; O_EXCL makes sure.
-    const std::string temporary = path + ".tmp." + std::to_string(getpid()) + "." +
-                                  std::to_string(MonotonicNs()) + "." + std::to_string(temporaries++);
-    fd = open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
-    if (fd < 0) {
-      if (errno == EEXIST) continue;
-      error = "cannot create " + Quoted(path) + " (as '" + temporary + "'): " + std::strerror(errno) +
-              "; set " + kPathVariable + " to a file in a writable folder";
-      return -1;
-    }
-    // Every process of the container attaches, whatever its user: the mode must not depend on the umask.
-    fchmod(fd, 0666);
-    if (!InitializeFile(fd, path, error)) {
-      close(fd);
-      unlink(temporary.c_str());
-      return -1;
-    }
-    const int linked = link(temporary.c_str(), path.c_str());
-    const int link_errno = errno;
-    unlink(temporary.c_str());
-    if (linked == 0) return fd;
-    close(fd);
-    if (link_errno != EEXIST) {
-      error = "cannot publish " + Quoted(path) + " (link from '" + temporary + "'): " + std::strerror(link_errno) +
-              "; the folder's file system must support hard links";
-      return -1;
-    }
-    // Another process won the race: loop and open its file.
-  }
-  error = Quoted(path) + " keeps appearing and disappearing while being opened; is something deleting it?";
-  return -1;
+  return CreateOrOpenShared(path, sizeof(Region), InitializeRegion, "region file", kPathVariable, error);
 }
 
 // Reads the header through pread before anything is mapped: a short or foreign file is refused without ever

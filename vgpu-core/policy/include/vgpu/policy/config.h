@@ -18,6 +18,11 @@ inline constexpr int kMaxDevices = 16;
 inline constexpr const char* kDefaultVerdictFile = "/etc/vgpu/monitor/verdict";
 
 enum class ComputePolicy { standard, force, disable };  // GPU_CORE_UTILIZATION_POLICY: default | force | disable
+// VGPU_COMPUTE_SHARING: how a compute cap is held (docs/compute-sharing.md). `limiter`: each container alone, by
+// its kernels' event time; `time_division`: containers on a GPU take turns in windows, published in the schedule file.
+enum class Sharing { limiter, time_division };
+// Where the schedule file lives when VGPU_SCHEDULE_FILE is unset: the folder HAMi mounts into every GPU container.
+inline constexpr const char* kDefaultScheduleFile = "/tmp/vgpulock/vgpu-schedule";
 
 struct Config {
   // 0 = no limit (an SM limit of 100, HAMi's "whole GPU", is stored as 0). Index = the CUDA device ordinal as the
@@ -36,6 +41,9 @@ struct Config {
   // limit, so that a module loaded lazily at a full slice still fits. 0 (the default): none. Ours, not HAMi's.
   std::uint64_t driver_headroom_bytes = 0;
   ComputePolicy policy = ComputePolicy::standard;
+  Sharing sharing = Sharing::limiter;
+  // VGPU_SCHEDULE_FILE: the node's schedule file (docs/compute-sharing.md, "Shared state"). Unset: the default.
+  std::optional<std::string> schedule_path;
   int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
   std::string source;                    // "environment" or the config file's path, for messages
 

@@ -1,0 +1,102 @@
+// Creating shared files complete or not at all (shared_file.h).
+#include "vgpu/region/shared_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace vgpu::region {
+namespace {
+
+std::string Named(std::string_view what, const std::string& path) { return std::string(what) + " '" + path + "'"; }
+
+std::uint64_t MonotonicNs() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Sizes, maps and fills the new file behind `fd` (not yet visible under its final name).
+bool Fill(int fd, std::size_t bytes, bool (*initialize)(void*, std::string&), const std::string& named,
+          std::string& error) {
+  if (const int r = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); r != 0) {
+    error = "cannot size " + named + " to " + std::to_string(bytes) + " bytes: " + std::strerror(r);
+    return false;
+  }
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) {
+    error = "cannot map " + named + ": " + std::strerror(errno);
+    return false;
+  }
+  std::string why;
+  const bool filled = initialize(mapped, why);
+  munmap(mapped, bytes);
+  if (!filled) error = "cannot initialise " + named + ": " + why;
+  return filled;
+}
+
+}  // namespace
+
+int InitRobustMutex(void* storage) {
+  pthread_mutexattr_t attributes;
+  pthread_mutexattr_init(&attributes);
+  pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
+  const int r = pthread_mutex_init(static_cast<pthread_mutex_t*>(storage), &attributes);
+  pthread_mutexattr_destroy(&attributes);
+  return r;
+}
+
+int CreateOrOpenShared(const std::string& path, std::size_t bytes, bool (*initialize)(void*, std::string&),
+                       std::string_view what, std::string_view variable, std::string& error) {
+  static std::atomic<unsigned> temporaries{0};
+  const std::string named = Named(what, path);
+  const std::string elsewhere = "; set " + std::string(variable) + " to a file in a writable folder";
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
+    if (fd >= 0) return fd;
+    if (errno != ENOENT) {
+      error = "cannot open " + named + ": " + std::strerror(errno) + "; check its permissions, or set " +
+              std::string(variable) + " to another path";
+      return -1;
+    }
+    const std::string temporary = path + ".tmp." + std::to_string(getpid()) + "." +
+                                  std::to_string(MonotonicNs()) + "." + std::to_string(temporaries++);
+    fd = open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;
+      error = "cannot create " + named + " (as '" + temporary + "'): " + std::strerror(errno) + elsewhere;
+      return -1;
+    }
+    // Every process attaches, whatever its user: the mode must not depend on the umask.
+    fchmod(fd, 0666);
+    if (!Fill(fd, bytes, initialize, named, error)) {
+      close(fd);
+      unlink(temporary.c_str());
+      return -1;
+    }
+    const int linked = link(temporary.c_str(), path.c_str());
+    const int link_errno = errno;
+    unlink(temporary.c_str());
+    if (linked == 0) return fd;
+    close(fd);
+    if (link_errno != EEXIST) {
+      error = "cannot publish " + named + " (link from '" + temporary + "'): " + std::strerror(link_errno) +
+              "; the folder's file system must support hard links";
+      return -1;
+    }
+    // Another process won the race: loop and open its file.
+  }
+  error = named + " keeps appearing and disappearing while being opened; is something deleting it?";
+  return -1;
+}
+
+}  // namespace vgpu::region
