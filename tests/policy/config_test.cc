@@ -254,6 +254,25 @@ TEST(ParseConfig, DriverHeadroomIsASizeUnderEveryLimit) {
   EXPECT_NE(error.find("device 1"), std::string::npos) << "the slice it would leave nothing of: " << error;
 }
 
+// VGPU_COMPUTE_SHARING: how a cap is held (docs/compute-sharing.md); VGPU_SCHEDULE_FILE: where the node's
+// schedule file lives (one for every container: an absolute path).
+TEST(ParseConfig, SharingIsLimiterOrTimeDivisionAndTheScheduleFileAnAbsolutePath) {
+  EXPECT_EQ(ParseConfigOk({}).sharing, Sharing::limiter);
+  EXPECT_EQ(ParseConfigOk({{"VGPU_COMPUTE_SHARING", "time-division"}}).sharing, Sharing::time_division);
+  EXPECT_EQ(ParseConfigOk({{"VGPU_COMPUTE_SHARING", "time_division"}}).sharing, Sharing::time_division);
+  EXPECT_EQ(ParseConfigOk({{"VGPU_COMPUTE_SHARING", "limiter"}}).sharing, Sharing::limiter);
+  for (const std::string bad : {"", "TIME-DIVISION", "mps", "time division"}) {
+    const std::string error = ParseConfigError({{"VGPU_COMPUTE_SHARING", bad}});
+    ExpectNamesVariableAndValue(error, "VGPU_COMPUTE_SHARING", bad);
+    EXPECT_NE(error.find("limiter or time-division"), std::string::npos) << error;
+  }
+  EXPECT_FALSE(ParseConfigOk({}).schedule_path.has_value());
+  EXPECT_EQ(ParseConfigOk({{"VGPU_SCHEDULE_FILE", "/run/vgpu/schedule"}}).schedule_path, "/run/vgpu/schedule");
+  for (const std::string bad : {"", "schedule", "./x"}) {
+    ExpectNamesVariableAndValue(ParseConfigError({{"VGPU_SCHEDULE_FILE", bad}}), "VGPU_SCHEDULE_FILE", bad);
+  }
+}
+
 TEST(ParseConfig, PolicyNamesInLowerOrUpperCase) {
   const std::vector<std::pair<std::string, ComputePolicy>> accepted = {
       {"default", ComputePolicy::standard}, {"DEFAULT", ComputePolicy::standard},
@@ -329,7 +348,7 @@ TEST(ParseConfig, AsksOnlyForKnownKeys) {
         return std::nullopt;
       },
       "test", config, error));
-  EXPECT_EQ(asked.size(), 7u + 2u * kMaxDevices);
+  EXPECT_EQ(asked.size(), 9u + 2u * kMaxDevices);
   for (const auto& key : asked) EXPECT_TRUE(IsConfigKey(key)) << key;
 }
 
