@@ -504,7 +504,7 @@ class LiveRun {
     static constexpr std::string_view kDropped[] = {
         "LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DEVICE_MEMORY_LIMIT",
         "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY", "VGPU_CONFIG_FILE",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_DEVICE_ORDER"};
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_DEVICE_ORDER", "VGPU_COMPUTE_SHARING", "VGPU_SCHEDULE_FILE"};
     // Over fakecuda, the machine is ours; FAKECUDA_TRACE and FAKECUDA_LOG stay (they only observe).
     static constexpr std::string_view kDroppedFake[] = {
         "LD_LIBRARY_PATH=", "FAKECUDA_STATE=", "FAKECUDA_DEVICES=", "FAKECUDA_TIMESLICE_US=", "FAKECUDA_SWITCH_US=",
@@ -565,6 +565,10 @@ class LiveRun {
       environment.push_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
       environment.push_back(std::string("GPU_CORE_UTILIZATION_POLICY=") + PolicyText(tenant.policy));
       environment.push_back("CUDA_TASK_PRIORITY=" + std::to_string(tenant.priority));
+      if (s_.sharing == scenario::Sharing::time_division) {
+        environment.push_back("VGPU_COMPUTE_SHARING=time-division");
+        environment.push_back("VGPU_SCHEDULE_FILE=" + work_ + "/vgpu-schedule");
+      }
       tenant_environments_.push_back(std::move(environment));
     }
   }

@@ -217,6 +217,7 @@ Outcome RunVirtual(const scenario::Scenario& s, const Options& options, TraceSin
     // closer on paper, but with it a `default` tenant does not give the GPU back when a neighbour arrives
     // (scenarios/noisy-neighbour-default.yaml: 60/40 instead of 40/60), where live runs over fakecuda do (40/60).
     simulation.measurement = sim::Measurement::events;
+    if (s.sharing == scenario::Sharing::time_division) simulation.sharing = sim::Sharing::time_division;
     for (std::uint32_t t = 0; t < s.tenants.size(); ++t) {
       sim::Tenant tenant;
       tenant.name = s.tenants[t].name;

@@ -332,7 +332,7 @@ class Checker {
     }
     if (!CheckMapping(root, "",
                       {"name", "description", "gpu", "timeslice", "switch", "mode", "duration", "settle", "window", "sample",
-                       "seed", "tenants", "expect", "faults"},
+                       "seed", "sharing", "tenants", "expect", "faults"},
                       "a mapping of keys (name, gpu, duration, tenants, ...)")) {
       return;
     }
@@ -352,6 +352,7 @@ class Checker {
         scenario_.seed = *seed;
       }
     }
+    if (const Node* node = root.Find("sharing")) CheckSharing(*node);
     const Node* faults = root.Find("faults");
     CheckMode(root.Find("mode"),
               faults != nullptr && !(faults->kind == Node::Kind::null ||
@@ -469,6 +470,18 @@ class Checker {
       return;
     }
     scenario_.timeslice_ns = *ns;
+  }
+
+  void CheckSharing(const Node& node) {
+    const std::string* text = Text(node, "sharing", "limiter or time-division");
+    if (text == nullptr) return;
+    if (*text == "limiter") {
+      scenario_.sharing = Sharing::limiter;
+    } else if (*text == "time-division") {
+      scenario_.sharing = Sharing::time_division;
+    } else {
+      Add(node.line, "sharing", Shown(node) + " is not a way of sharing; expected limiter or time-division");
+    }
   }
 
   void CheckSwitch(const Node& node) {

@@ -13,6 +13,7 @@
 
 #include "gates.h"
 #include "shim.h"
+#include "turn.h"
 #include "driver_memory.h"
 #include "vgpu/policy/limiter.h"
 
@@ -93,14 +94,6 @@ std::uint64_t NowNs() {
   struct timespec ts {};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-void SleepUntilNs(std::uint64_t deadline) {
-  struct timespec ts {};
-  ts.tv_sec = static_cast<time_t>(deadline / 1'000'000'000ull);
-  ts.tv_nsec = static_cast<long>(deadline % 1'000'000'000ull);
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
-  }
 }
 
 // Books of launches (see LaunchBook): each thread keeps kBooks; a book on a drained stream holds at most kBookLaunches,
@@ -185,6 +178,7 @@ struct StreamState {
 struct DeviceLimiter {
   std::atomic<bool> ready{false};    // `limiter` is set up: later launches need nothing else to find it
   bool lend = false;
+  bool scheduled = false;  // time division holds the cap (turn.h): every launch takes its turn; no books
   std::mutex mutex;  // process-local; never held while sleeping or while the driver waits
   std::unique_ptr<policy::Limiter> limiter;
   std::uint64_t next_settle_ns = 0;  // under `mutex`: see kSettleEveryNs
@@ -259,8 +253,10 @@ DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
     policy::LimiterConfig config;
     config.share_permille = share;
     config.burst_ns = kBurstNs;
-    config.throttle = !disabled && percent != 0;
-    config.lend_when_idle = shim.config.policy == policy::ComputePolicy::standard;
+    // Under time division the windows hold the share (turn.h): the limiter measures and estimates only.
+    d.scheduled = !disabled && percent != 0 && turn::Scheduled(ordinal);
+    config.throttle = !disabled && percent != 0 && !d.scheduled;
+    config.lend_when_idle = shim.config.policy == policy::ComputePolicy::standard && !d.scheduled;
     config.defer_busy = true;  // flushed with the settlements, every kSettleEveryNs
     d.lend = config.lend_when_idle;
     d.limiter = std::make_unique<policy::Limiter>(*cell, config);  // (out of host memory: nothing set, asked again)
@@ -1059,6 +1055,50 @@ void FollowVerdict(DeviceLimiter& d, int ordinal, std::uint64_t now) {
       limit % 10, after / 10, after % 10);
 }
 
+// Time division (turn.h): the launch waits for its container's turn on the GPU, before it is admitted, so that the
+// measurement it is planned into starts after the wait. Before it waits, the context's open windows are closed:
+// their queues drain meanwhile, and a window held open over the wait would time it. Nothing to do where the limiter
+// holds the cap.
+struct TurnCaller {
+  DeviceLimiter& d;
+  CUcontext context;  // null: no current context (nothing is measured)
+
+  static std::uint64_t Longest(void* self) {
+    auto& caller = *static_cast<TurnCaller*>(self);
+    std::lock_guard<std::mutex> guard(caller.d.mutex);
+    return caller.d.limiter->LongestEstimateNs();
+  }
+  static bool Drained(void* self) {
+    auto& caller = *static_cast<TurnCaller*>(self);
+    // (A stream being captured must not be queried: while any capture may be in progress, nothing is said drained.)
+    if (caller.context == nullptr || Real::cuStreamQuery == nullptr || g_captures.load() != 0) return false;
+    std::lock_guard<std::mutex> guard(caller.d.mutex);
+    for (const auto& [stream, state] : caller.d.streams) {
+      if (state.context == caller.context && Real::cuStreamQuery(stream) == CUDA_ERROR_NOT_READY) return false;
+    }
+    return true;
+  }
+  static void BeforeWait(void* self) {
+    auto& caller = *static_cast<TurnCaller*>(self);
+    if (caller.context == nullptr) return;
+    std::lock_guard<std::mutex> guard(caller.d.mutex);
+    CloseWindowsOf(caller.d, caller.context, NowNs());
+  }
+};
+
+turn::Ticket TakeTurn(DeviceLimiter& d, int ordinal, const policy::KernelKey& key, CUcontext context,
+                      const void* function) {
+  if (!d.scheduled) return {};
+  std::uint64_t estimate_ns = 0;
+  {
+    std::lock_guard<std::mutex> guard(d.mutex);
+    estimate_ns = d.limiter->EstimateNs(key);
+  }
+  TurnCaller caller{d, context};
+  return turn::Take(ordinal, estimate_ns, {&caller, TurnCaller::Longest, TurnCaller::BeforeWait, TurnCaller::Drained},
+                    function);
+}
+
 // Admits, waits, launches, measures. `launch` performs the real launch on `stream`; `per_thread` says that a null
 // stream means the per-thread default stream (the _ptsz entry points).
 template <typename Launch>
@@ -1124,6 +1164,8 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
       d->limiter->ObserveOthers(1.0, now);
     }
   }
+  const turn::Ticket ticket = TakeTurn(*d, ordinal, key, setup == CUDA_SUCCESS ? context : nullptr, function);
+  if (ticket.waited_ns > 0) now = NowNs();
   policy::Admission admission;
   Plan plan;
   bool planned = false;
@@ -1153,7 +1195,8 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
         planned = true;  // the common case
-        if (plan.how == How::window && !plan.close_after && !plan.unknown_cost && setup == CUDA_SUCCESS) {
+        if (plan.how == How::window && !plan.close_after && !plan.unknown_cost && setup == CUDA_SUCCESS &&
+            !d->scheduled) {
           OpenWindowBook(*d, key, stream, context, *plan.stream, now);  // the launches after it, into its window
         }
         if (plan.how == How::unmeasured && !plan.unknown_cost && plan.start == nullptr && plan.end == nullptr) {
@@ -1161,7 +1204,9 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
           // settled now, in this critical section (given back below if the driver refuses the launch).
           accounted_early = d->limiter->SettleUnmeasured(key, admission.charged_ns, now);
           settled_early = true;
-          if (setup == CUDA_SUCCESS) OpenBook(*d, key, stream, context, admission.charged_ns, admission.steady, now);
+          if (setup == CUDA_SUCCESS && !d->scheduled) {
+            OpenBook(*d, key, stream, context, admission.charged_ns, admission.steady, now);
+          }
         }
       } else if (setup == CUDA_SUCCESS) {
         // Throttled: the queue each open window measures is complete until after the wait; it ends there, exactly.
@@ -1241,6 +1286,7 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
   const CUresult result = launch();
   // The launch call has returned: the stream may go on. (Whether it ran or not, a shut gate is opened.)
   (void)gates::Open(gate);
+  if (result == CUDA_SUCCESS) turn::Released(ordinal, ticket, admission.charged_ns);
   if (settled_early) {
     if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed, and the launches after it get no book
       {

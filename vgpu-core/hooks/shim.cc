@@ -73,6 +73,14 @@ Shim& TheShim() {
   return *shim;
 }
 
+void SleepUntilNs(std::uint64_t deadline) {
+  struct timespec ts {};
+  ts.tv_sec = static_cast<time_t>(deadline / 1'000'000'000ull);
+  ts.tv_nsec = static_cast<long>(deadline % 1'000'000'000ull);
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
 void Log(int level, const char* format, ...) {
   Shim& shim = TheShim();
   if (level > shim.config.log_level) return;

@@ -94,6 +94,8 @@ Shim& TheShim();
 
 // CLOCK_MONOTONIC in nanoseconds (one clock per host: every process of the container agrees).
 std::uint64_t MonotonicNs();
+// Sleeps until CLOCK_MONOTONIC reads `deadline` (ns), through signals.
+void SleepUntilNs(std::uint64_t deadline);
 
 // Initializes on first use (configuration, region, real functions). Returns the mode.
 Mode Initialize();

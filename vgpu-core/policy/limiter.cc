@@ -223,6 +223,14 @@ void Limiter::Learn(const KernelKey& key, std::uint64_t measured_ns) {
   largest_estimate_ns_ = std::max({largest_estimate_ns_, cost.estimate_ns, measured_ns});
 }
 
+std::uint64_t Limiter::LongestEstimateNs() const {
+  std::uint64_t longest = 0;
+  for (const auto& [key, cost] : costs_) {
+    if (cost.count >= 3) longest = std::max(longest, cost.estimate_ns);
+  }
+  return longest;
+}
+
 void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::optional<std::uint64_t> measured_ns,
                      std::uint64_t now_ns, bool learn) {
   Forget(key, charged_ns);

@@ -2,6 +2,7 @@
 #include "vgpu/policy/time_division.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 
 namespace vgpu::policy {
@@ -258,11 +259,38 @@ std::uint64_t Charge(const WindowPlan& plan, std::size_t me, Account& account, s
   return plan.AfterOwnTime(me, now_ns, static_cast<std::uint64_t>(-account.balance_ns));
 }
 
+Account AccrueShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t now_ns) {
+  std::atomic_ref<std::uint64_t> as_of(shared.as_of_ns);
+  std::atomic_ref<std::int64_t> balance(shared.balance_ns);
+  std::uint64_t from = as_of.load();
+  while (from < now_ns && !as_of.compare_exchange_weak(from, now_ns)) {
+  }
+  if (from < now_ns) {  // this process moved as_of over [from, now): it adds that span's window time
+    const auto gained = static_cast<std::int64_t>(plan.OwnTimeIn(me, from, now_ns));
+    const auto cap = 2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me));
+    std::int64_t seen = balance.load();
+    while (!balance.compare_exchange_weak(seen, std::max(seen, std::min(seen + gained, cap)))) {
+    }
+  }
+  return {balance.load(), std::max(now_ns, as_of.load())};
+}
+
+std::uint64_t ChargeShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t ran_ns,
+                           std::uint64_t now_ns) {
+  AccrueShared(plan, me, shared, now_ns);
+  std::atomic_ref<std::int64_t> balance(shared.balance_ns);
+  const std::int64_t after = balance.fetch_sub(static_cast<std::int64_t>(ran_ns)) - static_cast<std::int64_t>(ran_ns);
+  if (after >= 0) return 0;
+  return plan.AfterOwnTime(me, now_ns, static_cast<std::uint64_t>(-after));
+}
+
 bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                 std::uint64_t bound_ns, std::uint64_t now_ns) {
   for (std::size_t o = 0; o < plan.size() && o < published.size(); ++o) {
     if (o == me || !Spans(plan.member(o), gpu) || published[o].in_flight == 0) continue;
-    if (now_ns < published[o].released_until_ns + bound_ns) return true;
+    // (Saturating: a released_until near the clock's end, a liar's, must not wrap round to "long ago".)
+    const std::uint64_t until = published[o].released_until_ns;
+    if (now_ns < (until > kNoTime - bound_ns ? kNoTime : until + bound_ns)) return true;
   }
   return false;
 }

@@ -46,6 +46,8 @@ struct ProcessSpec {
 };
 
 enum class Policy { force, default_policy, disable };
+// How the tenants' compute caps are held (VGPU_COMPUTE_SHARING; docs/compute-sharing.md).
+enum class Sharing { limiter, time_division };
 
 // A promise about one tenant, judged from the trace over the windows in [from_ns, to_ns).
 struct Expectation {
@@ -95,6 +97,7 @@ struct Scenario {
   std::uint64_t window_ns = kSecondNs;
   std::uint64_t sample_ns = 100 * kMillisecondNs;
   std::uint64_t seed = 1;
+  Sharing sharing = Sharing::limiter;       // `sharing: limiter | time-division`
   std::vector<TenantSpec> tenants;
   std::uint64_t expect_leaked_bytes = 0;    // expect.leaked_bytes
   std::vector<std::string> faults;          // FAKECUDA_FAULTS rules, joined with ';' when passed on

@@ -149,6 +149,9 @@ class Limiter {
   std::uint64_t in_flight_ns() const { return in_flight_ns_; }
   // The longest any kernel was estimated or measured to run (time division sizes its cycle by it).
   std::uint64_t largest_estimate_ns() const { return largest_estimate_ns_; }
+  // The longest usual run time (estimate) of the kernels measured at least 3 times: a lone outlier (a first launch
+  // that loaded its module) does not count. Time division publishes it for the cycle. A scan of every kernel.
+  std::uint64_t LongestEstimateNs() const;
   std::uint64_t ignored_measurements() const { return ignored_measurements_; }
 
   // Initializes a fresh cell (by whoever creates the region or the simulator).

@@ -102,6 +102,18 @@ void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint6
 std::uint64_t Charge(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t ran_ns,
                      std::uint64_t now_ns);
 
+// What a container's processes share for time division, in its region (after the limiter's budget): its id on the
+// node (drawn once, when the region is new) and its one account, which every process updates lock-free.
+struct TurnCell {
+  std::uint64_t member_id = 0;
+  Account account;
+};
+// Accrue and Charge on an account that several processes update at once (atomically, field by field): each span of
+// window time is added once, by the process that moved `as_of_ns` over it. Returns the account as it stands.
+Account AccrueShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t now_ns);
+std::uint64_t ChargeShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t ran_ns,
+                           std::uint64_t now_ns);
+
 // Why a launch waits (LIBCUDA_LOG_LEVEL=4, the simulator's trace).
 enum class WaitReason { none, window, debt, others_work, fit };
 const char* WaitReasonName(WaitReason reason);

@@ -1,0 +1,331 @@
+// Time division on the launch path (turn.h; docs/compute-sharing.md, "Shared state"). Every decision is
+// policy::Decide's; this file reads what it needs from the schedule file, sleeps as told and publishes the result.
+#include "turn.h"
+
+#include <errno.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "shim.h"
+#include "vgpu/policy/limiter.h"
+#include "vgpu/schedule/schedule.h"
+
+namespace vgpu::hooks::turn {
+namespace {
+
+constexpr std::uint64_t kBaseCycleNs = 20'000'000;    // docs/compute-sharing.md: the base cycle and its bound
+constexpr std::uint64_t kCycleMaxNs = 640'000'000;
+constexpr std::uint64_t kRefreshNs = 100'000'000;     // the members are read again, and the heartbeat written
+// Others wait for released work until its expected end plus this much (or a tenth of the queue, if more): a
+// short estimate then costs an overlap the driver time-slices, not a stall.
+constexpr std::uint64_t kMarginNs = 200'000;
+// A launch waiting on another member's work looks again at least this often (the holder lowers its expected end
+// when it sees its work complete); one waiting with its own work in flight asks the driver this often whether it
+// completed.
+constexpr std::uint64_t kPollMostNs = 20'000;
+constexpr std::uint64_t kPollLeastNs = 10'000;
+constexpr std::uint64_t kDrainPollNs = 20'000;
+
+// The turn cell lives in the region, after the limiter's budget, in the compute area of the container's device 0.
+constexpr std::size_t kTurnCellOffset = (sizeof(policy::BudgetCell) + 7) / 8 * 8;
+static_assert(kTurnCellOffset + sizeof(policy::TurnCell) <= sizeof(region::Device::compute),
+              "the turn cell must fit the region's compute area");
+
+// This process's view of the schedule: set up once, refreshed every kRefreshNs, under `mutex` (never held while
+// sleeping).
+struct State {
+  std::mutex mutex;
+  bool set_up = false;
+  bool on = false;
+  std::unique_ptr<schedule::Board> board;
+  policy::TurnCell* cell = nullptr;  // in the region
+  std::uint64_t id = 0;
+  int entry = -1;
+  std::uint32_t share_permille = 0;
+  std::uint64_t gpus = 0;
+  int gpu_of[policy::kMaxDevices];   // CUDA ordinal -> the schedule's GPU index (-1: not scheduled)
+  policy::TurnConfig turn;
+  // Refreshed:
+  std::uint64_t next_refresh_ns = 0;
+  policy::WindowPlan plan;
+  std::vector<std::uint32_t> entries;  // per plan member: its entry in the file
+  int me = -1;                         // this container in the plan
+  std::uint64_t queued_end_ns[policy::kMaxDevices] = {};  // this process's released work, expected done by here
+  std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
+  std::vector<policy::Published> published;  // scratch, per plan member
+};
+
+State& TheState() {
+  static State* state = new State();  // never destroyed: launches may come from threads running past exit
+  return *state;
+}
+
+std::string SchedulePath(const policy::Config& config) {
+  if (config.schedule_path) return *config.schedule_path;
+  // HAMi mounts /tmp/vgpulock into every GPU container; elsewhere the first shim makes it, open to all (sticky).
+  const std::string path = policy::kDefaultScheduleFile;
+  const std::string folder = path.substr(0, path.rfind('/'));
+  if (mkdir(folder.c_str(), 0777) == 0) chmod(folder.c_str(), 01777);
+  return path;
+}
+
+// The container's id, drawn by the first of its processes to need it (nonzero).
+std::uint64_t ContainerId(policy::TurnCell& cell) {
+  std::atomic_ref<std::uint64_t> id(cell.member_id);
+  std::uint64_t known = id.load();
+  if (known != 0) return known;
+  std::uint64_t drawn = 0;
+  if (getrandom(&drawn, sizeof drawn, 0) != static_cast<ssize_t>(sizeof drawn)) drawn = MonotonicNs() ^ getpid();
+  drawn |= 1;
+  return id.compare_exchange_strong(known, drawn) ? drawn : known;
+}
+
+// The schedule's GPU index of each capped device the process sees; false if one cannot be named.
+bool NameGpus(State& s, const policy::Config& config) {
+  int count = 0;
+  if (Real::cuDeviceGetCount == nullptr || Real::cuDeviceGet == nullptr || Real::cuDeviceGetUuid_v2 == nullptr ||
+      Real::cuDeviceGetCount(&count) != CUDA_SUCCESS) {
+    return false;
+  }
+  for (int ordinal = 0; ordinal < std::min(count, policy::kMaxDevices); ++ordinal) {
+    const std::uint32_t percent = config.sm_limit_percent[static_cast<std::size_t>(ordinal)];
+    if (percent == 0) continue;
+    CUdevice device = 0;
+    CUuuid uuid{};
+    if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) {
+      return false;
+    }
+    const int g = s.board->GpuIndex(reinterpret_cast<const std::uint8_t*>(uuid.bytes));
+    if (g < 0) return false;
+    s.gpu_of[ordinal] = g;
+    s.gpus |= 1ull << g;
+    // One share for all its GPUs (HAMi sets one SM limit for all): the largest, where they differ.
+    s.share_permille = std::max(s.share_permille, percent * 10);
+  }
+  return s.gpus != 0;
+}
+
+// Opens the schedule and joins it. Caller holds s.mutex. False (said once): the limiter holds the caps.
+bool SetUp(State& s) {
+  Shim& shim = TheShim();
+  std::fill(std::begin(s.gpu_of), std::end(s.gpu_of), -1);
+  if (shim.config.sharing != policy::Sharing::time_division ||
+      shim.config.policy == policy::ComputePolicy::disable || shim.region == nullptr) {
+    return false;
+  }
+  std::string error;
+  s.board = schedule::Board::Open(SchedulePath(shim.config), kBaseCycleNs, kCycleMaxNs, error);
+  const int device0 = s.board != nullptr ? RegionDevice(0) : -1;
+  if (s.board != nullptr && device0 < 0) error = "the container's first device cannot be named in its region";
+  if (s.board != nullptr && device0 >= 0 && !NameGpus(s, shim.config)) {
+    error = "its GPUs cannot be named in " + s.board->path() + " (more than 8 on the node, or the driver refused)";
+  }
+  if (error.empty()) {
+    auto* area = static_cast<unsigned char*>(shim.region->ComputeArea(device0));
+    s.cell = reinterpret_cast<policy::TurnCell*>(area + kTurnCellOffset);
+    s.id = ContainerId(*s.cell);
+    s.entry = s.board->Join(s.id, s.share_permille, s.gpus, MonotonicNs(), error);
+  }
+  if (!error.empty()) {
+    Log(1, "vgpu: time division is off (VGPU_COMPUTE_SHARING=time-division): %s; the compute cap is held by the "
+        "limiter", error.c_str());
+    return false;
+  }
+  s.turn.borrow_idle = shim.config.policy == policy::ComputePolicy::standard;
+  return true;
+}
+
+// Every kRefreshNs: the heartbeat, the entry still ours (else joined again), the members and the plan. Caller
+// holds s.mutex.
+void Refresh(State& s, std::uint64_t now, const Caller& caller) {
+  if (now < s.next_refresh_ns && s.me >= 0) return;
+  s.next_refresh_ns = now + kRefreshNs;
+  schedule::Entry* own = &s.board->entry(s.entry);
+  const std::uint64_t longest_ns = caller.longest_ns != nullptr ? caller.longest_ns(caller.self) : 0;
+  if (schedule::Load(own->id) != s.id) {  // aged out (the process was stopped, or idle for a second) and reused
+    std::string error;
+    const int entry = s.board->Join(s.id, s.share_permille, s.gpus, now, error);
+    if (entry < 0) {
+      Log(2, "vgpu: time division: %s; launches go unscheduled until an entry frees", error.c_str());
+      s.me = -1;
+      return;
+    }
+    s.entry = entry;
+    own = &s.board->entry(entry);
+  }
+  schedule::Store(own->longest_ns, longest_ns);  // (the container's processes take turns at it: they run alike)
+  schedule::RaiseTo(own->heartbeat_ns, now);
+  const schedule::Members members = schedule::ReadMembers(s.board->header(), now);
+  const std::uint64_t cycle = policy::CycleFor(members.members, members.longest_ns,
+                                               s.board->header().base_cycle_ns, s.board->header().cycle_max_ns);
+  s.me = -1;
+  if (!s.plan.Build(members.members, cycle).empty()) return;  // (entries are checked as read: not expected)
+  s.entries = members.entries;
+  s.me = s.plan.IndexOf(s.id);
+  s.published.resize(s.plan.size());
+}
+
+// Every plan member's published state on GPU `g`. Caller holds s.mutex.
+void ReadPublished(State& s, std::uint32_t g, std::uint64_t now) {
+  for (std::size_t m = 0; m < s.plan.size(); ++m) {
+    s.published[m] = schedule::PublishedOf(s.board->entry(static_cast<int>(s.entries[m])).gpu[g], now);
+  }
+}
+
+// A member spanning GPUs waits while another member's work holds any of its other GPUs (policy::OthersHold).
+bool PeersHeld(State& s, std::uint32_t g, std::uint64_t now) {
+  if (std::popcount(s.gpus) < 2) return false;
+  const auto me = static_cast<std::size_t>(s.me);
+  const std::uint64_t bound = s.plan.WindowAt(me, now).length();
+  std::vector<policy::Published> there(s.plan.size());
+  for (std::uint32_t other = 0; other < schedule::kMaxGpus; ++other) {
+    if (other == g || ((s.gpus >> other) & 1) == 0) continue;
+    for (std::size_t m = 0; m < s.plan.size(); ++m) {
+      there[m] = schedule::PublishedOf(s.board->entry(static_cast<int>(s.entries[m])).gpu[other], now);
+    }
+    if (policy::OthersHold(s.plan, me, other, there, bound, now)) return true;
+  }
+  return false;
+}
+
+// When a launch held by another member's work looks again: when the first holder's expected end or its bound
+// passes, within [kPollLeastNs, kPollMostNs].
+std::uint64_t NextLook(State& s, std::uint32_t g, std::uint64_t now) {
+  std::uint64_t next = now + kPollMostNs;
+  const std::uint64_t bound = s.plan.WindowAt(static_cast<std::size_t>(s.me), now).length();
+  for (std::size_t m = 0; m < s.plan.size(); ++m) {
+    if (static_cast<int>(m) == s.me || s.published[m].in_flight == 0) continue;
+    const schedule::GpuState& held = s.board->entry(static_cast<int>(s.entries[m])).gpu[g];
+    const std::uint64_t until = s.published[m].released_until_ns;
+    next = std::min({next, schedule::Load(held.busy_until_ns), until > policy::kNoTime - bound ? next : until + bound});
+  }
+  return std::max(next, now + kPollLeastNs);
+}
+
+// One decision for a launch on schedule GPU `g`. Caller holds s.mutex. The account Decide sees has this process's
+// queued work given back: the shim charges a launch when it is released, the policy when it completes.
+// `past_holders`: the launch has waited a whole window for other members' work; what they publish in flight is no
+// longer waited for (a stopped holder, or a liar, stalls the others one window per launch at most).
+policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t estimate_ns, std::uint64_t now,
+                          bool past_holders) {
+  const auto me = static_cast<std::size_t>(s.me);
+  ReadPublished(s, g, now);
+  if (past_holders) {
+    for (std::size_t m = 0; m < s.published.size(); ++m) {
+      if (m != me) s.published[m].in_flight = 0;
+    }
+  }
+  policy::Account account = policy::AccrueShared(s.plan, me, s.cell->account, now);
+  const std::uint64_t queued_end = s.queued_end_ns[ordinal];
+  if (queued_end > now) account.balance_ns += static_cast<std::int64_t>(queued_end - now);
+  return policy::Decide(s.plan, me, g, s.published, account, s.turn, queued_end, estimate_ns, now,
+                        !past_holders && PeersHeld(s, g, now));
+}
+
+// The process's work on the device completed (seen at `now`): its published expected end drops to now, unless
+// another of the container's processes has published a later one since. Caller holds s.mutex.
+void EndPublishedWork(State& s, int ordinal, std::uint32_t g, std::uint64_t now) {
+  std::uint64_t& published = s.published_end_ns[ordinal];
+  std::atomic_ref<std::uint64_t> busy_until(s.board->entry(s.entry).gpu[g].busy_until_ns);
+  std::uint64_t expected = published;
+  if (published > now) busy_until.compare_exchange_strong(expected, now);
+  published = std::min(published, now);
+  s.queued_end_ns[ordinal] = std::min(s.queued_end_ns[ordinal], now);
+}
+
+}  // namespace
+
+bool Scheduled(int ordinal) {
+  if (ordinal < 0 || ordinal >= policy::kMaxDevices) return false;
+  State& s = TheState();
+  std::lock_guard<std::mutex> guard(s.mutex);
+  if (!s.set_up) {
+    s.set_up = true;
+    s.on = SetUp(s);
+  }
+  return s.on && s.gpu_of[ordinal] >= 0;
+}
+
+Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const void* function) {
+  Ticket ticket;
+  if (!Scheduled(ordinal)) return ticket;
+  State& s = TheState();
+  const auto g = static_cast<std::uint32_t>(s.gpu_of[ordinal]);
+  const std::uint64_t started = MonotonicNs();
+  policy::WaitReason first_reason = policy::WaitReason::none;
+  std::uint64_t held_ns = 0;  // waited for other members' work so far
+  bool first_wait = true;
+  bool held_before = false;
+  std::unique_lock<std::mutex> guard(s.mutex);
+  for (std::uint64_t last = started;;) {
+    const std::uint64_t now = MonotonicNs();
+    Refresh(s, now, caller);
+    if (s.me < 0) return ticket;  // not in the plan (no entry to be had): the driver's time-slicing
+    const std::uint64_t window_ns = s.plan.WindowAt(static_cast<std::size_t>(s.me), now).length();
+    const policy::Release release = DecideNow(s, ordinal, g, estimate_ns, now, held_ns >= window_ns);
+    if (release.at_ns <= now) {
+      ticket = {true, release.window, release.free, now - started};
+      break;
+    }
+    if (held_before) held_ns += now - last;  // the sleep just ended was for other members' work
+    held_before = release.reason == policy::WaitReason::others_work;
+    last = now;
+    if (first_reason == policy::WaitReason::none) first_reason = release.reason;
+    std::uint64_t wake = release.at_ns != policy::kNoTime ? release.at_ns : NextLook(s, g, now);
+    schedule::RaiseTo(s.board->entry(s.entry).gpu[g].waiting_until_ns, wake + kPollMostNs);
+    const bool own_pending = s.published_end_ns[ordinal] > now;
+    guard.unlock();
+    if (first_wait && caller.before_wait != nullptr) caller.before_wait(caller.self);
+    first_wait = false;
+    if (own_pending && caller.drained != nullptr) {
+      if (caller.drained(caller.self)) {
+        guard.lock();
+        EndPublishedWork(s, ordinal, g, now);
+        continue;
+      }
+      wake = std::min(wake, now + kDrainPollNs);
+    }
+    SleepUntilNs(wake);
+    guard.lock();
+  }
+  guard.unlock();
+  if (ticket.waited_ns > 0) {
+    Log(4, "device %d: a launch of %p waited %llu us for its turn (%s): time division, cycle %llu us", ordinal,
+        function, static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(first_reason),
+        static_cast<unsigned long long>(s.plan.cycle_ns() / 1000));
+  }
+  return ticket;
+}
+
+void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
+  if (!ticket.scheduled) return;
+  State& s = TheState();
+  const auto g = static_cast<std::uint32_t>(s.gpu_of[ordinal]);
+  std::lock_guard<std::mutex> guard(s.mutex);
+  if (s.me < 0) return;
+  const std::uint64_t now = MonotonicNs();
+  std::uint64_t& queued_end = s.queued_end_ns[ordinal];
+  queued_end = std::max(queued_end, now) + estimate_ns;
+  const std::uint64_t margin = std::max(kMarginNs, (queued_end - now) / 10);
+  schedule::Entry& own = s.board->entry(s.entry);
+  s.published_end_ns[ordinal] = queued_end + margin;
+  schedule::RaiseTo(own.gpu[g].busy_until_ns, s.published_end_ns[ordinal]);
+  if (ticket.window.end_ns != policy::kNoTime) schedule::RaiseTo(own.gpu[g].released_until_ns, ticket.window.end_ns);
+  if (ticket.free) return;
+  const auto spanned = static_cast<std::uint64_t>(std::popcount(s.gpus));
+  const std::uint64_t repaid_until =
+      policy::ChargeShared(s.plan, static_cast<std::size_t>(s.me), s.cell->account, estimate_ns / spanned, now);
+  for (std::uint32_t other = 0; other < schedule::kMaxGpus; ++other) {
+    if ((s.gpus >> other) & 1) schedule::Store(own.gpu[other].repaid_until_ns, repaid_until);
+  }
+}
+
+}  // namespace vgpu::hooks::turn

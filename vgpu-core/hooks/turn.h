@@ -1,0 +1,44 @@
+// The launch path's "release" stage under time division (docs/compute-sharing.md): a launch of a container with a
+// compute cap waits for the container's turn on its GPU, decided by policy::Decide from the node's schedule file,
+// and what it released is published there for the others. VGPU_COMPUTE_SHARING=time-division turns it on.
+#pragma once
+
+#include <cstdint>
+
+#include "vgpu/policy/time_division.h"
+
+namespace vgpu::hooks::turn {
+
+// Whether this process holds its cap on `ordinal` by time division: sharing configured, the device capped (not
+// `disable`), the schedule file usable and the container a member. Set up on first use. False: the limiter holds
+// the cap (a schedule file that cannot be used is said once, on stderr, naming it).
+bool Scheduled(int ordinal);
+
+// A launch's turn: the window it goes into (its container's own, one lent, or an idle one borrowed for free).
+struct Ticket {
+  bool scheduled = false;
+  policy::Interval window;
+  bool free = false;
+  std::uint64_t waited_ns = 0;
+};
+
+// What the launch path gives the stage: its measurements' longest kernel (asked when the schedule is re-read; it
+// sizes the cycle) and what to do before a launch waits (end the measurements the wait would otherwise hold).
+struct Caller {
+  void* self = nullptr;
+  std::uint64_t (*longest_ns)(void* self) = nullptr;
+  void (*before_wait)(void* self) = nullptr;
+  // Whether the process's work on the device has completed (its streams idle). While a launch waits, it asks, so
+  // that the container's published expected end drops to the true one and the next owner starts at once.
+  bool (*drained)(void* self) = nullptr;
+};
+
+// Waits until a launch expected to take `estimate_ns` on `ordinal` may go. With LIBCUDA_LOG_LEVEL=4 a wait says
+// why and how long.
+Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const void* function);
+
+// The launch taken with `ticket` was made: its expected end and its window are published, and the container's
+// account is charged its estimate (not for a free borrow).
+void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns);
+
+}  // namespace vgpu::hooks::turn
