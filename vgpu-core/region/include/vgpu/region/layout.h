@@ -11,8 +11,9 @@
 namespace vgpu::region {
 
 inline constexpr std::uint64_t kRegionMagic = 0x4e47455255504756ULL;  // "VGPUREGN" little-endian
-inline constexpr std::uint32_t kRegionVersion = 3;  // 2: the compute budget in Device::compute; 3: its busy
-                                                    // time in 10 ms buckets (576 bytes)
+inline constexpr std::uint32_t kRegionVersion = 4;  // 2: the compute budget in Device::compute; 3: its busy
+                                                    // time in 10 ms buckets (576 bytes); 4: time division's
+                                                    // turn cell after the budget (the container's id, its account)
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 
