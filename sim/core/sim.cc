@@ -720,7 +720,7 @@ class Engine final : public model::TimelineListener {
   // A tenant that spans devices: another tenant's work holds one of its other devices (its window there).
   bool PeersHeld(const TenantState& tenant, std::size_t member, std::uint32_t device) const {
     if (std::popcount(tenant.gpus) < 2) return false;
-    const std::uint64_t bound_ns = plan_.WindowAt(member, now_ns_).length();
+    const std::uint64_t bound_ns = plan_.cycle_ns();
     for (std::uint32_t d = 0; d < device_count_; ++d) {
       if (d == device || ((tenant.gpus >> d) & 1) == 0) continue;
       if (policy::OthersHold(plan_, member, d, published_[d], bound_ns, now_ns_)) return true;

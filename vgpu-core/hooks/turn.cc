@@ -33,6 +33,9 @@ constexpr std::uint64_t kMarginNs = 200'000;
 constexpr std::uint64_t kPollMostNs = 20'000;
 constexpr std::uint64_t kPollLeastNs = 10'000;
 constexpr std::uint64_t kDrainPollNs = 20'000;
+// A waiting launch is published as waiting until its next look and this much more: a sleep overshoots by tens of
+// microseconds, and a waiter that looks idle in between has its window borrowed (`default`).
+constexpr std::uint64_t kWaitingMarginNs = 2'000'000;
 
 // The turn cell lives in the region, after the limiter's budget, in the compute area of the container's device 0.
 constexpr std::size_t kTurnCellOffset = (sizeof(policy::BudgetCell) + 7) / 8 * 8;
@@ -161,7 +164,7 @@ void Refresh(State& s, std::uint64_t now, const Caller& caller) {
     s.entry = entry;
     own = &s.board->entry(entry);
   }
-  schedule::Store(own->longest_ns, longest_ns);  // (the container's processes take turns at it: they run alike)
+  schedule::RaiseTo(own->longest_ns, longest_ns);
   schedule::RaiseTo(own->heartbeat_ns, now);
   const schedule::Members members = schedule::ReadMembers(s.board->header(), now);
   const std::uint64_t cycle = policy::CycleFor(members.members, members.longest_ns,
@@ -184,7 +187,7 @@ void ReadPublished(State& s, std::uint32_t g, std::uint64_t now) {
 bool PeersHeld(State& s, std::uint32_t g, std::uint64_t now) {
   if (std::popcount(s.gpus) < 2) return false;
   const auto me = static_cast<std::size_t>(s.me);
-  const std::uint64_t bound = s.plan.WindowAt(me, now).length();
+  const std::uint64_t bound = s.plan.cycle_ns();
   std::vector<policy::Published> there(s.plan.size());
   for (std::uint32_t other = 0; other < schedule::kMaxGpus; ++other) {
     if (other == g || ((s.gpus >> other) & 1) == 0) continue;
@@ -200,7 +203,7 @@ bool PeersHeld(State& s, std::uint32_t g, std::uint64_t now) {
 // passes, within [kPollLeastNs, kPollMostNs].
 std::uint64_t NextLook(State& s, std::uint32_t g, std::uint64_t now) {
   std::uint64_t next = now + kPollMostNs;
-  const std::uint64_t bound = s.plan.WindowAt(static_cast<std::size_t>(s.me), now).length();
+  const std::uint64_t bound = s.plan.cycle_ns();
   for (std::size_t m = 0; m < s.plan.size(); ++m) {
     if (static_cast<int>(m) == s.me || s.published[m].in_flight == 0) continue;
     const schedule::GpuState& held = s.board->entry(static_cast<int>(s.entries[m])).gpu[g];
@@ -210,10 +213,25 @@ std::uint64_t NextLook(State& s, std::uint32_t g, std::uint64_t now) {
   return std::max(next, now + kPollLeastNs);
 }
 
+// The balance as the policy means it, which charges work when it completes: the shim charges a launch when it is
+// released, so this process's work still queued is given back.
+std::int64_t Effective(const State& s, int ordinal, std::int64_t balance_ns, std::uint64_t now) {
+  const std::uint64_t queued_end = s.queued_end_ns[ordinal];
+  return queued_end > now ? balance_ns + static_cast<std::int64_t>(queued_end - now) : balance_ns;
+}
+
+// Publishes the instant the container's debt is repaid (0: none) on every GPU it spans.
+void PublishRepaid(State& s, std::uint64_t repaid_until) {
+  schedule::Entry& own = s.board->entry(s.entry);
+  for (std::uint32_t g = 0; g < schedule::kMaxGpus; ++g) {
+    if ((s.gpus >> g) & 1) schedule::Store(own.gpu[g].repaid_until_ns, repaid_until);
+  }
+}
+
 // One decision for a launch on schedule GPU `g`. Caller holds s.mutex. The account Decide sees has this process's
 // queued work given back: the shim charges a launch when it is released, the policy when it completes.
-// `past_holders`: the launch has waited a whole window for other members' work; what they publish in flight is no
-// longer waited for (a stopped holder, or a liar, stalls the others one window per launch at most).
+// `past_holders`: the launch has waited a whole cycle for other members' work; what they publish in flight is no
+// longer waited for (a stopped holder, or a liar, stalls the others one cycle per launch at most).
 policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t estimate_ns, std::uint64_t now,
                           bool past_holders) {
   const auto me = static_cast<std::size_t>(s.me);
@@ -225,7 +243,12 @@ policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t 
   }
   policy::Account account = policy::AccrueShared(s.plan, me, s.cell->account, now);
   const std::uint64_t queued_end = s.queued_end_ns[ordinal];
-  if (queued_end > now) account.balance_ns += static_cast<std::int64_t>(queued_end - now);
+  account.balance_ns = Effective(s, ordinal, account.balance_ns, now);
+  // The debt the others see is the one this decision sees: repaid already, the windows are no longer lent.
+  if (account.balance_ns >= 0) {
+    schedule::GpuState& own = s.board->entry(s.entry).gpu[g];
+    if (schedule::Load(own.repaid_until_ns) > now) PublishRepaid(s, 0);
+  }
   return policy::Decide(s.plan, me, g, s.published, account, s.turn, queued_end, estimate_ns, now,
                         !past_holders && PeersHeld(s, g, now));
 }
@@ -239,6 +262,21 @@ void EndPublishedWork(State& s, int ordinal, std::uint32_t g, std::uint64_t now)
   if (published > now) busy_until.compare_exchange_strong(expected, now);
   published = std::min(published, now);
   s.queued_end_ns[ordinal] = std::min(s.queued_end_ns[ordinal], now);
+}
+
+// LIBCUDA_LOG_LEVEL=4: a launch that waited a whole cycle for other members' work goes beside it; which member
+// held it, and what it had published, say whether it was dead, stopped or lying. Caller holds s.mutex.
+void LogGoingBeside(State& s, int ordinal, std::uint32_t g, const void* function, std::uint64_t now) {
+  for (std::size_t m = 0; m < s.plan.size(); ++m) {
+    if (static_cast<int>(m) == s.me) continue;
+    const schedule::GpuState& held = s.board->entry(static_cast<int>(s.entries[m])).gpu[g];
+    const auto ahead = [now](std::uint64_t t) { return (static_cast<long long>(t) - static_cast<long long>(now)) / 1000; };
+    Log(4, "device %d: a launch of %p waited a whole cycle (%llu us) for other containers' work: it goes beside it "
+        "(member %016llx: work expected until %+lld us, released into a window ending %+lld us)", ordinal, function,
+        static_cast<unsigned long long>(s.plan.cycle_ns() / 1000),
+        static_cast<unsigned long long>(s.plan.member(m).id), ahead(schedule::Load(held.busy_until_ns)),
+        ahead(schedule::Load(held.released_until_ns)));
+  }
 }
 
 }  // namespace
@@ -269,9 +307,10 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     const std::uint64_t now = MonotonicNs();
     Refresh(s, now, caller);
     if (s.me < 0) return ticket;  // not in the plan (no entry to be had): the driver's time-slicing
-    const std::uint64_t window_ns = s.plan.WindowAt(static_cast<std::size_t>(s.me), now).length();
-    const policy::Release release = DecideNow(s, ordinal, g, estimate_ns, now, held_ns >= window_ns);
+    const std::uint64_t cycle_ns = s.plan.cycle_ns();
+    const policy::Release release = DecideNow(s, ordinal, g, estimate_ns, now, held_ns >= cycle_ns);
     if (release.at_ns <= now) {
+      if (held_ns >= cycle_ns) LogGoingBeside(s, ordinal, g, function, now);
       ticket = {true, release.window, release.free, now - started};
       break;
     }
@@ -280,7 +319,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     last = now;
     if (first_reason == policy::WaitReason::none) first_reason = release.reason;
     std::uint64_t wake = release.at_ns != policy::kNoTime ? release.at_ns : NextLook(s, g, now);
-    schedule::RaiseTo(s.board->entry(s.entry).gpu[g].waiting_until_ns, wake + kPollMostNs);
+    schedule::RaiseTo(s.board->entry(s.entry).gpu[g].waiting_until_ns, wake + kWaitingMarginNs);
     const bool own_pending = s.published_end_ns[ordinal] > now;
     guard.unlock();
     if (first_wait && caller.before_wait != nullptr) caller.before_wait(caller.self);
@@ -298,8 +337,9 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
   }
   guard.unlock();
   if (ticket.waited_ns > 0) {
-    Log(4, "device %d: a launch of %p waited %llu us for its turn (%s): time division, cycle %llu us", ordinal,
-        function, static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(first_reason),
+    Log(4, "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s): time division, "
+        "cycle %llu us", ordinal, function, static_cast<unsigned long long>(estimate_ns / 1000),
+        static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(first_reason),
         static_cast<unsigned long long>(s.plan.cycle_ns() / 1000));
   }
   return ticket;
@@ -320,12 +360,10 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
   schedule::RaiseTo(own.gpu[g].busy_until_ns, s.published_end_ns[ordinal]);
   if (ticket.window.end_ns != policy::kNoTime) schedule::RaiseTo(own.gpu[g].released_until_ns, ticket.window.end_ns);
   if (ticket.free) return;
+  const auto me = static_cast<std::size_t>(s.me);
   const auto spanned = static_cast<std::uint64_t>(std::popcount(s.gpus));
-  const std::uint64_t repaid_until =
-      policy::ChargeShared(s.plan, static_cast<std::size_t>(s.me), s.cell->account, estimate_ns / spanned, now);
-  for (std::uint32_t other = 0; other < schedule::kMaxGpus; ++other) {
-    if ((s.gpus >> other) & 1) schedule::Store(own.gpu[other].repaid_until_ns, repaid_until);
-  }
+  const policy::Account after = policy::ChargeShared(s.plan, me, s.cell->account, estimate_ns / spanned, now);
+  PublishRepaid(s, policy::RepaidUntil(s.plan, me, Effective(s, ordinal, after.balance_ns, now), now));
 }
 
 }  // namespace vgpu::hooks::turn

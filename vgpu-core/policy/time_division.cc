@@ -255,8 +255,7 @@ std::uint64_t Charge(const WindowPlan& plan, std::size_t me, Account& account, s
                      std::uint64_t now_ns) {
   Accrue(plan, me, account, now_ns);
   account.balance_ns -= static_cast<std::int64_t>(ran_ns);
-  if (account.balance_ns >= 0) return 0;
-  return plan.AfterOwnTime(me, now_ns, static_cast<std::uint64_t>(-account.balance_ns));
+  return RepaidUntil(plan, me, account.balance_ns, now_ns);
 }
 
 Account AccrueShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t now_ns) {
@@ -275,13 +274,17 @@ Account AccrueShared(const WindowPlan& plan, std::size_t me, Account& shared, st
   return {balance.load(), std::max(now_ns, as_of.load())};
 }
 
-std::uint64_t ChargeShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t ran_ns,
-                           std::uint64_t now_ns) {
-  AccrueShared(plan, me, shared, now_ns);
+Account ChargeShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t ran_ns,
+                     std::uint64_t now_ns) {
+  const Account before = AccrueShared(plan, me, shared, now_ns);
   std::atomic_ref<std::int64_t> balance(shared.balance_ns);
-  const std::int64_t after = balance.fetch_sub(static_cast<std::int64_t>(ran_ns)) - static_cast<std::int64_t>(ran_ns);
-  if (after >= 0) return 0;
-  return plan.AfterOwnTime(me, now_ns, static_cast<std::uint64_t>(-after));
+  const auto ran = static_cast<std::int64_t>(ran_ns);
+  return {balance.fetch_sub(ran) - ran, before.as_of_ns};
+}
+
+std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::int64_t balance_ns, std::uint64_t now_ns) {
+  if (balance_ns >= 0) return 0;
+  return plan.AfterOwnTime(me, now_ns, static_cast<std::uint64_t>(-balance_ns));
 }
 
 bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
@@ -412,7 +415,7 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
     return {NextChance(plan, me, published[me], c, now_ns), in_debt ? WaitReason::debt : WaitReason::window,
             c.window, false};
   }
-  if (peers_held || OthersHold(plan, me, gpu, published, c.whole_ns, now_ns)) {
+  if (peers_held || OthersHold(plan, me, gpu, published, plan.cycle_ns(), now_ns)) {
     return {kNoTime, WaitReason::others_work, c.window, c.free};
   }
   if (Affordable(plan, me, c, account, queued_end_ns, estimate_ns, now_ns)) {

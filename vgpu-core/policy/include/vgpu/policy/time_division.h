@@ -109,10 +109,12 @@ struct TurnCell {
   Account account;
 };
 // Accrue and Charge on an account that several processes update at once (atomically, field by field): each span of
-// window time is added once, by the process that moved `as_of_ns` over it. Returns the account as it stands.
+// window time is added once, by the process that moved `as_of_ns` over it. Both return the account as it stands.
 Account AccrueShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t now_ns);
-std::uint64_t ChargeShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t ran_ns,
-                           std::uint64_t now_ns);
+Account ChargeShared(const WindowPlan& plan, std::size_t me, Account& shared, std::uint64_t ran_ns,
+                     std::uint64_t now_ns);
+// What to publish as repaid_until_ns for a balance at `now_ns`: the instant its window time repays the debt, or 0.
+std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::int64_t balance_ns, std::uint64_t now_ns);
 
 // Why a launch waits (LIBCUDA_LOG_LEVEL=4, the simulator's trace).
 enum class WaitReason { none, window, debt, others_work, fit };
@@ -139,7 +141,8 @@ struct TurnConfig {
 // - it goes only inside one of its windows when not in debt, inside another's window while that one repays (on
 //   credit), or, with borrow_idle, in a window whose owner has no work or in time nobody owns;
 // - only when no other member's work is in flight there, unless that work outlived the window it was released into
-//   by more than the window this launch would go into (a dead or stopped holder stalls the others one window), nor,
+//   by a whole cycle (a dead or stopped holder stalls the others one cycle; one of the waiter's windows was too
+//   little: a holder with credit may queue long kernels past its window's end), nor,
 //   for a member that spans GPUs, on its other GPUs (`peers_held`: the caller asks OthersHold there), so that its
 //   ranks start their windows together and their collective kernels meet;
 // - only if, after it, the account is expected to be at least minus half the launch (what runs past a window is
@@ -150,7 +153,7 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
                std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held = false);
 
 // Whether another member's work is in flight on `gpu` and has not outlived the window it was released into by more
-// than `bound_ns` (the window the asking launch would go into).
+// than `bound_ns` (Decide: the cycle).
 bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                 std::uint64_t bound_ns, std::uint64_t now_ns);
 
