@@ -281,6 +281,7 @@ TEST(ScenarioFile, MinimalFileTakesTheDefaults) {
   EXPECT_EQ(s.window_ns, kS);
   EXPECT_EQ(s.sample_ns, 100 * kMs);
   EXPECT_EQ(s.seed, 1u);
+  EXPECT_EQ(s.sharing, Sharing::limiter);
   EXPECT_EQ(s.expect_leaked_bytes, 0u);
   EXPECT_TRUE(s.faults.empty());
   ASSERT_EQ(s.tenants.size(), 1u);
@@ -337,12 +338,19 @@ TEST(ScenarioFile, ProblemToString) {
 
 // ---- the rules ----------------------------------------------------------------------------------------------------
 
+// sharing: how the caps are held, limiter (the default) or time-division (docs/compute-sharing.md).
+TEST(ScenarioRules, SharingIsLimiterOrTimeDivision) {
+  EXPECT_EQ(Valid(With("sharing: time-division", 0)).sharing, Sharing::time_division);
+  EXPECT_EQ(Valid(With("sharing: limiter", 0)).sharing, Sharing::limiter);
+  EXPECT_PROBLEM(With("sharing: mps", 0), 1, "sharing", "mps is not a way of sharing; expected limiter or time-division");
+}
+
 TEST(ScenarioRules, UnknownKeysSuggestAndList) {
   const Problem problem = One(With("tenats: []", 0));
   EXPECT_EQ(problem.ToString(),
             "s.yaml:1: tenats: unknown key 'tenats'; did you mean 'tenants'? (accepted here: name, "
-            "description, gpu, timeslice, switch, mode, duration, settle, window, sample, seed, tenants, "
-            "expect, faults)");
+            "description, gpu, timeslice, switch, mode, duration, settle, window, sample, seed, sharing, "
+            "tenants, expect, faults)");
   EXPECT_PROBLEM(With("          - kernels: 1ms\n            deph: 2", 6), 8, "tenants[0].processes[0].work[1].deph",
                  "did you mean 'depth'?");
   EXPECT_PROBLEM(With("        kernels: 1ms", 6), 7, "tenants[0].processes[0].kernels",
