@@ -823,8 +823,13 @@ scenario::Scenario DdpJob(std::uint32_t cores) {
 }
 
 // Runs the job live at `cores` % and returns each GPU's busy share over the judged windows (printed), and the trace.
-std::vector<double> RunDdpJob(std::uint32_t cores, Trace& trace) {
-  trace = Parse(MustRunLive(DdpJob(cores)).trace);
+// `neighbour`: a second container at 50 % on the job's first GPU, 1 ms kernels.
+std::vector<double> RunDdpJob(std::uint32_t cores, Trace& trace,
+                              scenario::Sharing sharing = scenario::Sharing::limiter, bool neighbour = false) {
+  scenario::Scenario s = DdpJob(cores);
+  s.sharing = sharing;
+  if (neighbour) s.tenants.push_back(Busy("neighbour", 50, s.duration_ns));
+  trace = Parse(MustRunLive(s).trace);
   std::vector<double> busy;
   for (std::int64_t device = 0; device < 2; ++device) {
     const std::vector<double> shares = trace.Shares("ddp", device, kSecondNs);
@@ -852,6 +857,27 @@ TEST(RunnerLive, DISABLED_ATwoGpuJobAtHalfItsGpusKeepsItsStepTime) {
   SKIP_WITHOUT_LIVE_PIECES();
   Trace trace;
   for (const double busy : RunDdpJob(50, trace)) EXPECT_GE(busy, 45);
+}
+
+// Held by time division (docs/compute-sharing.md): the job's windows are aligned on its two GPUs, one account for
+// both, and a rank waits while another member holds either GPU, so its all_reduces meet and are not charged waiting.
+TEST(RunnerLive, ATwoGpuJobAtHalfItsGpusKeepsItsStepTimeUnderTimeDivision) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  Trace trace;
+  for (const double busy : RunDdpJob(50, trace, scenario::Sharing::time_division)) {
+    EXPECT_GE(busy, 45);
+    EXPECT_LE(busy, 52);
+  }
+}
+
+// The same beside a second container at 50 % on one of its GPUs: the job keeps its step time, the neighbour its share
+// within 5 points (observed: the job 49.0 % on each GPU, the neighbour 45.9 to 47.7 % a window; the handovers on the
+// shared GPU come out of both).
+TEST(RunnerLive, ATwoGpuJobBesideANeighbourKeepsItsStepTimeUnderTimeDivision) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  Trace trace;
+  for (const double busy : RunDdpJob(50, trace, scenario::Sharing::time_division, true)) EXPECT_GE(busy, 45);
+  ExpectShares(trace, "neighbour", 0, 50, 5);
 }
 
 TEST(RunnerRegression, AnAllIdleRepeatingProcessDoesNotLoopOverEveryCycle) {

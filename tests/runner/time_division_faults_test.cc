@@ -1,0 +1,192 @@
+// Time division's failure story over fakecuda (docs/compute-sharing.md, "Failure story"; docs/threat-model.md,
+// "Time division"): a container whose process is stopped (SIGSTOP) or killed (SIGKILL) while it holds the GPU, and
+// a process without the shim on the same GPU. Each case starts vgpu-tenant processes itself (the runner has no
+// SIGSTOP), each its own container (region), all sharing one schedule file, and reads their progress reports.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const std::string kBuild = VGPU_TEST_INSTALL_DIR;
+constexpr std::uint64_t kMs = 1'000'000;
+
+std::uint64_t NowNs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+// A vgpu-tenant process: its pid and the file its stdout goes to.
+struct Tenant {
+  pid_t pid = -1;
+  std::string out;
+};
+
+class TimeDivisionFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* piece : {"/bin/vgpu-tenant", "/lib/libvgpu.so", "/lib/libcuda.so.1"}) {
+      if (access((kBuild + piece).c_str(), F_OK) != 0) GTEST_SKIP() << kBuild + piece << " is not built";
+    }
+    folder_ = std::filesystem::temp_directory_path() /
+              ("vgpu-td-faults-" + std::to_string(getpid()) + "-" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(folder_);
+    std::filesystem::create_directories(folder_);
+  }
+  void TearDown() override {
+    for (Tenant& t : tenants_) {
+      if (t.pid > 0) {
+        kill(t.pid, SIGKILL);
+        waitpid(t.pid, nullptr, 0);
+      }
+    }
+    std::filesystem::remove_all(folder_);
+  }
+
+  // Starts a container of one process running 1 ms kernels for `seconds`, capped at `cores` % under time division
+  // (0: no shim at all).
+  Tenant& Start(const std::string& name, int cores, int seconds) {
+    std::vector<std::string> env = {
+        "LD_LIBRARY_PATH=" + kBuild + "/lib",
+        "FAKECUDA_STATE=" + (folder_ / "machine").string(),
+        "FAKECUDA_DEVICES=h100-80gb",
+        "FAKECUDA_TIMESLICE_US=2100",
+        "FAKECUDA_SWITCH_US=160",
+    };
+    if (const char* preload = getenv("LD_PRELOAD"); preload != nullptr && *preload != '\0') {
+      env.push_back(std::string("LD_PRELOAD=") + preload + (cores > 0 ? ":" + kBuild + "/lib/libvgpu.so" : ""));
+    } else if (cores > 0) {
+      env.push_back("LD_PRELOAD=" + kBuild + "/lib/libvgpu.so");
+    }
+    if (cores > 0) {
+      env.push_back("CUDA_DEVICE_SM_LIMIT=" + std::to_string(cores));
+      env.push_back("GPU_CORE_UTILIZATION_POLICY=force");
+      env.push_back("VGPU_COMPUTE_SHARING=time-division");
+      env.push_back("VGPU_SCHEDULE_FILE=" + (folder_ / "schedule").string());
+      env.push_back("CUDA_DEVICE_MEMORY_SHARED_CACHE=" + (folder_ / (name + ".region")).string());
+    }
+    const std::vector<std::string> argv = {kBuild + "/bin/vgpu-tenant", "--kernel-us", "1000", "--seconds",
+                                           std::to_string(seconds), "--report-ms", "100"};
+    Tenant tenant;
+    tenant.out = (folder_ / (name + ".out")).string();
+    tenant.pid = fork();
+    if (tenant.pid == 0) {
+      const int fd = open(tenant.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      std::vector<char*> args, envp;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+      args.push_back(nullptr);
+      envp.push_back(nullptr);
+      execve(args[0], args.data(), envp.data());
+      _exit(127);
+    }
+    tenants_.push_back(tenant);
+    return tenants_.back();
+  }
+
+  static void Wait(Tenant& t) {
+    int status = 0;
+    waitpid(t.pid, &status, 0);
+    t.pid = -1;
+  }
+
+  // The tenant's busy share of [from_ns, to_ns) (CLOCK_MONOTONIC), from its progress reports, in percent.
+  static double Share(const Tenant& t, std::uint64_t from_ns, std::uint64_t to_ns) {
+    std::ifstream in(t.out);
+    std::string line;
+    std::uint64_t busy_from = 0, busy_to = 0, at_from = 0, at_to = 0;
+    while (std::getline(in, line)) {
+      unsigned long long t_ns = 0, kernels = 0, busy_ns = 0;
+      if (std::sscanf(line.c_str(), "{\"ev\":\"report\",\"t_ns\":%llu,\"kernels\":%llu,\"busy_ns\":%llu", &t_ns,
+                      &kernels, &busy_ns) != 3) {
+        continue;
+      }
+      if (t_ns <= from_ns) at_from = t_ns, busy_from = busy_ns;
+      if (t_ns <= to_ns) at_to = t_ns, busy_to = busy_ns;
+    }
+    if (at_to <= at_from) return -1;
+    return 100.0 * static_cast<double>(busy_to - busy_from) / static_cast<double>(at_to - at_from);
+  }
+
+  std::filesystem::path folder_;
+  std::deque<Tenant> tenants_;  // (a deque: Start's references stay valid)
+};
+
+void SleepUntil(std::uint64_t t_ns) {
+  const std::uint64_t now = NowNs();
+  if (t_ns > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t_ns - now));
+}
+
+// A container stopped (SIGSTOP) in the middle of its work, holding the GPU or about to: the other keeps its windows
+// (its own cap: `force` borrows nothing) while it is stopped, and the stopped one gets its share back once continued.
+TEST_F(TimeDivisionFaults, AStoppedContainerCostsTheOtherNothingBeyondOneCycle) {
+  Tenant& a = Start("a", 50, 6);
+  Tenant& b = Start("b", 50, 6);
+  const std::uint64_t t0 = NowNs();
+  SleepUntil(t0 + 1500 * kMs);
+  ASSERT_EQ(kill(b.pid, SIGSTOP), 0);
+  SleepUntil(t0 + 3500 * kMs);
+  ASSERT_EQ(kill(b.pid, SIGCONT), 0);
+  Wait(a);
+  Wait(b);
+  const double a_stopped = Share(a, t0 + 1600 * kMs, t0 + 3400 * kMs);
+  const double b_after = Share(b, t0 + 4500 * kMs, t0 + 5800 * kMs);
+  const double a_after = Share(a, t0 + 4500 * kMs, t0 + 5800 * kMs);
+  std::printf("a while b is stopped: %.1f %%; after: a %.1f %%, b %.1f %%\n", a_stopped, a_after, b_after);
+  EXPECT_NEAR(a_stopped, 50, 3);
+  EXPECT_NEAR(a_after, 50, 3);
+  EXPECT_NEAR(b_after, 50, 3);
+}
+
+// A container killed (SIGKILL) mid-run: the other keeps its windows, never stalled.
+TEST_F(TimeDivisionFaults, AKilledContainerCostsTheOtherNothingBeyondOneCycle) {
+  Tenant& a = Start("a", 50, 5);
+  Tenant& b = Start("b", 50, 5);
+  const std::uint64_t t0 = NowNs();
+  SleepUntil(t0 + 1500 * kMs);
+  ASSERT_EQ(kill(b.pid, SIGKILL), 0);
+  Wait(b);
+  Wait(a);
+  const double before = Share(a, t0 + 500 * kMs, t0 + 1400 * kMs);
+  const double after = Share(a, t0 + 1600 * kMs, t0 + 4800 * kMs);
+  std::printf("a before the kill: %.1f %%; after: %.1f %%\n", before, after);
+  EXPECT_NEAR(before, 50, 3);
+  EXPECT_NEAR(after, 50, 3);
+}
+
+// A process without the shim, busy on the same GPU, launches outside every window: the driver time-slices it into
+// the members' windows. The bound the threat model states: each member keeps about half its cap, less the handovers
+// (a 2.1 ms slice each, 160 us per switch: 46 %) and less what its estimates then over-charge; asserted: 40 %.
+// Observed: a (30 %) 18.7 %, b (70 %) 31.8 %, the process without the shim 42.0 %.
+TEST_F(TimeDivisionFaults, AProcessWithoutTheShimTakesAboutHalfOfEachWindowAtMost) {
+  Tenant& a = Start("a", 30, 5);
+  Tenant& b = Start("b", 70, 5);
+  Tenant& rogue = Start("rogue", 0, 5);
+  const std::uint64_t t0 = NowNs();
+  Wait(a);
+  Wait(b);
+  Wait(rogue);
+  const double sa = Share(a, t0 + 1000 * kMs, t0 + 4800 * kMs);
+  const double sb = Share(b, t0 + 1000 * kMs, t0 + 4800 * kMs);
+  const double sr = Share(rogue, t0 + 1000 * kMs, t0 + 4800 * kMs);
+  std::printf("a (30 %%) %.1f %%, b (70 %%) %.1f %%, the process without the shim %.1f %%\n", sa, sb, sr);
+  EXPECT_GE(sa, 0.4 * 30);
+  EXPECT_GE(sb, 0.4 * 70);
+}
+
+}  // namespace
