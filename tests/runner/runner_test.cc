@@ -800,6 +800,48 @@ namespace {
 
 // A repeating work list of idle phases only ran nothing forever, one cycle at a time (an hour of 1 ns idles was
 // 3.6e12 iterations, before any cancel check): a cycle that runs nothing ends the schedule.
+// ---- containers sharing a GPU under time division (issue 20) ------------------------------------------------------
+
+// Two containers at `a` and `b` % of one GPU, each a process of one-wave kernels of `kernel_ns`, held by time
+// division: each within 2 points of its cap over the judged windows, the two together at least 95 %.
+void ExpectPairHeldByTimeDivision(std::uint32_t a, std::uint32_t b, std::uint64_t kernel_ns) {
+  scenario::Scenario s = Base("pair", 5 * kSecondNs);
+  s.sharing = scenario::Sharing::time_division;
+  scenario::Phase phase = Kernels(kernel_ns);
+  phase.blocks = 132;  // one wave on an H100: every SM busy for the kernel's whole run
+  s.tenants = {Tenant("a", a), Tenant("b", b)};
+  for (scenario::TenantSpec& tenant : s.tenants) tenant.processes.push_back(Process(s.duration_ns, {phase}));
+  const Trace trace = Parse(MustRunLive(s).trace);
+  double together = 0;
+  for (const auto& [name, cap] : {std::pair<std::string, std::uint32_t>{"a", a}, {"b", b}}) {
+    const std::vector<double> shares = trace.Shares(name, 0, kSecondNs);
+    ASSERT_GT(shares.size(), 1u);
+    double sum = 0;
+    for (std::size_t w = 1; w < shares.size(); ++w) sum += shares[w];
+    const double mean = sum / static_cast<double>(shares.size() - 1);
+    std::printf("%u/%u, %llu us kernels: %s %.1f %%\n", a, b, static_cast<unsigned long long>(kernel_ns / 1000),
+                name.c_str(), mean);
+    EXPECT_NEAR(mean, cap, 2) << name;
+    together += mean;
+  }
+  EXPECT_GE(together, 95);
+}
+
+TEST(RunnerLive, TimeDivisionHoldsThirtySeventyWithOneWaveTwentyMillisecondKernels) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  ExpectPairHeldByTimeDivision(30, 70, 20 * kMillisecondNs);
+}
+
+TEST(RunnerLive, TimeDivisionHoldsFiftyFiftyWithOneWaveTwentyMillisecondKernels) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  ExpectPairHeldByTimeDivision(50, 50, 20 * kMillisecondNs);
+}
+
+TEST(RunnerLive, TimeDivisionHoldsFiftyFiftyWithOneMillisecondKernels) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  ExpectPairHeldByTimeDivision(50, 50, kMillisecondNs);
+}
+
 // ---- a job spanning GPUs (issue 20) --------------------------------------------------------------------------------
 
 // One container on two GPUs, a rank on each (as torchrun starts them): 1 ms kernels, after every 4 an all_reduce of
