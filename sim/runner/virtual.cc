@@ -217,7 +217,13 @@ Outcome RunVirtual(const scenario::Scenario& s, const Options& options, TraceSin
     // closer on paper, but with it a `default` tenant does not give the GPU back when a neighbour arrives
     // (scenarios/noisy-neighbour-default.yaml: 60/40 instead of 40/60), where live runs over fakecuda do (40/60).
     simulation.measurement = sim::Measurement::events;
-    if (s.sharing == scenario::Sharing::time_division) simulation.sharing = sim::Sharing::time_division;
+    if (s.sharing == scenario::Sharing::time_division) {
+      // As the shim runs it (vgpu-core/hooks/turn.cc): a 20 ms cycle, doubled up to 640 ms until every window holds
+      // its container's longest kernel.
+      simulation.sharing = sim::Sharing::time_division;
+      simulation.cycle_ns = 20 * scenario::kMillisecondNs;
+      simulation.cycle_max_ns = 640 * scenario::kMillisecondNs;
+    }
     for (std::uint32_t t = 0; t < s.tenants.size(); ++t) {
       sim::Tenant tenant;
       tenant.name = s.tenants[t].name;
