@@ -842,6 +842,29 @@ TEST(RunnerLive, TimeDivisionHoldsFiftyFiftyWithOneMillisecondKernels) {
   ExpectPairHeldByTimeDivision(50, 50, kMillisecondNs);
 }
 
+// `default` under time division: a lone container runs free (at least 97 %); a neighbour that arrives has its share
+// within a second, and the `default` one keeps its own plus the time no member owns (work-conserving: 40 + 50 books
+// 90 %, the rest is idle capacity; the limiter's `default` held it to 40).
+TEST(RunnerLive, TimeDivisionDefaultRunsFreeAloneAndGivesBackWithinASecond) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = Base("td-default", 5 * kSecondNs);
+  s.sharing = scenario::Sharing::time_division;
+  s.tenants = {Busy("steady", 40, s.duration_ns), Busy("neighbour", 50, s.duration_ns)};
+  s.tenants[0].policy = scenario::Policy::default_policy;
+  s.tenants[1].processes[0].start_ns = 2 * kSecondNs;
+  const Trace trace = Parse(MustRunLive(s).trace);
+  const std::vector<double> steady = trace.Shares("steady", 0, kSecondNs);
+  const std::vector<double> neighbour = trace.Shares("neighbour", 0, kSecondNs);
+  ASSERT_EQ(steady.size(), 5u);
+  ASSERT_EQ(neighbour.size(), 5u);
+  EXPECT_GE(steady[1], 97) << "alone";
+  for (std::size_t w = 3; w < 5; ++w) {
+    EXPECT_NEAR(neighbour[w], 50, 3) << "window " << w << ", the arrival at 2 s";
+    EXPECT_GE(steady[w], 38) << "window " << w;
+    EXPECT_LE(steady[w], 52) << "window " << w;
+  }
+}
+
 // ---- a job spanning GPUs (issue 20) --------------------------------------------------------------------------------
 
 // One container on two GPUs, a rank on each (as torchrun starts them): 1 ms kernels, after every 4 an all_reduce of
