@@ -78,6 +78,12 @@ build_shim() {  # the shim and vgpu-tenant, Release, once
 read_shims() {
   declare -gA shims=([shim_limits]="$build/lib/libvgpu.so")
   names=(none shim_limits)
+  # VGPU_CALIB_TD=1: also this tree's build holding the cap by time division (docs/compute-sharing.md), alone on
+  # the GPU: the cost of the release stage.
+  if [[ ${VGPU_CALIB_TD:-} == 1 ]]; then
+    shims[shim_td]="$build/lib/libvgpu.so"
+    names+=(shim_td)
+  fi
   for spec in ${VGPU_CALIB_SHIMS:-}; do
     shims[${spec%%=*}]=${spec#*=}
     names+=("${spec%%=*}")
@@ -104,6 +110,7 @@ if [[ $what == calls || $what == all ]]; then
       env=(env -u LD_PRELOAD)
       [[ $config != none ]] && env+=(LD_PRELOAD="${shims[$config]}" CUDA_DEVICE_SM_LIMIT=99
         GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/c-$config.cache")
+      [[ $config == shim_td ]] && env+=(VGPU_COMPUTE_SHARING=time-division VGPU_SCHEDULE_FILE="$out/c-schedule")
       "${env[@]}" taskset -c "$cpu" "$calls" | sed "s/^{/{\"round\":$round,\"config\":\"$config\",/" >>"$out/call_costs.jsonl"
     done
   done
@@ -127,6 +134,7 @@ if [[ $what == inproc || $what == all ]]; then
       env=(env -u LD_PRELOAD)
       [[ $config != none ]] && env+=(LD_PRELOAD="${shims[$config]}" CUDA_DEVICE_SM_LIMIT=99
         GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_MEMORY_SHARED_CACHE="$out/ab-$config.cache")
+      [[ $config == shim_td ]] && env+=(VGPU_COMPUTE_SHARING=time-division VGPU_SCHEDULE_FILE="$out/ab-schedule")
       "${env[@]}" taskset -c "$cpu" "$ab" "$repo/sim/tenant/spin.ptx" \
         | sed "s/^{/{\"round\":$round,\"config\":\"$config\",/" >>"$out/launch_ab.jsonl"
     done

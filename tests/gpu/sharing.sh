@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Issue 20 on real GPUs (docs/compute-sharing.md): containers sharing a GPU, and a job spanning two, under time
+# division (VGPU_COMPUTE_SHARING=time-division) and under the event-pair limiter, in one command on a GPU machine.
+#
+#   VGPU_COMMIT=$(git rev-parse HEAD) OUT=out bash tests/gpu/sharing.sh STAGE[,STAGE...]
+#
+# Stages:
+#   ddp     (two GPUs, torchrun) tests/gpu/repro/nccl_ddp_nosync.py: one container on both GPUs, all_reduce 256 MiB x50
+#           and 20 DDP steps: uncapped, 50 % under the limiter, 50 % under time division (VGPU_DDP_RUNS runs, default
+#           10), and 50 % under time division beside a second container at 50 % on GPU 0 (a bf16 matmul loop)
+#   pairs   tests/gpu/repro/mm_loop.py: a bf16 8192 matmul loop alone, then two containers on GPU 0: no shim, 50/50 and
+#           30/70 under time division, 30/70 under the limiter
+#   tenant  vgpu-tenant pairs under time division: 30/70 with 1 ms kernels, 30/70 and 50/50 with one-wave 20 ms ones
+#   caps    one container's matmul loop at 10, 30, 50, 70, 90 % under time division
+# Builds the shim and vgpu-tenant (Release) first (VGPU_SHARING_BUILD_DIR: use that build folder as it is). Each case appends one JSON line per process to $OUT/sharing.jsonl
+# ({"case":..,"run":..,"result":{...}}); the log is $OUT/sharing.log. Skips (exit 0) where no GPU answers.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+stages=${1:-ddp,pairs,tenant,caps}
+out=${OUT:-$repo/gpu-sharing}
+mkdir -p "$out"
+if ! timeout 60 nvidia-smi -L >/dev/null 2>&1; then
+  echo "sharing: skipped, no NVIDIA GPU answers here"
+  exit 0
+fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+unset LD_PRELOAD
+work=$(mktemp -d /tmp/vgpu-sharing.XXXXXX)
+log=$out/sharing.log
+results=$out/sharing.jsonl
+note() { echo "[$(date -u +%T)] $*" | tee -a "$log"; }
+{
+  date -u +"date %Y-%m-%dT%H:%M:%SZ"
+  echo "commit ${VGPU_COMMIT:-$(git -C "$repo" rev-parse HEAD 2>/dev/null)}"
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm,power.limit --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__)' 2>&1
+} >"$out/machine.txt" 2>&1
+
+build=${VGPU_SHARING_BUILD_DIR:-$repo/build/gpu-sharing}
+headers=()
+[[ -f $repo/build/gpu-deps/nvml-include/nvml.h ]] && headers=(-DNVML_INCLUDE_DIR="$repo/build/gpu-deps/nvml-include")
+note "build (Release: the shim and vgpu-tenant)"
+[[ -n ${VGPU_SHARING_BUILD_DIR:-} ]] || { cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DVGPU_WERROR=OFF -DVGPU_BUILD_BENCH=OFF -DVGPU_PYTHON=OFF \
+    -DVGPU_BUILD_TESTS=OFF "${headers[@]}" && cmake --build "$build" -j"$(nproc)" --target vgpu vgpu-tenant; } \
+  >"$out/build.log" 2>&1 || { note "build failed: see build.log"; exit 1; }
+shim=$build/lib/libvgpu.so
+tenant_bin=$build/bin/vgpu-tenant
+
+# The environment of a container: capped at $2 % under $3 (time-division or limiter), its own region ($1).
+container() {
+  local name=$1 cap=$2 sharing=$3
+  echo "LD_PRELOAD=$shim CUDA_DEVICE_MEMORY_SHARED_CACHE=$work/$name.cache CUDA_DEVICE_SM_LIMIT=$cap" \
+       "GPU_CORE_UTILIZATION_POLICY=force VGPU_COMPUTE_SHARING=$sharing VGPU_SCHEDULE_FILE=$work/vgpu-schedule"
+}
+# record CASE RUN FILE: each RESULT line of FILE as a line of sharing.jsonl.
+record() {
+  grep -h 'RESULT {' "$3" | sed 's/^.*RESULT //' | while read -r line; do
+    echo "{\"case\":\"$1\",\"run\":$2,\"result\":$line}" >>"$results"
+  done
+  grep -q 'RESULT {' "$3" || { echo "{\"case\":\"$1\",\"run\":$2,\"result\":null}" >>"$results"; tail -5 "$3" >>"$log"; }
+}
+
+ddp_run() {  # ddp_run CASE RUN ENV...
+  local case=$1 run=$2; shift 2
+  local file=$work/$case.$run.log
+  # shellcheck disable=SC2068
+  timeout -k 5 120 env $@ python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
+    "$repo/tests/gpu/repro/nccl_ddp_nosync.py" >"$file" 2>&1
+  record "$case" "$run" "$file"
+  note "$case #$run: $(grep -h 'RESULT {' "$file" | python3 -c 'import sys, json
+for l in sys.stdin:
+    r = json.loads(l.split("RESULT ", 1)[1]); print("rank", r["rank"], "step", r["ddp"]["ms_per_step"], "ms, all_reduce", r["allreduce"]["ms_per_op"], "ms;", end=" ")')"
+}
+
+mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B"] [MEASURE_S]
+  local case=$1 ea=$2 eb=${3:-} meas=${4:-10}
+  local start; start=$(python3 -c 'import time; print(round(time.time() + 12, 3))')
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $ea python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 "$meas" \
+    >"$work/$case.A.log" 2>&1 &
+  local pa=$!
+  if [[ -n $eb ]]; then
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $eb python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 \
+      "$meas" >"$work/$case.B.log" 2>&1 &
+    wait $!
+  fi
+  wait $pa
+  record "$case" 0 "$work/$case.A.log"
+  [[ -n $eb ]] && record "$case" 1 "$work/$case.B.log"
+  note "$case: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/$case".*.log | tr '\n' ' ')"
+}
+
+IFS=, read -r -a wanted <<<"$stages"
+for stage in "${wanted[@]}"; do
+  case $stage in
+    ddp)
+      note "ddp: $(nvidia-smi -L | wc -l) GPUs"
+      for r in 1 2; do ddp_run ddp-uncapped "$r"; done
+      for r in 1 2; do ddp_run ddp-limiter-50 "$r" $(container ddp 50 limiter); done
+      for ((r = 1; r <= ${VGPU_DDP_RUNS:-10}; r++)); do ddp_run ddp-td-50 "$r" $(container ddp 50 time-division); done
+      # Beside a second container at 50 % on GPU 0 for the whole of three runs.
+      start=$(python3 -c 'import time; print(round(time.time() + 12, 3))')
+      # shellcheck disable=SC2046
+      CUDA_VISIBLE_DEVICES=0 timeout -k 5 150 env $(container neighbour 50 time-division) python3 \
+        "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 60 >"$work/ddp-neighbour.log" 2>&1 &
+      neighbour=$!
+      sleep 14
+      for r in 1 2 3; do ddp_run ddp-td-50-beside "$r" $(container ddp 50 time-division); done
+      wait $neighbour
+      record ddp-neighbour 0 "$work/ddp-neighbour.log"
+      note "ddp neighbour: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/ddp-neighbour.log")"
+      ;;
+    pairs)
+      mm_pair mm-alone ""
+      mm_pair mm-none-none "" ""
+      mm_pair mm-td-50-50 "$(container a 50 time-division)" "$(container b 50 time-division)"
+      mm_pair mm-td-30-70 "$(container a 30 time-division)" "$(container b 70 time-division)"
+      mm_pair mm-limiter-30-70 "$(container a 30 limiter)" "$(container b 70 limiter)"
+      ;;
+    tenant)
+      for spec in "30 70 1000" "30 70 20000" "50 50 20000"; do
+        read -r ca cb us <<<"$spec"
+        case=tenant-td-$ca-$cb-${us}us
+        for side in a b; do
+          cap=$ca; [[ $side == b ]] && cap=$cb
+          # shellcheck disable=SC2046
+          CUDA_VISIBLE_DEVICES=0 env $(container "$case-$side" "$cap" time-division) "$tenant_bin" --kernel-us "$us" \
+            --blocks 132 --seconds 8 >"$work/$case.$side.log" 2>&1 &
+        done
+        wait
+        for side in a b; do
+          sed -n 's/^{"pid"/RESULT {"pid"/p' "$work/$case.$side.log" >"$work/$case.$side.result"
+          record "$case" "$([[ $side == a ]] && echo 0 || echo 1)" "$work/$case.$side.result"
+        done
+        note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
+      done
+      ;;
+    caps)
+      for cap in 10 30 50 70 90; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)" "" 6; done
+      ;;
+    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps)" ;;
+  esac
+done
+tar czf "$out/logs.tgz" -C "$work" . 2>/dev/null
+note "done"
