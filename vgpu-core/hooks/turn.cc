@@ -46,7 +46,7 @@ static_assert(kTurnCellOffset + sizeof(policy::TurnCell) <= sizeof(region::Devic
 // sleeping).
 struct State {
   std::mutex mutex;
-  bool set_up = false;
+  std::atomic<bool> set_up{false};  // (read without the mutex once true: `on` and `gpu_of` no longer change)
   bool on = false;
   std::unique_ptr<schedule::Board> board;
   policy::TurnCell* cell = nullptr;  // in the region
@@ -63,7 +63,8 @@ struct State {
   int me = -1;                         // this container in the plan
   std::uint64_t queued_end_ns[policy::kMaxDevices] = {};  // this process's released work, expected done by here
   std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
-  std::vector<policy::Published> published;  // scratch, per plan member
+  std::vector<policy::Published> published;  // scratch, per plan member: this GPU
+  std::vector<policy::Published> there;      // scratch, per plan member: another GPU of the container's
 };
 
 State& TheState() {
@@ -174,6 +175,7 @@ void Refresh(State& s, std::uint64_t now, const Caller& caller) {
   s.entries = members.entries;
   s.me = s.plan.IndexOf(s.id);
   s.published.resize(s.plan.size());
+  s.there.resize(s.plan.size());
 }
 
 // Every plan member's published state on GPU `g`. Caller holds s.mutex.
@@ -188,13 +190,12 @@ bool PeersHeld(State& s, std::uint32_t g, std::uint64_t now) {
   if (std::popcount(s.gpus) < 2) return false;
   const auto me = static_cast<std::size_t>(s.me);
   const std::uint64_t bound = s.plan.cycle_ns();
-  std::vector<policy::Published> there(s.plan.size());
   for (std::uint32_t other = 0; other < schedule::kMaxGpus; ++other) {
     if (other == g || ((s.gpus >> other) & 1) == 0) continue;
     for (std::size_t m = 0; m < s.plan.size(); ++m) {
-      there[m] = schedule::PublishedOf(s.board->entry(static_cast<int>(s.entries[m])).gpu[other], now);
+      s.there[m] = schedule::PublishedOf(s.board->entry(static_cast<int>(s.entries[m])).gpu[other], now);
     }
-    if (policy::OthersHold(s.plan, me, other, there, bound, now)) return true;
+    if (policy::OthersHold(s.plan, me, other, s.there, bound, now)) return true;
   }
   return false;
 }
@@ -284,10 +285,12 @@ void LogGoingBeside(State& s, int ordinal, std::uint32_t g, const void* function
 bool Scheduled(int ordinal) {
   if (ordinal < 0 || ordinal >= policy::kMaxDevices) return false;
   State& s = TheState();
-  std::lock_guard<std::mutex> guard(s.mutex);
-  if (!s.set_up) {
-    s.set_up = true;
-    s.on = SetUp(s);
+  if (!s.set_up.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> guard(s.mutex);
+    if (!s.set_up.load(std::memory_order_relaxed)) {
+      s.on = SetUp(s);
+      s.set_up.store(true, std::memory_order_release);
+    }
   }
   return s.on && s.gpu_of[ordinal] >= 0;
 }
