@@ -53,11 +53,22 @@ container() {
        "GPU_CORE_UTILIZATION_POLICY=force VGPU_COMPUTE_SHARING=$sharing VGPU_SCHEDULE_FILE=$work/vgpu-schedule"
 }
 # record CASE RUN FILE: each RESULT line of FILE as a line of sharing.jsonl.
+# (Two ranks' lines may interleave on one line: each "RESULT {...}" is decoded where it starts.)
 record() {
-  grep -h 'RESULT {' "$3" | sed 's/^.*RESULT //' | while read -r line; do
-    echo "{\"case\":\"$1\",\"run\":$2,\"result\":$line}" >>"$results"
-  done
-  grep -q 'RESULT {' "$3" || { echo "{\"case\":\"$1\",\"run\":$2,\"result\":null}" >>"$results"; tail -5 "$3" >>"$log"; }
+  python3 - "$1" "$2" "$3" "$results" <<'PY'
+import json, sys
+case, run, path, results = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+text, found = open(path, errors="replace").read(), []
+for chunk in text.split("RESULT ")[1:]:
+    try:
+        found.append(json.JSONDecoder().raw_decode(chunk)[0])
+    except ValueError:
+        pass
+with open(results, "a") as out:
+    for result in found or [None]:
+        out.write(json.dumps({"case": case, "run": run, "result": result}) + "\n")
+PY
+  grep -q 'RESULT {' "$3" || tail -5 "$3" >>"$log"
 }
 
 ddp_run() {  # ddp_run CASE RUN ENV...
@@ -67,9 +78,12 @@ ddp_run() {  # ddp_run CASE RUN ENV...
   timeout -k 5 120 env $@ python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
     "$repo/tests/gpu/repro/nccl_ddp_nosync.py" >"$file" 2>&1
   record "$case" "$run" "$file"
-  note "$case #$run: $(grep -h 'RESULT {' "$file" | python3 -c 'import sys, json
-for l in sys.stdin:
-    r = json.loads(l.split("RESULT ", 1)[1]); print("rank", r["rank"], "step", r["ddp"]["ms_per_step"], "ms, all_reduce", r["allreduce"]["ms_per_op"], "ms;", end=" ")')"
+  note "$case #$run: $(python3 -c 'import sys, json
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r["case"] == sys.argv[2] and r["run"] == int(sys.argv[3]) and r["result"]:
+        print("rank", r["result"]["rank"], "step", r["result"]["ddp"]["ms_per_step"], "ms, all_reduce",
+              r["result"]["allreduce"]["ms_per_op"], "ms;", end=" ")' "$results" "$case" "$run")"
 }
 
 mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B"] [MEASURE_S]
