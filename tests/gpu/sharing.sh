@@ -86,14 +86,14 @@ for l in open(sys.argv[1]):
               r["result"]["allreduce"]["ms_per_op"], "ms;", end=" ")' "$results" "$case" "$run")"
 }
 
-mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B"] [MEASURE_S]
-  local case=$1 ea=$2 eb=${3:-} meas=${4:-10}
+mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B" [MEASURE_S]]   (no ENV_B: A alone; "" is no shim)
+  local case=$1 ea=$2 eb=${3:-} meas=${4:-10} two=$(( $# >= 3 ))
   local start; start=$(python3 -c 'import time; print(round(time.time() + 12, 3))')
   # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $ea python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 "$meas" \
     >"$work/$case.A.log" 2>&1 &
   local pa=$!
-  if [[ -n $eb ]]; then
+  if ((two)); then
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $eb python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 \
       "$meas" >"$work/$case.B.log" 2>&1 &
@@ -101,7 +101,7 @@ mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B"] [MEASURE_S]
   fi
   wait $pa
   record "$case" 0 "$work/$case.A.log"
-  [[ -n $eb ]] && record "$case" 1 "$work/$case.B.log"
+  ((two)) && record "$case" 1 "$work/$case.B.log"
   note "$case: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/$case".*.log | tr '\n' ' ')"
 }
 
@@ -151,7 +151,7 @@ for stage in "${wanted[@]}"; do
       done
       ;;
     caps)
-      for cap in 10 30 50 70 90; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)" "" 6; done
+      for cap in 10 30 50 70 90; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)"; done
       ;;
     *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps)" ;;
   esac

@@ -139,6 +139,20 @@ TEST_F(ScheduleFile, AContainersProcessesShareOneEntryAndMembersAreOrderedById) 
   EXPECT_EQ(plan.Build(seen.members, kBase), "") << "what it reads builds a plan";
 }
 
+// A region (and the id in it) reused by a container with other limits: its entry, found again, says the new share.
+// (On an H100, two containers 30/70 started on the regions of a 50/50 pair before them ran 50/50.)
+TEST_F(ScheduleFile, AContainerJoiningAgainWithAnotherShareHasItsEntrySayIt) {
+  auto board = MustOpen();
+  std::string error;
+  const int first = board->Join(5, 500, 0b1, kSecond, error);
+  const int again = board->Join(5, 300, 0b11, 3 * kSecond, error);
+  EXPECT_EQ(again, first);
+  const Members seen = ReadMembers(board->header(), 3 * kSecond);
+  ASSERT_EQ(seen.members.size(), 1u);
+  EXPECT_EQ(seen.members[0].share_permille, 300u);
+  EXPECT_EQ(seen.members[0].gpus, 0b11u);
+}
+
 TEST_F(ScheduleFile, AMemberWithoutAHeartbeatForASecondIsNoMemberAndItsEntryIsTakenOver) {
   auto board = MustOpen();
   std::string error;

@@ -178,7 +178,8 @@ struct StreamState {
 struct DeviceLimiter {
   std::atomic<bool> ready{false};    // `limiter` is set up: later launches need nothing else to find it
   bool lend = false;
-  bool scheduled = false;  // time division holds the cap (turn.h): every launch takes its turn; no books
+  bool scheduled = false;  // time division holds the cap (turn.h): launches take turns; books only inside one
+  int ordinal = -1;
   std::mutex mutex;  // process-local; never held while sleeping or while the driver waits
   std::unique_ptr<policy::Limiter> limiter;
   std::uint64_t next_settle_ns = 0;  // under `mutex`: see kSettleEveryNs
@@ -255,6 +256,7 @@ DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
     config.burst_ns = kBurstNs;
     // Under time division the windows hold the share (turn.h): the limiter measures and estimates only.
     d.scheduled = !disabled && percent != 0 && turn::Scheduled(ordinal);
+    d.ordinal = ordinal;
     config.throttle = !disabled && percent != 0 && !d.scheduled;
     config.lend_when_idle = shim.config.policy == policy::ComputePolicy::standard && !d.scheduled;
     config.defer_busy = true;  // flushed with the settlements, every kSettleEveryNs
@@ -798,6 +800,8 @@ struct LaunchBook {
   // while the stream's `window_seq` is this; otherwise a book onto a drained stream (settled as unmeasured).
   bool window;
   std::uint64_t window_seq;
+  // Time division: the book's launches go only while they end inside the turn it was opened in (turn::Ticket).
+  std::uint64_t turn_until_ns = UINT64_MAX;
 };
 
 struct ThreadBooks {
@@ -834,6 +838,11 @@ LaunchBook* OpenBookFor(const void* function, std::uint64_t shape, CUstream stre
 }
 
 // Gives a book's unused launches back and clears it. Caller holds book.device->mutex.
+// Time division: a book's launches were charged to the container's account when it opened; those never made go back.
+void RefundTurn(const DeviceLimiter& d, std::uint64_t ns) {
+  if (d.scheduled && ns > 0) turn::Refund(d.ordinal, ns);
+}
+
 void CloseBookLocked(LaunchBook& book) {
   if (book.device == nullptr) return;
   const policy::KernelKey key{book.function, book.shape};
@@ -842,6 +851,7 @@ void CloseBookLocked(LaunchBook& book) {
     // Inherited over fork: the parent's to give back.
   } else if (book.window) {
     if (book.left > 0) book.device->limiter->Cancel(key, std::uint64_t{book.left} * book.accounted_each_ns);
+    RefundTurn(*book.device, std::uint64_t{book.left} * book.charged_ns);
     StreamState& state = *book.state;
     if (state_alive && state.window_seq.load(std::memory_order_seq_cst) == book.window_seq) {
       // Its window goes on: the launches it made join the window's own, its reservation ends. (Had the window ended,
@@ -852,6 +862,7 @@ void CloseBookLocked(LaunchBook& book) {
     }
   } else {
     book.device->limiter->Refund(key, book.left, book.accounted_each_ns);
+    RefundTurn(*book.device, std::uint64_t{book.left} * book.charged_ns);
     if (state_alive) {
       if (book.state->books > 0) --book.state->books;
       book.state->last_launch_ns = std::max(book.state->last_launch_ns, book.last_ns);
@@ -902,49 +913,50 @@ LaunchBook* FreeBookPlace(DeviceLimiter& d) {
 // After a launch planned unmeasured on `stream` (no window open there): a book of the launches after it. Caller holds
 // d.mutex. Evicts a book of this device if the thread has no free place (one of another device is left alone: its
 // mutex is not held).
-void OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context, std::uint64_t estimate_ns,
-              bool steady, std::uint64_t now) {
+std::uint64_t OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context,
+                       std::uint64_t estimate_ns, bool steady, std::uint64_t now, std::uint64_t turn_until_ns) {
   StreamState& state = StateOf(d, stream);
-  if (state.many_threads || state.start != nullptr || state.launching.load(std::memory_order_relaxed) > 0) return;
+  if (state.many_threads || state.start != nullptr || state.launching.load(std::memory_order_relaxed) > 0) return 0;
   if (state.books_skipped > 0) {
     --state.books_skipped;
-    return;
+    return 0;
   }
   LaunchBook* place = FreeBookPlace(d);
-  if (place == nullptr) return;
+  if (place == nullptr) return 0;
   // The launches the sampling leaves unmeasured next, drawn now; the book ends before the first one it measures.
   std::uint32_t unmeasured = 0;
   bool measure_next = false;
   const std::uint64_t one_in = MeasuredOneIn(estimate_ns, steady);
-  if (one_in <= 1) return;  // every launch measured: nothing to book
+  if (one_in <= 1) return 0;  // every launch measured: nothing to book
   while (unmeasured < kBookLaunches && !(measure_next = DrawMeasured(one_in))) ++unmeasured;
   std::uint64_t each = 0;
   const std::uint32_t granted = d.limiter->AdmitBook(key, now, unmeasured, kBookNs, each);
-  if (granted == 0) return;
+  if (granted == 0) return 0;
   *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
                       g_book_generations.forks.load(std::memory_order_relaxed), each, estimate_ns, now, granted,
-                      granted, measure_next && granted == unmeasured, false, false, 0};
+                      granted, measure_next && granted == unmeasured, false, false, 0, turn_until_ns};
   ++state.books;
   VGPU_COUNT(books_opened, 1);
   VGPU_COUNT(book_launches_granted, granted);
+  return std::uint64_t{granted} * estimate_ns;
 }
 
 // After a launch planned into `state`'s open window that does not fill it: a book of the launches of the same kernel
 // after it, into the same window, as many as it has room for. Caller holds d.mutex.
-void OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context,
-                    StreamState& state, std::uint64_t now) {
+std::uint64_t OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context,
+                             StreamState& state, std::uint64_t now, std::uint64_t turn_until_ns) {
   // (A window another thread has asked to end, waiting for the launches into it, gets no book.)
-  if (state.many_threads || state.start == nullptr || state.close_when_done.load(std::memory_order_relaxed)) return;
+  if (state.many_threads || state.start == nullptr || state.close_when_done.load(std::memory_order_relaxed)) return 0;
   const std::size_t used = state.launches.size() + state.booked_reserved;
-  if (used >= kWindowLaunches || state.estimated_ns >= kWindowNs) return;
+  if (used >= kWindowLaunches || state.estimated_ns >= kWindowNs) return 0;
   LaunchBook* place = FreeBookPlace(d);
-  if (place == nullptr) return;
+  if (place == nullptr) return 0;
   std::uint64_t each = 0;
   const std::uint32_t granted = d.limiter->AdmitWindowBook(
       key, now, std::min<std::uint32_t>(kWindowBookLaunches, static_cast<std::uint32_t>(kWindowLaunches - used)),
       std::min(kBookNs, kWindowNs - state.estimated_ns), each);
-  if (granted == 0) return;
+  if (granted == 0) return 0;
   StreamState::Booked& booked = state.booked[place - t_books.book];
   booked.key = key;
   booked.charged_ns = each;
@@ -953,9 +965,10 @@ void OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream str
   *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
                       g_book_generations.forks.load(std::memory_order_relaxed), each, each, now, granted, granted,
-                      false, false, true, state.window_seq.load(std::memory_order_seq_cst)};
+                      false, false, true, state.window_seq.load(std::memory_order_seq_cst), turn_until_ns};
   VGPU_COUNT(window_books_opened, 1);
   VGPU_COUNT(book_launches_granted, granted);
+  return std::uint64_t{granted} * each;
 }
 
 // Whether a booked launch goes where its book was given. A launch into an ordinary stream runs in that stream's
@@ -993,7 +1006,7 @@ bool LaunchIntoWindow(LaunchBook& book, Launch& launch, CUresult& result) {
   // window would time the idle GPU until it came); the whole path closes the window there, idle time left out.
   const std::uint64_t now = NowNs();
   const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
-  if (busy_until <= now + book.charged_ns / 2) {
+  if (busy_until <= now + book.charged_ns / 2 || now + book.charged_ns > book.turn_until_ns) {
     EndLaunching(*book.device, book.stream, state);
     return false;
   }
@@ -1007,6 +1020,7 @@ bool LaunchIntoWindow(LaunchBook& book, Launch& launch, CUresult& result) {
     made.fetch_sub(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> guard(book.device->mutex);
     book.device->limiter->Cancel(policy::KernelKey{book.function, book.shape}, book.accounted_each_ns);
+    RefundTurn(*book.device, book.charged_ns);
   }
   EndLaunching(*book.device, book.stream, state);
   return true;
@@ -1021,7 +1035,7 @@ bool LaunchOntoDrained(LaunchBook& book, Launch& launch, CUresult& result) {
   const std::uint64_t now = NowNs();
   const std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
   book.queued = busy_until > now + book.charged_ns / 2;
-  if (book.queued || !BookContextCurrent(book)) return false;
+  if (book.queued || now + book.charged_ns > book.turn_until_ns || !BookContextCurrent(book)) return false;
   state.busy_until_ns.store(std::max(busy_until, now) + book.charged_ns, std::memory_order_relaxed);
   book.last_ns = now;
   --book.left;
@@ -1029,6 +1043,7 @@ bool LaunchOntoDrained(LaunchBook& book, Launch& launch, CUresult& result) {
   if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed
     std::lock_guard<std::mutex> guard(book.device->mutex);
     book.device->limiter->Refund(policy::KernelKey{book.function, book.shape}, 1, book.accounted_each_ns);
+    RefundTurn(*book.device, book.charged_ns);
   }
   return true;
 }
@@ -1166,6 +1181,9 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
   }
   const turn::Ticket ticket = TakeTurn(*d, ordinal, key, setup == CUDA_SUCCESS ? context : nullptr, function);
   if (ticket.waited_ns > 0) now = NowNs();
+  // Under time division, books only inside the container's own window (their launches charged when they open).
+  const bool may_book = !d->scheduled || ticket.turn_until_ns > now;
+  std::uint64_t booked_ns = 0;
   policy::Admission admission;
   Plan plan;
   bool planned = false;
@@ -1196,16 +1214,17 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
         }
         planned = true;  // the common case
         if (plan.how == How::window && !plan.close_after && !plan.unknown_cost && setup == CUDA_SUCCESS &&
-            !d->scheduled) {
-          OpenWindowBook(*d, key, stream, context, *plan.stream, now);  // the launches after it, into its window
+            may_book) {  // the launches after it, into its window
+          booked_ns = OpenWindowBook(*d, key, stream, context, *plan.stream, now, ticket.turn_until_ns);
         }
         if (plan.how == How::unmeasured && !plan.unknown_cost && plan.start == nullptr && plan.end == nullptr) {
           // The common case on a drained stream: what such a launch costs does not depend on its run, so it is
           // settled now, in this critical section (given back below if the driver refuses the launch).
           accounted_early = d->limiter->SettleUnmeasured(key, admission.charged_ns, now);
           settled_early = true;
-          if (setup == CUDA_SUCCESS && !d->scheduled) {
-            OpenBook(*d, key, stream, context, admission.charged_ns, admission.steady, now);
+          if (setup == CUDA_SUCCESS && may_book) {
+            booked_ns = OpenBook(*d, key, stream, context, admission.charged_ns, admission.steady, now,
+                                 ticket.turn_until_ns);
           }
         }
       } else if (setup == CUDA_SUCCESS) {
@@ -1286,7 +1305,8 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
   const CUresult result = launch();
   // The launch call has returned: the stream may go on. (Whether it ran or not, a shut gate is opened.)
   (void)gates::Open(gate);
-  if (result == CUDA_SUCCESS) turn::Released(ordinal, ticket, admission.charged_ns);
+  // (A book opened for the launches after this one is charged whether or not this one ran: closing it refunds.)
+  turn::Released(ordinal, ticket, (result == CUDA_SUCCESS ? admission.charged_ns : 0) + booked_ns);
   if (settled_early) {
     if (result != CUDA_SUCCESS) {  // nothing ran: nothing is owed, and the launches after it get no book
       {

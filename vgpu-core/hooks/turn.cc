@@ -36,6 +36,10 @@ constexpr std::uint64_t kDrainPollNs = 20'000;
 // A waiting launch is published as waiting until its next look and this much more: a sleep overshoots by tens of
 // microseconds, and a waiter that looks idle in between has its window borrowed (`default`).
 constexpr std::uint64_t kWaitingMarginNs = 2'000'000;
+// The launch path writes shared memory sparingly (each write is a cache line others read): a process publishes the
+// window it released into only when it changes, and charges the container's account once this much has gathered
+// (or at a decision that needs the balance, or outside its own window).
+constexpr std::uint64_t kFlushNs = 200'000;
 
 // The turn cell lives in the region, after the limiter's budget, in the compute area of the container's device 0.
 constexpr std::size_t kTurnCellOffset = (sizeof(policy::BudgetCell) + 7) / 8 * 8;
@@ -56,13 +60,18 @@ struct State {
   std::uint64_t gpus = 0;
   int gpu_of[policy::kMaxDevices];   // CUDA ordinal -> the schedule's GPU index (-1: not scheduled)
   policy::TurnConfig turn;
-  // Refreshed:
-  std::uint64_t next_refresh_ns = 0;
+  // Refreshed (next_refresh_ns also read without the mutex, to ask the caller for its longest kernel first):
+  std::atomic<std::uint64_t> next_refresh_ns{0};
   policy::WindowPlan plan;
   std::vector<std::uint32_t> entries;  // per plan member: its entry in the file
   int me = -1;                         // this container in the plan
   std::uint64_t queued_end_ns[policy::kMaxDevices] = {};  // this process's released work, expected done by here
   std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
+  std::uint64_t published_window_ns[policy::kMaxDevices] = {};  // ... and as released_until_ns
+  std::uint64_t unflushed_ns = 0;  // charged by Released, not yet taken from the shared account
+  // The end of the container's own window the last decision released into (0: none): launches that end inside it
+  // go without another decision (others wait for the container's work in its window; the plan has not changed).
+  std::uint64_t lease_until_ns[policy::kMaxDevices] = {};
   std::vector<policy::Published> published;  // scratch, per plan member: this GPU
   std::vector<policy::Published> there;      // scratch, per plan member: another GPU of the container's
 };
@@ -147,13 +156,21 @@ bool SetUp(State& s) {
   return true;
 }
 
+void FlushCharges(State& s, int ordinal, std::uint64_t now);
+
+// Whether the schedule is to be read again (Refresh): then the caller's longest kernel is asked first, without
+// s.mutex (the caller takes its own lock for it, which it may hold while it calls Refund).
+bool RefreshDue(const State& s, std::uint64_t now) {
+  return now >= s.next_refresh_ns.load(std::memory_order_relaxed);
+}
+
 // Every kRefreshNs: the heartbeat, the entry still ours (else joined again), the members and the plan. Caller
-// holds s.mutex.
-void Refresh(State& s, std::uint64_t now, const Caller& caller) {
-  if (now < s.next_refresh_ns && s.me >= 0) return;
-  s.next_refresh_ns = now + kRefreshNs;
+// holds s.mutex. `longest_ns`: the caller's longest kernel, asked because the refresh was due (else kNoTime).
+void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns) {
+  if (!RefreshDue(s, now) && s.me >= 0) return;
+  s.next_refresh_ns.store(now + kRefreshNs, std::memory_order_relaxed);
+  FlushCharges(s, ordinal, now);  // on the plan they were made under
   schedule::Entry* own = &s.board->entry(s.entry);
-  const std::uint64_t longest_ns = caller.longest_ns != nullptr ? caller.longest_ns(caller.self) : 0;
   if (schedule::Load(own->id) != s.id) {  // aged out (the process was stopped, or idle for a second) and reused
     std::string error;
     const int entry = s.board->Join(s.id, s.share_permille, s.gpus, now, error);
@@ -165,12 +182,13 @@ void Refresh(State& s, std::uint64_t now, const Caller& caller) {
     s.entry = entry;
     own = &s.board->entry(entry);
   }
-  schedule::RaiseTo(own->longest_ns, longest_ns);
+  if (longest_ns != policy::kNoTime) schedule::RaiseTo(own->longest_ns, longest_ns);
   schedule::RaiseTo(own->heartbeat_ns, now);
   const schedule::Members members = schedule::ReadMembers(s.board->header(), now);
   const std::uint64_t cycle = policy::CycleFor(members.members, members.longest_ns,
                                                s.board->header().base_cycle_ns, s.board->header().cycle_max_ns);
   s.me = -1;
+  std::fill(std::begin(s.lease_until_ns), std::end(s.lease_until_ns), 0);  // decided on the old plan
   if (!s.plan.Build(members.members, cycle).empty()) return;  // (entries are checked as read: not expected)
   s.entries = members.entries;
   s.me = s.plan.IndexOf(s.id);
@@ -229,6 +247,16 @@ void PublishRepaid(State& s, std::uint64_t repaid_until) {
   }
 }
 
+// Takes what Released gathered from the shared account and publishes the debt as it then stands (as the policy
+// means it: Effective). Caller holds s.mutex.
+void FlushCharges(State& s, int ordinal, std::uint64_t now) {
+  if (s.unflushed_ns == 0 || s.me < 0) return;
+  const auto me = static_cast<std::size_t>(s.me);
+  const policy::Account after = policy::ChargeShared(s.plan, me, s.cell->account, s.unflushed_ns, now);
+  s.unflushed_ns = 0;
+  PublishRepaid(s, policy::RepaidUntil(s.plan, me, Effective(s, ordinal, after.balance_ns, now), now));
+}
+
 // One decision for a launch on schedule GPU `g`. Caller holds s.mutex. The account Decide sees has this process's
 // queued work given back: the shim charges a launch when it is released, the policy when it completes.
 // `past_holders`: the launch has waited a whole cycle for other members' work; what they publish in flight is no
@@ -242,6 +270,7 @@ policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t 
       if (m != me) s.published[m].in_flight = 0;
     }
   }
+  FlushCharges(s, ordinal, now);
   policy::Account account = policy::AccrueShared(s.plan, me, s.cell->account, now);
   const std::uint64_t queued_end = s.queued_end_ns[ordinal];
   account.balance_ns = Effective(s, ordinal, account.balance_ns, now);
@@ -305,22 +334,33 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
   std::uint64_t held_ns = 0;  // waited for other members' work so far
   bool first_wait = true;
   bool held_before = false;
-  std::unique_lock<std::mutex> guard(s.mutex);
+  std::uint64_t cycle_ns = 0;
+  std::unique_lock<std::mutex> guard(s.mutex, std::defer_lock);
   for (std::uint64_t last = started;;) {
     const std::uint64_t now = MonotonicNs();
-    Refresh(s, now, caller);
+    const bool ask = caller.longest_ns != nullptr && (RefreshDue(s, now) || s.me < 0);
+    const std::uint64_t longest_ns = ask ? caller.longest_ns(caller.self) : policy::kNoTime;
+    guard.lock();
+    Refresh(s, ordinal, now, longest_ns);
     if (s.me < 0) return ticket;  // not in the plan (no entry to be had): the driver's time-slicing
-    const std::uint64_t cycle_ns = s.plan.cycle_ns();
+    const std::uint64_t lease = s.lease_until_ns[ordinal];
+    if (std::max(now, s.queued_end_ns[ordinal]) + estimate_ns <= lease) {
+      return {true, {now, lease}, false, now - started, lease};  // inside the turn already decided
+    }
+    cycle_ns = s.plan.cycle_ns();
     const policy::Release release = DecideNow(s, ordinal, g, estimate_ns, now, held_ns >= cycle_ns);
     if (release.at_ns <= now) {
       if (held_ns >= cycle_ns) LogGoingBeside(s, ordinal, g, function, now);
-      ticket = {true, release.window, release.free, now - started};
+      const bool own = !release.free && s.plan.OwnerAt(g, now) == s.me;
+      ticket = {true, release.window, release.free, now - started, own ? release.window.end_ns : 0};
+      s.lease_until_ns[ordinal] = ticket.turn_until_ns;
       break;
     }
     if (held_before) held_ns += now - last;  // the sleep just ended was for other members' work
     held_before = release.reason == policy::WaitReason::others_work;
     last = now;
     if (first_reason == policy::WaitReason::none) first_reason = release.reason;
+    s.lease_until_ns[ordinal] = 0;
     std::uint64_t wake = release.at_ns != policy::kNoTime ? release.at_ns : NextLook(s, g, now);
     schedule::RaiseTo(s.board->entry(s.entry).gpu[g].waiting_until_ns, wake + kWaitingMarginNs);
     const bool own_pending = s.published_end_ns[ordinal] > now;
@@ -331,25 +371,25 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
       if (caller.drained(caller.self)) {
         guard.lock();
         EndPublishedWork(s, ordinal, g, now);
+        guard.unlock();
         continue;
       }
       wake = std::min(wake, now + kDrainPollNs);
     }
     SleepUntilNs(wake);
-    guard.lock();
   }
   guard.unlock();
   if (ticket.waited_ns > 0) {
     Log(4, "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s): time division, "
         "cycle %llu us", ordinal, function, static_cast<unsigned long long>(estimate_ns / 1000),
         static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(first_reason),
-        static_cast<unsigned long long>(s.plan.cycle_ns() / 1000));
+        static_cast<unsigned long long>(cycle_ns / 1000));
   }
   return ticket;
 }
 
 void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
-  if (!ticket.scheduled) return;
+  if (!ticket.scheduled || estimate_ns == 0) return;
   State& s = TheState();
   const auto g = static_cast<std::uint32_t>(s.gpu_of[ordinal]);
   std::lock_guard<std::mutex> guard(s.mutex);
@@ -359,14 +399,27 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
   queued_end = std::max(queued_end, now) + estimate_ns;
   const std::uint64_t margin = std::max(kMarginNs, (queued_end - now) / 10);
   schedule::Entry& own = s.board->entry(s.entry);
-  s.published_end_ns[ordinal] = queued_end + margin;
-  schedule::RaiseTo(own.gpu[g].busy_until_ns, s.published_end_ns[ordinal]);
-  if (ticket.window.end_ns != policy::kNoTime) schedule::RaiseTo(own.gpu[g].released_until_ns, ticket.window.end_ns);
+  if (queued_end + margin > s.published_end_ns[ordinal]) {
+    s.published_end_ns[ordinal] = queued_end + margin;
+    schedule::RaiseTo(own.gpu[g].busy_until_ns, s.published_end_ns[ordinal]);
+  }
+  if (ticket.window.end_ns != policy::kNoTime && ticket.window.end_ns != s.published_window_ns[ordinal]) {
+    s.published_window_ns[ordinal] = ticket.window.end_ns;
+    schedule::RaiseTo(own.gpu[g].released_until_ns, ticket.window.end_ns);
+  }
   if (ticket.free) return;
-  const auto me = static_cast<std::size_t>(s.me);
-  const auto spanned = static_cast<std::uint64_t>(std::popcount(s.gpus));
-  const policy::Account after = policy::ChargeShared(s.plan, me, s.cell->account, estimate_ns / spanned, now);
-  PublishRepaid(s, policy::RepaidUntil(s.plan, me, Effective(s, ordinal, after.balance_ns, now), now));
+  s.unflushed_ns += estimate_ns / static_cast<std::uint64_t>(std::popcount(s.gpus));
+  if (s.unflushed_ns >= kFlushNs || ticket.turn_until_ns == 0) FlushCharges(s, ordinal, now);
+}
+
+void Refund(int ordinal, std::uint64_t estimate_ns) {
+  State& s = TheState();
+  if (!Scheduled(ordinal) || estimate_ns == 0) return;
+  // (The cell is set before set_up is, and never changes: no mutex needed. Not spread over GPUs: Released charged
+  // a member spanning n GPUs a launch's estimate divided by n.)
+  const auto spanned = static_cast<std::int64_t>(std::popcount(s.gpus));
+  std::atomic_ref<std::int64_t>(s.cell->account.balance_ns)
+      .fetch_add(static_cast<std::int64_t>(estimate_ns) / std::max<std::int64_t>(spanned, 1));
 }
 
 }  // namespace vgpu::hooks::turn

@@ -20,6 +20,9 @@ struct Ticket {
   policy::Interval window;
   bool free = false;
   std::uint64_t waited_ns = 0;
+  // Launches booked with this one (the shim's fast path) may go while they end by this time: the end of the
+  // container's own window; 0 in a window lent or borrowed (each launch there takes its turn). Unscheduled: no end.
+  std::uint64_t turn_until_ns = UINT64_MAX;
 };
 
 // What the launch path gives the stage: its measurements' longest kernel (asked when the schedule is re-read; it
@@ -37,8 +40,12 @@ struct Caller {
 // why and how long.
 Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const void* function);
 
-// The launch taken with `ticket` was made: its expected end and its window are published, and the container's
-// account is charged its estimate (not for a free borrow).
+// The launch taken with `ticket` was made (and a book of launches after it opened): their expected end and the
+// window are published, and the container's account is charged their estimate (not in a free borrow). Nothing to
+// do for 0.
 void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns);
+// Launches charged by Released that were never made (a book's unused ones) go back to the account. Lock-free: the
+// caller may hold its own locks.
+void Refund(int ordinal, std::uint64_t estimate_ns);
 
 }  // namespace vgpu::hooks::turn

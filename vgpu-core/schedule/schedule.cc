@@ -241,6 +241,10 @@ int Board::Join(std::uint64_t id, std::uint32_t share_permille, std::uint64_t gp
   for (std::uint32_t e = 0; e < kMaxEntries; ++e) {
     Entry& entry = header_->entries[e];
     if (Load(entry.id) == id) {
+      // Its configuration as this process has it: a region (and its id) may outlive a container and be reused by
+      // the next with other limits, and an entry left by the last is found again before it ages out.
+      std::atomic_ref<std::uint32_t>(entry.share_permille).store(share_permille);
+      Store(entry.gpus, gpus);
       Store(entry.heartbeat_ns, now_ns);
       return static_cast<int>(e);
     }

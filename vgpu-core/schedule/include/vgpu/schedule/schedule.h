@@ -91,8 +91,8 @@ class Board {
   // The index of the GPU with this UUID in the file's table, adding it if new; -1 when the table is full or the
   // lock cannot be had.
   int GpuIndex(const std::uint8_t uuid[16]);
-  // The entry of container `id` (its own if another of its processes made it), else a free or stale one claimed
-  // for it with the share and GPUs given; -1 with `error` when all are taken by live members.
+  // The entry of container `id` (its own if another of its processes made it, its share and GPUs set to those
+  // given), else a free or stale one claimed for it; -1 with `error` when all are taken by live members.
   int Join(std::uint64_t id, std::uint32_t share_permille, std::uint64_t gpus, std::uint64_t now_ns,
            std::string& error);
   // Frees the entry if it is still `id`'s (the container's last process leaving).
