@@ -128,9 +128,9 @@ for stage in "${wanted[@]}"; do
     pairs)
       mm_pair mm-alone ""
       mm_pair mm-none-none "" ""
-      mm_pair mm-td-50-50 "$(container a 50 time-division)" "$(container b 50 time-division)"
-      mm_pair mm-td-30-70 "$(container a 30 time-division)" "$(container b 70 time-division)"
-      mm_pair mm-limiter-30-70 "$(container a 30 limiter)" "$(container b 70 limiter)"
+      mm_pair mm-td-50-50 "$(container td5050a 50 time-division)" "$(container td5050b 50 time-division)"
+      mm_pair mm-td-30-70 "$(container td3070a 30 time-division)" "$(container td3070b 70 time-division)"
+      mm_pair mm-limiter-30-70 "$(container l3070a 30 limiter)" "$(container l3070b 70 limiter)"
       ;;
     tenant)
       for spec in "30 70 1000" "30 70 20000" "50 50 20000"; do
