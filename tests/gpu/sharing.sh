@@ -7,7 +7,8 @@
 # Stages:
 #   ddp     (two GPUs, torchrun) tests/gpu/repro/nccl_ddp_nosync.py: one container on both GPUs, all_reduce 256 MiB x50
 #           and 20 DDP steps: uncapped, 50 % under the limiter, 50 % under time division (VGPU_DDP_RUNS runs, default
-#           10), and 50 % under time division beside a second container at 50 % on GPU 0 (a bf16 matmul loop)
+#           10), and 50 % under time division beside a second container at 50 % on GPU 0 (a bf16 matmul loop;
+#           VGPU_DDP_BESIDE_RUNS runs, default 3); VGPU_DDP_TD_ONLY=1 leaves the uncapped and limiter runs out
 #   pairs   tests/gpu/repro/mm_loop.py: a bf16 8192 matmul loop alone, then two containers on GPU 0: no shim, 50/50 and
 #           30/70 under time division, 30/70 under the limiter
 #   tenant  vgpu-tenant pairs under time division: 30/70 with 1 ms kernels, 30/70 and 50/50 with one-wave 20 ms ones
@@ -110,8 +111,10 @@ for stage in "${wanted[@]}"; do
   case $stage in
     ddp)
       note "ddp: $(nvidia-smi -L | wc -l) GPUs"
-      for r in 1 2; do ddp_run ddp-uncapped "$r"; done
-      for r in 1 2; do ddp_run ddp-limiter-50 "$r" $(container ddp 50 limiter); done
+      if [[ -z ${VGPU_DDP_TD_ONLY:-} ]]; then  # (VGPU_DDP_TD_ONLY=1: time division's cases only)
+        for r in 1 2; do ddp_run ddp-uncapped "$r"; done
+        for r in 1 2; do ddp_run ddp-limiter-50 "$r" $(container ddp 50 limiter); done
+      fi
       for ((r = 1; r <= ${VGPU_DDP_RUNS:-10}; r++)); do ddp_run ddp-td-50 "$r" $(container ddp 50 time-division); done
       # Beside a second container at 50 % on GPU 0 for the whole of three runs.
       start=$(python3 -c 'import time; print(round(time.time() + 12, 3))')
@@ -120,7 +123,9 @@ for stage in "${wanted[@]}"; do
         "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 60 >"$work/ddp-neighbour.log" 2>&1 &
       neighbour=$!
       sleep 14
-      for r in 1 2 3; do ddp_run ddp-td-50-beside "$r" $(container ddp 50 time-division); done
+      for ((r = 1; r <= ${VGPU_DDP_BESIDE_RUNS:-3}; r++)); do
+        ddp_run ddp-td-50-beside "$r" $(container ddp 50 time-division)
+      done
       wait $neighbour
       record ddp-neighbour 0 "$work/ddp-neighbour.log"
       note "ddp neighbour: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/ddp-neighbour.log")"
