@@ -167,7 +167,7 @@ bool DefaultPath(std::string& path, std::string& error) {
 }
 
 // A fresh region in a new file's zeroed mapping: every slot free, no device.
-bool InitializeRegion(void* mapped, std::string& error) {
+bool InitializeRegion(void* mapped, const void* /*context*/, std::string& error) {
   auto* region = static_cast<Region*>(mapped);
   if (const int r = InitRobustMutex(region->lock_storage); r != 0) {
     error = std::string("cannot initialise its lock: ") + std::strerror(r);
@@ -182,7 +182,7 @@ bool InitializeRegion(void* mapped, std::string& error) {
 
 // Returns the fd of the complete region now at `path` (ours, or the winner's of a creation race), or -1.
 int CreateOrOpen(const std::string& path, std::string& error) {
-  return CreateOrOpenShared(path, sizeof(Region), InitializeRegion, "region file", kPathVariable, error);
+  return CreateOrOpenShared(path, sizeof(Region), InitializeRegion, nullptr, "region file", kPathVariable, error);
 }
 
 // Reads the header through pread before anything is mapped: a short or foreign file is refused without ever

@@ -25,7 +25,7 @@ std::uint64_t MonotonicNs() {
 }
 
 // Sizes, maps and fills the new file behind `fd` (not yet visible under its final name).
-bool Fill(int fd, std::size_t bytes, bool (*initialize)(void*, std::string&), const std::string& named,
+bool Fill(int fd, std::size_t bytes, InitializeShared initialize, const void* context, const std::string& named,
           std::string& error) {
   if (const int r = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); r != 0) {
     error = "cannot size " + named + " to " + std::to_string(bytes) + " bytes: " + std::strerror(r);
@@ -37,7 +37,7 @@ bool Fill(int fd, std::size_t bytes, bool (*initialize)(void*, std::string&), co
     return false;
   }
   std::string why;
-  const bool filled = initialize(mapped, why);
+  const bool filled = initialize(mapped, context, why);
   munmap(mapped, bytes);
   if (!filled) error = "cannot initialise " + named + ": " + why;
   return filled;
@@ -55,7 +55,7 @@ int InitRobustMutex(void* storage) {
   return r;
 }
 
-int CreateOrOpenShared(const std::string& path, std::size_t bytes, bool (*initialize)(void*, std::string&),
+int CreateOrOpenShared(const std::string& path, std::size_t bytes, InitializeShared initialize, const void* context,
                        std::string_view what, std::string_view variable, std::string& error) {
   static std::atomic<unsigned> temporaries{0};
   const std::string named = Named(what, path);
@@ -78,7 +78,7 @@ int CreateOrOpenShared(const std::string& path, std::size_t bytes, bool (*initia
     }
     // Every process attaches, whatever its user: the mode must not depend on the umask.
     fchmod(fd, 0666);
-    if (!Fill(fd, bytes, initialize, named, error)) {
+    if (!Fill(fd, bytes, initialize, context, named, error)) {
       close(fd);
       unlink(temporary.c_str());
       return -1;

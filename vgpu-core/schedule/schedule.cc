@@ -30,7 +30,14 @@ pthread_mutex_t* MutexOf(Header& header) { return reinterpret_cast<pthread_mutex
 
 std::string Named(const std::string& path) { return "schedule file '" + path + "'"; }
 
-bool Initialize(void* mapped, std::uint64_t base_cycle_ns, std::uint64_t cycle_max_ns, std::string& error) {
+// The cycle's base and bound the file's creator sets (CreateOrOpenShared's context).
+struct Settings {
+  std::uint64_t base_cycle_ns;
+  std::uint64_t cycle_max_ns;
+};
+
+bool Initialize(void* mapped, const void* context, std::string& error) {
+  const auto& settings = *static_cast<const Settings*>(context);
   auto* header = static_cast<Header*>(mapped);
   if (const int r = region::InitRobustMutex(header->lock_storage); r != 0) {
     error = std::string("its lock: ") + std::strerror(r);
@@ -39,17 +46,9 @@ bool Initialize(void* mapped, std::uint64_t base_cycle_ns, std::uint64_t cycle_m
   header->magic = kScheduleMagic;
   header->version = kScheduleVersion;
   header->file_bytes = static_cast<std::uint32_t>(sizeof(Header));
-  header->base_cycle_ns = base_cycle_ns;
-  header->cycle_max_ns = cycle_max_ns;
+  header->base_cycle_ns = settings.base_cycle_ns;
+  header->cycle_max_ns = settings.cycle_max_ns;
   return true;
-}
-
-// CreateOrOpenShared takes a plain function: the creator's cycle settings pass through these (set under g_create).
-std::uint64_t g_base_cycle_ns = 0;
-std::uint64_t g_cycle_max_ns = 0;
-pthread_mutex_t g_create = PTHREAD_MUTEX_INITIALIZER;
-bool InitializeWithSettings(void* mapped, std::string& error) {
-  return Initialize(mapped, g_base_cycle_ns, g_cycle_max_ns, error);
 }
 
 // Reads what identifies the file before mapping it: a foreign, truncated or newer file is refused, never repaired.
@@ -180,12 +179,9 @@ class Board::Lock {
 
 std::unique_ptr<Board> Board::Open(const std::string& path, std::uint64_t base_cycle_ns, std::uint64_t cycle_max_ns,
                                    std::string& error) {
-  pthread_mutex_lock(&g_create);
-  g_base_cycle_ns = base_cycle_ns;
-  g_cycle_max_ns = cycle_max_ns;
-  const int fd = region::CreateOrOpenShared(path, sizeof(Header), InitializeWithSettings, "schedule file",
-                                            kPathVariable, error);
-  pthread_mutex_unlock(&g_create);
+  const Settings settings{base_cycle_ns, cycle_max_ns};
+  const int fd = region::CreateOrOpenShared(path, sizeof(Header), Initialize, &settings, "schedule file", kPathVariable,
+                                            error);
   if (fd < 0) return nullptr;
   if (!Validate(fd, path, error)) {
     error += "; remove it once no container uses it, or set " + std::string(kPathVariable) + " to another path";

@@ -12,9 +12,11 @@ namespace vgpu::region {
 // and a counter: unique across pid namespaces), sized with every block allocated (a full tmpfs fails here, not
 // later with SIGBUS), mapped zeroed and filled by `initialize`, mode 0666 whatever the umask, then linked into place,
 // so that nobody ever maps a half-made file; a creation race is lost gracefully (the winner's file is opened).
+// `initialize` is given `context` as it was passed.
 // Returns the fd, or -1 with `error` one line naming the file (`what`: "region file") and, as the remedy, the
 // variable that moves it.
-int CreateOrOpenShared(const std::string& path, std::size_t bytes, bool (*initialize)(void* mapped, std::string& error),
+using InitializeShared = bool (*)(void* mapped, const void* context, std::string& error);
+int CreateOrOpenShared(const std::string& path, std::size_t bytes, InitializeShared initialize, const void* context,
                        std::string_view what, std::string_view variable, std::string& error);
 
 // Initialises a robust, process-shared pthread mutex in `storage` (at least sizeof(pthread_mutex_t), aligned).
