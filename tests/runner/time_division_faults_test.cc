@@ -87,6 +87,8 @@ class TimeDivisionFaults : public ::testing::Test {
     if (tenant.pid == 0) {
       const int fd = open(tenant.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
+      const int err = open((tenant.out + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(err, 2);
       std::vector<char*> args, envp;
       for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
@@ -187,6 +189,23 @@ TEST_F(TimeDivisionFaults, AProcessWithoutTheShimTakesAboutHalfOfEachWindowAtMos
   std::printf("a (30 %%) %.1f %%, b (70 %%) %.1f %%, the process without the shim %.1f %%\n", sa, sb, sr);
   EXPECT_GE(sa, 0.4 * 30);
   EXPECT_GE(sb, 0.4 * 70);
+}
+
+// A schedule file of another kind at the path: the shim says so in one line naming it, and holds the cap with the
+// limiter (never uncapped).
+TEST_F(TimeDivisionFaults, AScheduleFileOfAnotherKindLeavesTheCapToTheLimiter) {
+  { std::ofstream(folder_ / "schedule") << std::string(64 * 1024, 'x'); }
+  Tenant& a = Start("a", 30, 3);
+  const std::uint64_t t0 = NowNs();
+  Wait(a);
+  const double share = Share(a, t0 + 1000 * kMs, t0 + 2900 * kMs);
+  std::ifstream err(a.out + ".err");
+  const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  std::printf("share %.1f %%; stderr: %s", share, said.c_str());
+  EXPECT_NEAR(share, 30, 3);
+  EXPECT_NE(said.find("time division is off"), std::string::npos) << said;
+  EXPECT_NE(said.find((folder_ / "schedule").string()), std::string::npos) << said;
+  EXPECT_NE(said.find("not a vgpu schedule file"), std::string::npos) << said;
 }
 
 }  // namespace

@@ -148,7 +148,7 @@ bool SetUp(State& s) {
     s.entry = s.board->Join(s.id, s.share_permille, s.gpus, MonotonicNs(), error);
   }
   if (!error.empty()) {
-    Log(1, "vgpu: time division is off (VGPU_COMPUTE_SHARING=time-division): %s; the compute cap is held by the "
+    Log(1, "time division is off (VGPU_COMPUTE_SHARING=time-division): %s; the compute cap is held by the "
         "limiter", error.c_str());
     return false;
   }
@@ -175,7 +175,7 @@ void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns)
     std::string error;
     const int entry = s.board->Join(s.id, s.share_permille, s.gpus, now, error);
     if (entry < 0) {
-      Log(2, "vgpu: time division: %s; launches go unscheduled until an entry frees", error.c_str());
+      Log(2, "time division: %s; launches go unscheduled until an entry frees", error.c_str());
       s.me = -1;
       return;
     }

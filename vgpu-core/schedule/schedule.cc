@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 
 #include "vgpu/region/shared_file.h"
@@ -66,7 +67,9 @@ bool Validate(int fd, const std::string& path, std::string& error) {
     return false;
   }
   if (prefix.magic != kScheduleMagic) {
-    error = Named(path) + " is not a vgpu schedule file (magic " + std::to_string(prefix.magic) + ")";
+    char magic[24];
+    std::snprintf(magic, sizeof magic, "0x%016llx", static_cast<unsigned long long>(prefix.magic));
+    error = Named(path) + " is not a vgpu schedule file (magic " + magic + ", expected \"VGPUSCHD\")";
     return false;
   }
   if (prefix.version != kScheduleVersion || prefix.file_bytes != sizeof(Header) ||
