@@ -802,6 +802,9 @@ namespace {
 // 3.6e12 iterations, before any cancel check): a cycle that runs nothing ends the schedule.
 // ---- containers sharing a GPU under time division (issue 20) ------------------------------------------------------
 
+// The promise is within 2 points (issue 20); a sanitizer build's shim is slow enough on the host to cost a point more.
+constexpr double kSanitizerSlack = VGPU_TEST_SANITIZED ? 1.0 : 0.0;
+
 // Two containers at `a` and `b` % of one GPU, each a process of one-wave kernels of `kernel_ns`, held by time
 // division: each within 2 points of its cap over the judged windows, the two together at least 95 %.
 void ExpectPairHeldByTimeDivision(std::uint32_t a, std::uint32_t b, std::uint64_t kernel_ns) {
@@ -821,10 +824,10 @@ void ExpectPairHeldByTimeDivision(std::uint32_t a, std::uint32_t b, std::uint64_
     const double mean = sum / static_cast<double>(shares.size() - 1);
     std::printf("%u/%u, %llu us kernels: %s %.1f %%\n", a, b, static_cast<unsigned long long>(kernel_ns / 1000),
                 name.c_str(), mean);
-    EXPECT_NEAR(mean, cap, 2) << name;
+    EXPECT_NEAR(mean, cap, 2 + kSanitizerSlack) << name;
     together += mean;
   }
-  EXPECT_GE(together, 95);
+  EXPECT_GE(together, 95 - 2 * kSanitizerSlack);
 }
 
 TEST(RunnerLive, TimeDivisionHoldsThirtySeventyWithOneWaveTwentyMillisecondKernels) {
@@ -857,9 +860,9 @@ TEST(RunnerLive, TimeDivisionDefaultRunsFreeAloneAndGivesBackWithinASecond) {
   const std::vector<double> neighbour = trace.Shares("neighbour", 0, kSecondNs);
   ASSERT_EQ(steady.size(), 5u);
   ASSERT_EQ(neighbour.size(), 5u);
-  EXPECT_GE(steady[1], 97) << "alone";
+  EXPECT_GE(steady[1], 97 - 2 * kSanitizerSlack) << "alone";
   for (std::size_t w = 3; w < 5; ++w) {
-    EXPECT_NEAR(neighbour[w], 50, 3) << "window " << w << ", the arrival at 2 s";
+    EXPECT_NEAR(neighbour[w], 50, 3 + kSanitizerSlack) << "window " << w << ", the arrival at 2 s";
     EXPECT_GE(steady[w], 38) << "window " << w;
     EXPECT_LE(steady[w], 52) << "window " << w;
   }
