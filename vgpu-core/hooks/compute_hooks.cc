@@ -837,12 +837,12 @@ LaunchBook* OpenBookFor(const void* function, std::uint64_t shape, CUstream stre
   return nullptr;
 }
 
-// Gives a book's unused launches back and clears it. Caller holds book.device->mutex.
 // Time division: a book's launches were charged to the container's account when it opened; those never made go back.
 void RefundTurn(const DeviceLimiter& d, std::uint64_t ns) {
   if (d.scheduled && ns > 0) turn::Refund(d.ordinal, ns);
 }
 
+// Gives a book's unused launches back and clears it. Caller holds book.device->mutex.
 void CloseBookLocked(LaunchBook& book) {
   if (book.device == nullptr) return;
   const policy::KernelKey key{book.function, book.shape};
