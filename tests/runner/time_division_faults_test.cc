@@ -59,7 +59,7 @@ class TimeDivisionFaults : public ::testing::Test {
 
   // Starts a container of one process running 1 ms kernels for `seconds`, capped at `cores` % under time division
   // (0: no shim at all).
-  Tenant& Start(const std::string& name, int cores, int seconds) {
+  Tenant& Start(const std::string& name, int cores, int seconds, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> env = {
         "LD_LIBRARY_PATH=" + kBuild + "/lib",
         "FAKECUDA_STATE=" + (folder_ / "machine").string(),
@@ -79,6 +79,7 @@ class TimeDivisionFaults : public ::testing::Test {
       env.push_back("VGPU_SCHEDULE_FILE=" + (folder_ / "schedule").string());
       env.push_back("CUDA_DEVICE_MEMORY_SHARED_CACHE=" + (folder_ / (name + ".region")).string());
     }
+    env.insert(env.end(), extra.begin(), extra.end());
     const std::vector<std::string> argv = {kBuild + "/bin/vgpu-tenant", "--kernel-us", "1000", "--seconds",
                                            std::to_string(seconds), "--report-ms", "100"};
     Tenant tenant;
@@ -206,6 +207,24 @@ TEST_F(TimeDivisionFaults, AScheduleFileOfAnotherKindLeavesTheCapToTheLimiter) {
   EXPECT_NE(said.find("time division is off"), std::string::npos) << said;
   EXPECT_NE(said.find((folder_ / "schedule").string()), std::string::npos) << said;
   EXPECT_NE(said.find("not a vgpu schedule file"), std::string::npos) << said;
+}
+
+// LIBCUDA_LOG_LEVEL=4: a launch that waited for its turn says how long and why (its window, the others' work,
+// a launch that did not fit, a debt), with the cycle.
+TEST_F(TimeDivisionFaults, AWaitForATurnSaysWhyAndHowLongAtLogLevel4) {
+  Tenant& a = Start("a", 50, 2, {"LIBCUDA_LOG_LEVEL=4"});
+  Tenant& b = Start("b", 50, 2);
+  Wait(a);
+  Wait(b);
+  std::ifstream err(a.out + ".err");
+  const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  const std::size_t at = said.find("for its turn (");
+  ASSERT_NE(at, std::string::npos) << said.substr(0, 2000);
+  const std::string line = said.substr(said.rfind('\n', at) + 1, said.find('\n', at) - said.rfind('\n', at) - 1);
+  std::printf("%s\n", line.c_str());
+  EXPECT_NE(line.find("expected to run"), std::string::npos) << line;
+  EXPECT_NE(line.find(" waited "), std::string::npos) << line;
+  EXPECT_NE(line.find("cycle 20000 us"), std::string::npos) << line;
 }
 
 }  // namespace
