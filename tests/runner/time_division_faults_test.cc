@@ -102,10 +102,14 @@ class TimeDivisionFaults : public ::testing::Test {
     return tenants_.back();
   }
 
-  static void Wait(Tenant& t) {
+  // Waits for the tenant; `killed`: it was SIGKILLed, else it must end cleanly (status 0: no sanitizer report).
+  static void Wait(Tenant& t, bool killed = false) {
     int status = 0;
     waitpid(t.pid, &status, 0);
     t.pid = -1;
+    if (!killed) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << t.out << ": status " << status;
+    }
   }
 
   // The tenant's busy share of [from_ns, to_ns) (CLOCK_MONOTONIC), from its progress reports, in percent.
@@ -130,6 +134,10 @@ class TimeDivisionFaults : public ::testing::Test {
   std::deque<Tenant> tenants_;  // (a deque: Start's references stay valid)
 };
 
+// Shares are judged in the default build; under a sanitizer the runs check that every process ends cleanly (the shim
+// is several times slower on the host there: tests/runner/runner_test.cc, kJudgeShares).
+constexpr bool kJudgeShares = !VGPU_TEST_SANITIZED;
+
 void SleepUntil(std::uint64_t t_ns) {
   const std::uint64_t now = NowNs();
   if (t_ns > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t_ns - now));
@@ -151,6 +159,7 @@ TEST_F(TimeDivisionFaults, AStoppedContainerCostsTheOtherNothingBeyondOneCycle) 
   const double b_after = Share(b, t0 + 4500 * kMs, t0 + 5800 * kMs);
   const double a_after = Share(a, t0 + 4500 * kMs, t0 + 5800 * kMs);
   std::printf("a while b is stopped: %.1f %%; after: a %.1f %%, b %.1f %%\n", a_stopped, a_after, b_after);
+  if (!kJudgeShares) return;
   EXPECT_NEAR(a_stopped, 50, 3);
   EXPECT_NEAR(a_after, 50, 3);
   EXPECT_NEAR(b_after, 50, 3);
@@ -163,11 +172,12 @@ TEST_F(TimeDivisionFaults, AKilledContainerCostsTheOtherNothingBeyondOneCycle) {
   const std::uint64_t t0 = NowNs();
   SleepUntil(t0 + 1500 * kMs);
   ASSERT_EQ(kill(b.pid, SIGKILL), 0);
-  Wait(b);
+  Wait(b, true);
   Wait(a);
   const double before = Share(a, t0 + 500 * kMs, t0 + 1400 * kMs);
   const double after = Share(a, t0 + 1600 * kMs, t0 + 4800 * kMs);
   std::printf("a before the kill: %.1f %%; after: %.1f %%\n", before, after);
+  if (!kJudgeShares) return;
   EXPECT_NEAR(before, 50, 3);
   EXPECT_NEAR(after, 50, 3);
 }
@@ -188,6 +198,7 @@ TEST_F(TimeDivisionFaults, AProcessWithoutTheShimTakesAboutHalfOfEachWindowAtMos
   const double sb = Share(b, t0 + 1000 * kMs, t0 + 4800 * kMs);
   const double sr = Share(rogue, t0 + 1000 * kMs, t0 + 4800 * kMs);
   std::printf("a (30 %%) %.1f %%, b (70 %%) %.1f %%, the process without the shim %.1f %%\n", sa, sb, sr);
+  if (!kJudgeShares) return;
   EXPECT_GE(sa, 0.4 * 30);
   EXPECT_GE(sb, 0.4 * 70);
 }
@@ -203,7 +214,9 @@ TEST_F(TimeDivisionFaults, AScheduleFileOfAnotherKindLeavesTheCapToTheLimiter) {
   std::ifstream err(a.out + ".err");
   const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
   std::printf("share %.1f %%; stderr: %s", share, said.c_str());
-  EXPECT_NEAR(share, 30, 3);
+  if (kJudgeShares) {
+    EXPECT_NEAR(share, 30, 3);
+  }
   EXPECT_NE(said.find("time division is off"), std::string::npos) << said;
   EXPECT_NE(said.find((folder_ / "schedule").string()), std::string::npos) << said;
   EXPECT_NE(said.find("not a vgpu schedule file"), std::string::npos) << said;
