@@ -1,0 +1,54 @@
+// The launch path's "release" stage (launch.h) under time division: the launch waits for its container's turn on
+// the GPU (turn.h), before it is admitted, so that the measurement it is planned into starts after the wait.
+#include "launch.h"
+
+namespace vgpu::hooks::launch {
+namespace {
+
+// What the turn asks of the launch path. Before a launch waits, the context's open windows are closed:
+// their queues drain meanwhile, and a window held open over the wait would time it. Nothing to do where the limiter
+// holds the cap.
+struct TurnCaller {
+  DeviceLimiter& d;
+  CUcontext context;  // null: no current context (nothing is measured)
+
+  static std::uint64_t Longest(void* self) {
+    auto& caller = *static_cast<TurnCaller*>(self);
+    std::lock_guard<std::mutex> guard(caller.d.mutex);
+    return caller.d.limiter->LongestEstimateNs();
+  }
+  static bool Drained(void* self) {
+    auto& caller = *static_cast<TurnCaller*>(self);
+    // (A stream being captured must not be queried: while any capture may be in progress, nothing is said drained.)
+    if (caller.context == nullptr || Real::cuStreamQuery == nullptr || g_captures.load() != 0) return false;
+    std::lock_guard<std::mutex> guard(caller.d.mutex);
+    for (const auto& [stream, state] : caller.d.streams) {
+      if (state.context == caller.context && Real::cuStreamQuery(stream) == CUDA_ERROR_NOT_READY) return false;
+    }
+    return true;
+  }
+  static void BeforeWait(void* self) {
+    auto& caller = *static_cast<TurnCaller*>(self);
+    if (caller.context == nullptr) return;
+    std::lock_guard<std::mutex> guard(caller.d.mutex);
+    CloseWindowsOf(caller.d, caller.context, NowNs());
+  }
+};
+
+}  // namespace
+
+void Release(Launching& l) {
+  DeviceLimiter& d = *l.d;
+  if (!d.scheduled) return;
+  std::uint64_t estimate_ns = 0;
+  {
+    std::lock_guard<std::mutex> guard(d.mutex);
+    estimate_ns = d.limiter->EstimateNs(l.key);
+  }
+  TurnCaller caller{d, l.setup == CUDA_SUCCESS ? l.context : nullptr};
+  l.ticket = turn::Take(l.ordinal, estimate_ns,
+                        {&caller, TurnCaller::Longest, TurnCaller::BeforeWait, TurnCaller::Drained}, l.key.function);
+  if (l.ticket.waited_ns > 0) l.now = NowNs();
+}
+
+}  // namespace vgpu::hooks::launch
