@@ -31,11 +31,8 @@ constexpr std::uint64_t kFirstPauseNs = 100'000'000;
 constexpr std::uint64_t kMaxPauseNs = 60'000'000'000;
 constexpr std::uint64_t kForgiveAfterNs = 10'000'000'000;
 
-std::uint64_t NowNs() {
-  struct timespec ts {};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+// (The shim's clock: Usable's `now_ns` is read from it.)
+std::uint64_t NowNs() { return MonotonicNs(); }
 
 // True when `value` is at or past `gate` on the word's cyclic count (the comparison the GPU's ">=" makes).
 bool Reached(std::uint32_t value, std::uint32_t gate) { return static_cast<std::int32_t>(value - gate) >= 0; }

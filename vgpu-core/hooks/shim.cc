@@ -6,6 +6,7 @@
 
 #include <time.h>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -50,10 +51,35 @@ void AfterForkInChild() {
 
 }  // namespace
 
+namespace {
+
+// How far this process's CLOCK_MONOTONIC is from the host's: a time namespace's offset (Linux 5.6+; a container
+// runtime may put a container in one), fixed before the namespace's first process started. 0 where there is no
+// such namespace or its offsets cannot be read.
+std::int64_t ReadMonotonicOffsetNs() {
+  const int fd = open("/proc/self/timens_offsets", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[256] = {};
+  const ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  const char* line = n > 0 ? std::strstr(text, "monotonic") : nullptr;
+  long long seconds = 0, nanoseconds = 0;
+  if (line == nullptr || std::sscanf(line, "monotonic %lld %lld", &seconds, &nanoseconds) != 2) return 0;
+  return seconds * 1'000'000'000LL + nanoseconds;
+}
+
+std::int64_t MonotonicOffsetNs() {
+  static const std::int64_t offset = ReadMonotonicOffsetNs();
+  return offset;
+}
+
+}  // namespace
+
 std::uint64_t MonotonicNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  const auto own = static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+  return static_cast<std::uint64_t>(own - MonotonicOffsetNs());
 }
 
 Shim& TheShim() {
@@ -74,9 +100,10 @@ Shim& TheShim() {
 }
 
 void SleepUntilNs(std::uint64_t deadline) {
+  const auto own = static_cast<std::uint64_t>(static_cast<std::int64_t>(deadline) + MonotonicOffsetNs());
   struct timespec ts {};
-  ts.tv_sec = static_cast<time_t>(deadline / 1'000'000'000ull);
-  ts.tv_nsec = static_cast<long>(deadline % 1'000'000'000ull);
+  ts.tv_sec = static_cast<time_t>(own / 1'000'000'000ull);
+  ts.tv_nsec = static_cast<long>(own % 1'000'000'000ull);
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
   }
 }

@@ -92,9 +92,11 @@ struct Shim {
 
 Shim& TheShim();
 
-// CLOCK_MONOTONIC in nanoseconds (one clock per host: every process of the container agrees).
+// The host's CLOCK_MONOTONIC in nanoseconds: one clock for every container of the host and for the node monitor (the
+// schedule file's times, the verdict's stamps). A container in a time namespace reads its own clock moved by the
+// namespace's offset; the offset is taken out (/proc/self/timens_offsets).
 std::uint64_t MonotonicNs();
-// Sleeps until CLOCK_MONOTONIC reads `deadline` (ns), through signals.
+// Sleeps until the host's CLOCK_MONOTONIC (MonotonicNs) reads `deadline` (ns), through signals.
 void SleepUntilNs(std::uint64_t deadline);
 
 // Initializes on first use (configuration, region, real functions). Returns the mode.
@@ -107,7 +109,7 @@ inline Mode CurrentMode() {
 
 // The compute side forgets a destroyed context's pooled and pending events (memory_hooks calls it on destroy/reset).
 void ForgetComputeContext(CUcontext context);
-// In a fork child: the books of launches the child's threads inherited are its parent's (compute_hooks.cc).
+// In a fork child: the books of launches the child's threads inherited are its parent's (launch_books.cc).
 void ForgetLaunchBooksAfterFork();
 
 // A memory hook at work in this process (from its start to its return): the driver's own memory is reconciled only

@@ -10,6 +10,7 @@
 
 namespace fakecuda::state {
 
+// The host's CLOCK_MONOTONIC in ns (a time namespace's offset taken out): the fake GPU's clock, one for every process.
 std::uint64_t MonotonicNs();
 void SleepNs(std::uint64_t ns);
 
