@@ -6,8 +6,9 @@
 #   OUT=dir SHIM=path/libvgpu.so bash tests/gpu/kernel_time.sh
 #
 # Writes $OUT/kernel-time.jsonl, one probe line per run (with "cap"; "rc" and "stderr" where it failed). Environment:
-# KERNEL_TIME_SECONDS (default 3), KERNEL_TIME_RUNS ("workload:cap ..."; cap 0 = no shim). Skips (exit 0) where no
-# GPU answers.
+# KERNEL_TIME_SECONDS (default 3), KERNEL_TIME_RUNS ("workload:cap ..."; cap 0 = no shim), KERNEL_TIME_SHARING
+# (time-division: the capped runs hold their cap by time division, docs/compute-sharing.md; default the limiter).
+# Skips (exit 0) where no GPU answers.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-$repo/kernel-time}
@@ -29,18 +30,21 @@ for run in $runs; do
   if [[ $cap != 0 ]]; then
     env=(env LD_PRELOAD="$SHIM" CUDA_DEVICE_SM_LIMIT="$cap" GPU_CORE_UTILIZATION_POLICY=force
          CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/$which-$cap.region")
+    [[ ${KERNEL_TIME_SHARING:-} == time-division ]] && env+=(VGPU_COMPUTE_SHARING=time-division
+      VGPU_SCHEDULE_FILE="$tmp/schedule")
   fi
   "${env[@]}" timeout 180 python3 "$repo/tests/gpu/kernel_time_probe.py" --which "$which" --seconds "$seconds" \
     >"$tmp/stdout" 2>"$tmp/stderr"
   rc=$?
   python3 - "$cap" "$rc" "$tmp/stdout" "$tmp/stderr" >>"$jsonl" <<'PY'
-import json, sys
+import json, os, sys
 cap, rc, stdout, stderr = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 lines = [l for l in open(stdout, errors="replace") if l.startswith("{")]
 row = json.loads(lines[-1]) if lines else {}
 row.update(cap=cap, rc=rc)
 if rc != 0 or not lines:
     row["stderr"] = open(stderr, errors="replace").read()[-800:]
+row["sharing"] = os.environ.get("KERNEL_TIME_SHARING") or "limiter"
 print(json.dumps(row))
 PY
   echo "kernel_time: $which at cap $cap: $(tail -1 "$jsonl" | cut -c1-400)"
