@@ -529,6 +529,18 @@ TEST(TimeDivision, ALoneTenantHoldsItsCapWithMixedKernels) {
   }
 }
 
+// A launch-bound tenant alone (2 us kernels, 5 us of host time per launch: 40 % of the GPU uncapped) fills only a
+// fraction of its windows; the credit that leaves is spent in time nobody owns, so that it still gets its cap (issue
+// 20, item 5: x.add_ at 10 % read 2.0 % by NVML on an H100 while it could launch only in its windows).
+TEST(TimeDivision, ALaunchBoundTenantAloneGetsItsCap) {
+  for (const std::uint32_t cap : {10u, 30u}) {
+    Tenant a = OneProcess("a", cap, BackToBack(2 * kMicrosecondNs));
+    a.processes[0].launch_overhead_ns = 5 * kMicrosecondNs;
+    const Result result = RunAndPrint(Divided({a}, 11));
+    EXPECT_NEAR(result.tenants[0].mean_share, cap / 100.0, kMeanTolerance) << "cap " << cap;
+  }
+}
+
 // A tenant killed mid-run: the other keeps its share. It may spend its credit in the killed one's windows while
 // their debt is repaid: at most two cycles of its window time (2 x 14 ms), 2.8 points of one second, once.
 TEST(TimeDivision, AKilledTenantLeavesTheOtherItsShareAndAtMostItsCreditMore) {

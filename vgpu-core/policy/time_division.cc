@@ -368,6 +368,14 @@ Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, 
     c.whole_ns = c.window.length();
     return c;
   }
+  if (owner < 0 && account.balance_ns > 0 && !config.borrow_idle) {
+    // Time nobody owns (the shares on the GPU sum to less than all of it), on credit: what its windows held but it
+    // could not use (a launch-bound process fills a fraction of each) is spent here, charged, up to its share.
+    c.found = true;
+    c.window = {now_ns, stretch.end_ns};
+    c.whole_ns = c.window.length();
+    return c;
+  }
   if (!config.borrow_idle) return c;  // in debt in its own window: lent to the others
   if (!Borrowable(me, published, owner, others_idle)) return c;
   c.found = true;

@@ -138,8 +138,9 @@ struct TurnConfig {
 // Decides a launch of member `me` on `gpu` expected to take `estimate_ns`, with the member's own released work
 // expected to be done at `queued_end_ns` (<= now: none), given its account (brought up to now) and every member's
 // published state on that GPU (`published[m]` for plan member m). Rules (docs/compute-sharing.md):
-// - it goes only inside one of its windows when not in debt, inside another's window while that one repays (on
-//   credit), or, with borrow_idle, in a window whose owner has no work or in time nobody owns;
+// - it goes only inside one of its windows when not in debt, inside another's window while that one repays or in
+//   time nobody owns (both on credit, charged), or, with borrow_idle, in a window whose owner has no work or in time
+//   nobody owns (free);
 // - only when no other member's work is in flight there, unless that work outlived the window it was released into
 //   by a whole cycle (a dead or stopped holder stalls the others one cycle; one of the waiter's windows was too
 //   little: a holder with credit may queue long kernels past its window's end), nor,
