@@ -109,13 +109,14 @@ class TimeDivisionFaults : public ::testing::Test {
   }
 
   // Waits for the tenant; `killed`: it was SIGKILLed, else it must end cleanly (status 0: no sanitizer report). One
-  // that has not ended after a minute (its runs are a few seconds) is killed: a failure, not a hung test.
+  // that has not ended after 40 s (its runs are a few seconds; the test's own timeout is 60) is killed: a failure,
+  // not a hung test.
   static void Wait(Tenant& t, bool killed = false) {
     int status = 0;
-    const std::uint64_t deadline = NowNs() + 60'000 * kMs;
+    const std::uint64_t deadline = NowNs() + 40'000 * kMs;
     while (waitpid(t.pid, &status, WNOHANG) == 0) {
       if (NowNs() > deadline) {
-        ADD_FAILURE() << t.out << ": still running after a minute; killed";
+        ADD_FAILURE() << t.out << ": still running after 40 s; killed";
         kill(t.pid, SIGKILL);
         waitpid(t.pid, &status, 0);
         break;
