@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "compute_area.h"
 #include "launch.h"
 
 namespace vgpu::hooks::launch {
-
-static_assert(sizeof(policy::BudgetCell) <= sizeof(region::Device::compute), "the budget must fit the region");
 
 #if VGPU_PATH_COUNTERS
 PathCounters g_path_counters;
@@ -70,7 +69,7 @@ DeviceLimiter* LimiterFor(int ordinal, CUresult& error) {
   DeviceLimiter& d = g_devices[ordinal];
   std::lock_guard<std::mutex> setup(g_device_setup_mutex);
   if (!d.ready.load(std::memory_order_acquire)) {
-    auto* cell = static_cast<policy::BudgetCell*>(shim.region->ComputeArea(device));
+    policy::BudgetCell* cell = &ComputeAreaOf(*shim.region, device).budget;
     const std::uint32_t share = percent == 0 ? 1000 : percent * 10;
     // The first process of the container to limit this device initializes the shared cell.
     std::atomic_ref<std::uint64_t> refilled(cell->refilled_at_ns);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "compute_area.h"
 #include "launch.h"
 #include "vgpu/verdict/verdict.h"
 
@@ -115,7 +116,7 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
   nvmlDevice_t handle = nullptr;
   if (Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS) return -1;
   const int region_device = RegionDevice(ordinal);
-  const auto& cell = *static_cast<const policy::BudgetCell*>(TheShim().region->ComputeArea(region_device));
+  const policy::BudgetCell& cell = ComputeAreaOf(*TheShim().region, region_device).budget;
   const double from_samples = OthersBusyOverNvmlSamples(ordinal, handle, cell, now, period_start);
   if (from_samples != -1) return from_samples;
   period_start = now > 1'000'000'000 ? now - 1'000'000'000 : 0;  // the published share covers the last second

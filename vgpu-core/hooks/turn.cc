@@ -14,8 +14,8 @@
 #include <mutex>
 #include <vector>
 
+#include "compute_area.h"
 #include "shim.h"
-#include "vgpu/policy/limiter.h"
 #include "vgpu/schedule/schedule.h"
 
 namespace vgpu::hooks::turn {
@@ -40,11 +40,6 @@ constexpr std::uint64_t kWaitingMarginNs = 2'000'000;
 // window it released into only when it changes, and charges the container's account once this much has gathered
 // (or at a decision that needs the balance, or outside its own window).
 constexpr std::uint64_t kFlushNs = 200'000;
-
-// The turn cell lives in the region, after the limiter's budget, in the compute area of the container's device 0.
-constexpr std::size_t kTurnCellOffset = (sizeof(policy::BudgetCell) + 7) / 8 * 8;
-static_assert(kTurnCellOffset + sizeof(policy::TurnCell) <= sizeof(region::Device::compute),
-              "the turn cell must fit the region's compute area");
 
 // This process's view of the schedule: set up once, refreshed every kRefreshNs, under `mutex` (never held while
 // sleeping).
@@ -142,8 +137,7 @@ bool SetUp(State& s) {
     error = "its GPUs cannot be named in " + s.board->path() + " (more than 8 on the node, or the driver refused)";
   }
   if (error.empty()) {
-    auto* area = static_cast<unsigned char*>(shim.region->ComputeArea(device0));
-    s.cell = reinterpret_cast<policy::TurnCell*>(area + kTurnCellOffset);
+    s.cell = &ComputeAreaOf(*shim.region, device0).turn;  // (the first device's area: compute_area.h)
     s.id = ContainerId(*s.cell);
     s.entry = s.board->Join(s.id, s.share_permille, s.gpus, MonotonicNs(), error);
   }

@@ -243,11 +243,18 @@ static std::uint64_t PerCycleOwnTime(const WindowPlan& plan, std::size_t me) {
   return total;
 }
 
+// `balance` with the window time of [from_ns, to_ns) added, credit capped at two cycles' window time (a balance
+// already above the cap is not lowered).
+static std::int64_t Accrued(const WindowPlan& plan, std::size_t me, std::int64_t balance, std::uint64_t from_ns,
+                            std::uint64_t to_ns) {
+  const auto gained = static_cast<std::int64_t>(plan.OwnTimeIn(me, from_ns, to_ns));
+  const auto cap = 2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me));
+  return std::max(balance, std::min(balance + gained, cap));
+}
+
 void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t now_ns) {
   if (now_ns <= account.as_of_ns) return;
-  const auto gained = static_cast<std::int64_t>(plan.OwnTimeIn(me, account.as_of_ns, now_ns));
-  const auto cap = 2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me));  // two cycles' window time
-  account.balance_ns = std::max(account.balance_ns, std::min(account.balance_ns + gained, cap));
+  account.balance_ns = Accrued(plan, me, account.balance_ns, account.as_of_ns, now_ns);
   account.as_of_ns = now_ns;
 }
 
@@ -265,10 +272,8 @@ Account AccrueShared(const WindowPlan& plan, std::size_t me, Account& shared, st
   while (from < now_ns && !as_of.compare_exchange_weak(from, now_ns)) {
   }
   if (from < now_ns) {  // this process moved as_of over [from, now): it adds that span's window time
-    const auto gained = static_cast<std::int64_t>(plan.OwnTimeIn(me, from, now_ns));
-    const auto cap = 2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me));
     std::int64_t seen = balance.load();
-    while (!balance.compare_exchange_weak(seen, std::max(seen, std::min(seen + gained, cap)))) {
+    while (!balance.compare_exchange_weak(seen, Accrued(plan, me, seen, from, now_ns))) {
     }
   }
   return {balance.load(), std::max(now_ns, as_of.load())};
