@@ -5,9 +5,9 @@
 namespace vgpu::hooks::launch {
 namespace {
 
-// What the turn asks of the launch path. Before a launch waits, the context's open windows are closed:
-// their queues drain meanwhile, and a window held open over the wait would time it. Nothing to do where the limiter
-// holds the cap.
+// What the turn asks of the launch path (turn::Caller): the longest kernel measured, whether the context's streams
+// have drained, and, before a launch waits, to close the context's open windows (their queues drain meanwhile, and
+// a window held open over the wait would time it).
 struct TurnCaller {
   DeviceLimiter& d;
   CUcontext context;  // null: no current context (nothing is measured)
