@@ -13,6 +13,8 @@
 #           30/70 under time division, 30/70 under the limiter
 #   tenant  vgpu-tenant pairs under time division: 30/70 with 1 ms kernels, 30/70 and 50/50 with one-wave 20 ms ones
 #   caps    one container's matmul loop at 10, 30, 50, 70, 90 % under time division
+#   four    four containers' matmul loops at 10/20/30/40 %, the 40 % one of two processes: no shim, time division,
+#           the limiter
 # Builds the shim and vgpu-tenant (Release) first (VGPU_SHARING_BUILD_DIR: use that build folder as it is). Each case appends one JSON line per process to $OUT/sharing.jsonl
 # ({"case":..,"run":..,"result":{...}}); the log is $OUT/sharing.log. Skips (exit 0) where no GPU answers.
 set -uo pipefail
@@ -106,6 +108,26 @@ mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B" [MEASURE_S]]   (no ENV_B: A alone; 
   note "$case: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/$case".*.log | tr '\n' ' ')"
 }
 
+# mm_four CASE SHARING: four containers' bf16 loops on GPU 0 at 10/20/30/40 %, the 40 % one of two processes sharing
+# its region (issue 20, item 2, with one kernel size); SHARING none: no shim.
+mm_four() {
+  local case=$1 sharing=$2 meas=10 i=0 start
+  start=$(python3 -c 'import time; print(round(time.time() + 15, 3))')
+  local pids=()
+  for spec in a:10 b:20 c:30 d:40 d:40; do
+    local name=${spec%%:*} cap=${spec##*:} env=""
+    [[ $sharing != none ]] && env=$(container "$case-$name" "$cap" "$sharing")
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 45)) env $env python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 \
+      "$meas" >"$work/$case.$i.log" 2>&1 &
+    pids+=($!)
+    i=$((i + 1))
+  done
+  wait "${pids[@]}"
+  for ((i = 0; i < 5; i++)); do record "$case" "$i" "$work/$case.$i.log"; done
+  note "$case: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
+}
+
 IFS=, read -r -a wanted <<<"$stages"
 for stage in "${wanted[@]}"; do
   case $stage in
@@ -158,7 +180,10 @@ for stage in "${wanted[@]}"; do
     caps)
       for cap in 10 30 50 70 90; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)"; done
       ;;
-    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps)" ;;
+    four)
+      for sharing in none time-division limiter; do mm_four "mm-four-$sharing" "$sharing"; done
+      ;;
+    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, four)" ;;
   esac
 done
 tar czf "$out/logs.tgz" -C "$work" . 2>/dev/null
