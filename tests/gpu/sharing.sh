@@ -181,6 +181,7 @@ for stage in "${wanted[@]}"; do
       for cap in 10 30 50 70 90; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)"; done
       ;;
     four)
+      mm_pair mm-alone ""
       for sharing in none time-division limiter; do mm_four "mm-four-$sharing" "$sharing"; done
       ;;
     *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, four)" ;;
