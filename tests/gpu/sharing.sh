@@ -13,6 +13,7 @@
 #           30/70 under time division, 30/70 under the limiter
 #   tenant  vgpu-tenant pairs under time division: 30/70 with 1 ms kernels, 30/70 and 50/50 with one-wave 20 ms ones
 #   caps    one container's matmul loop at 10, 30, 50, 70, 90 % under time division
+#   default a `default` container at 40 % under time division alone, then beside a `force` one at 50 %
 #   four    four containers' matmul loops at 10/20/30/40 %, the 40 % one of two processes: no shim, time division,
 #           the limiter
 # Builds the shim and vgpu-tenant (Release) first (VGPU_SHARING_BUILD_DIR: use that build folder as it is). Each case appends one JSON line per process to $OUT/sharing.jsonl
@@ -49,11 +50,12 @@ note "build (Release: the shim and vgpu-tenant)"
 shim=$build/lib/libvgpu.so
 tenant_bin=$build/bin/vgpu-tenant
 
-# The environment of a container: capped at $2 % under $3 (time-division or limiter), its own region ($1).
+# The environment of a container: capped at $2 % under $3 (time-division or limiter), its own region ($1), policy
+# $4 (default: force).
 container() {
-  local name=$1 cap=$2 sharing=$3
+  local name=$1 cap=$2 sharing=$3 policy=${4:-force}
   echo "LD_PRELOAD=$shim CUDA_DEVICE_MEMORY_SHARED_CACHE=$work/$name.cache CUDA_DEVICE_SM_LIMIT=$cap" \
-       "GPU_CORE_UTILIZATION_POLICY=force VGPU_COMPUTE_SHARING=$sharing VGPU_SCHEDULE_FILE=$work/vgpu-schedule"
+       "GPU_CORE_UTILIZATION_POLICY=$policy VGPU_COMPUTE_SHARING=$sharing VGPU_SCHEDULE_FILE=$work/vgpu-schedule"
 }
 # record CASE RUN FILE: each RESULT line of FILE as a line of sharing.jsonl.
 # (Two ranks' lines may interleave on one line: each "RESULT {...}" is decoded where it starts.)
@@ -180,11 +182,16 @@ for stage in "${wanted[@]}"; do
     caps)
       for cap in 10 30 50 70 90; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)"; done
       ;;
+    default)
+      mm_pair mm-alone ""
+      mm_pair mm-td-default-40-alone "$(container d40alone 40 time-division default)"
+      mm_pair mm-td-default-40-beside-50 "$(container d40 40 time-division default)" "$(container f50 50 time-division)"
+      ;;
     four)
       mm_pair mm-alone ""
       for sharing in none time-division limiter; do mm_four "mm-four-$sharing" "$sharing"; done
       ;;
-    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, four)" ;;
+    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four)" ;;
   esac
 done
 tar czf "$out/logs.tgz" -C "$work" . 2>/dev/null
