@@ -63,7 +63,6 @@ struct PathCounters {
     std::fprintf(stderr, "%s}\n", line);
   }
 };
-#define VGPU_COUNT(name, n) g_path_counters.value[PathCounters::name].fetch_add((n), std::memory_order_relaxed)
 extern PathCounters g_path_counters;
 #define VGPU_COUNT(name, n) g_path_counters.value[PathCounters::name].fetch_add((n), std::memory_order_relaxed)
 #else
