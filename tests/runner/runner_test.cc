@@ -100,97 +100,117 @@ struct TraceLine {
   std::string Text(const std::string& key) const { return text.count(key) != 0 ? text.at(key) : "<missing>"; }
   std::int64_t Number(const std::string& key) const { return number.count(key) != 0 ? number.at(key) : -999; }
 
-  static bool Parse(std::string_view line, TraceLine& out) {
-    std::size_t at = 0;
-    const auto skip = [&] {
-      while (at < line.size() && line[at] == ' ') ++at;
-    };
-    const auto string = [&](std::string& value) {
-      if (at >= line.size() || line[at] != '"') return false;
-      for (++at; at < line.size(); ++at) {
-        if (line[at] == '"') {
-          ++at;
-          return true;
-        }
-        if (line[at] == '\\') {
-          if (++at >= line.size()) return false;
-          if (line[at] == 'u') {
-            if (at + 4 >= line.size()) return false;
-            value += '?';
-            at += 4;
-            continue;
-          }
-          if (std::string_view("\"\\/bfnrt").find(line[at]) == std::string_view::npos) return false;
-        } else if (static_cast<unsigned char>(line[at]) < 0x20) {
-          return false;
-        }
-        value += line[at];
-      }
-      return false;
-    };
-    const auto integer = [&](std::int64_t& value) {
-      const std::size_t start = at;
-      if (at < line.size() && line[at] == '-') ++at;
-      const std::size_t digits = at;
-      while (at < line.size() && line[at] >= '0' && line[at] <= '9') ++at;
-      if (at == digits) return false;
-      value = std::stoll(std::string(line.substr(start, at - start)));
-      return true;
-    };
-    if (line.empty() || line[at++] != '{') return false;
-    for (bool first = true;; first = false) {
-      skip();
-      if (at < line.size() && line[at] == '}' && first) break;
-      std::string key;
-      if (!string(key)) return false;
-      skip();
-      if (at >= line.size() || line[at++] != ':') return false;
-      skip();
-      if (at < line.size() && line[at] == '"') {
-        std::string value;
-        if (!string(value)) return false;
-        out.text[key] = value;
-      } else if (at < line.size() && line[at] == '[') {
-        ++at;
-        std::vector<std::int64_t> values;
-        skip();
-        if (at < line.size() && line[at] == ']') {
-          ++at;
-        } else {
-          for (;;) {
-            std::int64_t value = 0;
-            skip();
-            if (!integer(value)) return false;
-            values.push_back(value);
-            skip();
-            if (at < line.size() && line[at] == ',') {
-              ++at;
-              continue;
-            }
-            if (at < line.size() && line[at] == ']') {
-              ++at;
-              break;
-            }
-            return false;
-          }
-        }
-        out.numbers[key] = values;
-      } else {
-        std::int64_t value = 0;
-        if (!integer(value)) return false;
-        out.number[key] = value;
-      }
-      skip();
-      if (at < line.size() && line[at] == ',') {
-        ++at;
-        continue;
-      }
-      if (at < line.size() && line[at] == '}') break;
-      return false;
-    }
-    return at + 1 == line.size();
-  }
+  static bool Parse(std::string_view line, TraceLine& out);
 };
+
+// A strict reader of one trace line (TraceLine::Parse), one piece of JSON a method.
+class TraceLineReader {
+ public:
+  explicit TraceLineReader(std::string_view line) : line_(line) {}
+
+  // The whole line: one object, nothing after it.
+  bool Object(TraceLine& out) {
+    if (!Take('{')) return false;
+    Skip();
+    if (Take('}')) return at_ == line_.size();
+    for (;;) {
+      std::string key;
+      Skip();
+      if (!String(key)) return false;
+      Skip();
+      if (!Take(':')) return false;
+      Skip();
+      if (!Member(key, out)) return false;
+      Skip();
+      if (Take(',')) continue;
+      return Take('}') && at_ == line_.size();
+    }
+  }
+
+ private:
+  bool At(char c) const { return at_ < line_.size() && line_[at_] == c; }
+  bool Take(char c) {
+    if (!At(c)) return false;
+    ++at_;
+    return true;
+  }
+  void Skip() {
+    while (At(' ')) ++at_;
+  }
+
+  // A member's value: a string, an array of integers or an integer.
+  bool Member(const std::string& key, TraceLine& out) {
+    if (At('"')) {
+      std::string value;
+      if (!String(value)) return false;
+      out.text[key] = value;
+      return true;
+    }
+    if (At('[')) return Integers(out.numbers[key]);
+    std::int64_t value = 0;
+    if (!Integer(value)) return false;
+    out.number[key] = value;
+    return true;
+  }
+
+  // A string with JSON's escapes (a \u escape read as '?').
+  bool String(std::string& value) {
+    if (!Take('"')) return false;
+    for (; at_ < line_.size(); ++at_) {
+      const char c = line_[at_];
+      if (c == '"') {
+        ++at_;
+        return true;
+      }
+      if (c == '\\') {
+        if (++at_ >= line_.size()) return false;
+        if (line_[at_] == 'u') {
+          if (at_ + 4 >= line_.size()) return false;
+          value += '?';
+          at_ += 4;
+          continue;
+        }
+        if (std::string_view("\"\\/bfnrt").find(line_[at_]) == std::string_view::npos) return false;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        return false;
+      }
+      value += line_[at_];
+    }
+    return false;
+  }
+
+  bool Integer(std::int64_t& value) {
+    const std::size_t start = at_;
+    Take('-');
+    const std::size_t digits = at_;
+    while (at_ < line_.size() && line_[at_] >= '0' && line_[at_] <= '9') ++at_;
+    if (at_ == digits) return false;
+    value = std::stoll(std::string(line_.substr(start, at_ - start)));
+    return true;
+  }
+
+  // [i, j, ...] or [].
+  bool Integers(std::vector<std::int64_t>& values) {
+    values.clear();
+    if (!Take('[')) return false;
+    Skip();
+    if (Take(']')) return true;
+    for (;;) {
+      std::int64_t value = 0;
+      Skip();
+      if (!Integer(value)) return false;
+      values.push_back(value);
+      Skip();
+      if (Take(',')) continue;
+      return Take(']');
+    }
+  }
+
+  std::string_view line_;
+  std::size_t at_ = 0;
+};
+
+bool TraceLine::Parse(std::string_view line, TraceLine& out) { return TraceLineReader(line).Object(out); }
 
 struct Trace {
   std::vector<TraceLine> lines;
