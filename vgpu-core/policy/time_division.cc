@@ -243,18 +243,21 @@ static std::uint64_t PerCycleOwnTime(const WindowPlan& plan, std::size_t me) {
   return total;
 }
 
-// `balance` with the window time of [from_ns, to_ns) added, credit capped at two cycles' window time (a balance
+// What the window time of [from_ns, to_ns) adds to a balance: credit capped at two cycles' window time (a balance
 // already above the cap is not lowered).
-static std::int64_t Accrued(const WindowPlan& plan, std::size_t me, std::int64_t balance, std::uint64_t from_ns,
-                            std::uint64_t to_ns) {
-  const auto gained = static_cast<std::int64_t>(plan.OwnTimeIn(me, from_ns, to_ns));
-  const auto cap = 2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me));
-  return std::max(balance, std::min(balance + gained, cap));
+struct Accrual {
+  std::int64_t gained_ns;
+  std::int64_t cap_ns;
+  std::int64_t Applied(std::int64_t balance) const { return std::max(balance, std::min(balance + gained_ns, cap_ns)); }
+};
+static Accrual AccrualOf(const WindowPlan& plan, std::size_t me, std::uint64_t from_ns, std::uint64_t to_ns) {
+  return {static_cast<std::int64_t>(plan.OwnTimeIn(me, from_ns, to_ns)),
+          2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me))};
 }
 
 void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t now_ns) {
   if (now_ns <= account.as_of_ns) return;
-  account.balance_ns = Accrued(plan, me, account.balance_ns, account.as_of_ns, now_ns);
+  account.balance_ns = AccrualOf(plan, me, account.as_of_ns, now_ns).Applied(account.balance_ns);
   account.as_of_ns = now_ns;
 }
 
@@ -272,8 +275,9 @@ Account AccrueShared(const WindowPlan& plan, std::size_t me, Account& shared, st
   while (from < now_ns && !as_of.compare_exchange_weak(from, now_ns)) {
   }
   if (from < now_ns) {  // this process moved as_of over [from, now): it adds that span's window time
+    const Accrual accrual = AccrualOf(plan, me, from, now_ns);  // (once: the loop only retries the exchange)
     std::int64_t seen = balance.load();
-    while (!balance.compare_exchange_weak(seen, Accrued(plan, me, seen, from, now_ns))) {
+    while (!balance.compare_exchange_weak(seen, accrual.Applied(seen))) {
     }
   }
   return {balance.load(), std::max(now_ns, as_of.load())};
