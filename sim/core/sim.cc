@@ -160,6 +160,10 @@ struct ProcessState {
   // Time division: when its released work is expected to be done. Per process: a tenant's processes slice each
   // other, so each one's estimates already hold the others' time, and its own queue's end is the tenant's.
   std::uint64_t queued_end_ns = 0;
+  // Time division, turns inside its tenant (policy::DecideSibling): when it took the turn, and since when it waits
+  // for a sibling's (kNever: it does not).
+  std::uint64_t turn_held_since_ns = 0;
+  std::uint64_t sibling_wait_since_ns = kNever;
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
 };
@@ -192,6 +196,8 @@ struct TenantState {
   policy::Account accounts[model::kMaxDevices];
   policy::Account& AccountOn(std::uint32_t device) { return accounts[std::popcount(gpus) > 1 ? 0 : device]; }
   std::uint64_t charged_until_ns[model::kMaxDevices] = {};
+  // Per device: the turn its processes take there (policy::PackSiblingTurn), as the shim keeps it in the region.
+  std::uint64_t sibling_turn[model::kMaxDevices] = {};
 };
 
 class Engine final : public model::TimelineListener {
@@ -233,7 +239,10 @@ class Engine final : public model::TimelineListener {
     p.last_end_ns = op.end_ns;
     p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
     TenantState& tenant = tenants_[p.tenant];
-    if (tenant.member >= 0) SettleTurn(tenant, p, op, p.free_windows[done.seq % model::kStreamDepth]);
+    if (tenant.member >= 0) {
+      SettleTurn(tenant, p, op, p.free_windows[done.seq % model::kStreamDepth]);
+      if (p.in_flight.size() == 0) EndSiblingTurnAtDrain(process_by_stream_[stream], op.end_ns);
+    }
     ++tenant.result.kernels;
     ++result_.kernels;
     if (scenario_.record_trace) {
@@ -692,9 +701,10 @@ class Engine final : public model::TimelineListener {
     policy::Account& account = tenant.AccountOn(p.device);
     std::vector<policy::Published>& published = published_[p.device];
     policy::Accrue(plan_, member, account, now_ns_);
-    const policy::Release release = policy::Decide(plan_, member, p.device, published, account, tenant.turn,
-                                                   p.queued_end_ns, p.pending_admission.charged_ns, now_ns_,
-                                                   PeersHeld(tenant, member, p.device));
+    policy::Release release = policy::Decide(plan_, member, p.device, published, account, tenant.turn,
+                                             p.queued_end_ns, p.pending_admission.charged_ns, now_ns_,
+                                             PeersHeld(tenant, member, p.device));
+    if (release.at_ns <= now_ns_) release = TakeSiblingTurn(index, release);
     const bool waiting = p.state == HostState::waiting_for_turn;
     if (release.at_ns <= now_ns_) {
       const std::uint64_t waited_ns = waiting ? now_ns_ - p.turn_wait_since_ns : 0;
@@ -715,6 +725,45 @@ class Engine final : public model::TimelineListener {
     }
     if (release.at_ns != policy::kNoTime) Schedule(index, release.at_ns);
     return false;
+  }
+
+  // The tenant may release the launch (`release`); the process still waits while a sibling holds the tenant's turn
+  // on the device (policy::DecideSibling, as the shim: turn.cc). Returns `release`, or a wait for the sibling.
+  policy::Release TakeSiblingTurn(std::uint32_t index, const policy::Release& release) {
+    ProcessState& p = processes_[index];
+    const TenantState& tenant = tenants_[p.tenant];
+    std::uint64_t& word = tenants_[p.tenant].sibling_turn[p.device];
+    const bool past_bound = p.sibling_wait_since_ns != kNever && now_ns_ - p.sibling_wait_since_ns >= plan_.cycle_ns();
+    const std::uint64_t end_after_ns = policy::WorkEndWithMarginNs(
+        std::max(now_ns_, p.queued_end_ns) + p.pending_admission.charged_ns, now_ns_);
+    const policy::SiblingStep step = policy::DecideSibling(
+        policy::UnpackSiblingTurn(word), index + 1, p.turn_held_since_ns,
+        policy::SubturnNs(plan_, static_cast<std::size_t>(tenant.member)), end_after_ns, now_ns_, past_bound);
+    word = policy::PackSiblingTurn(step.write);
+    if (step.took) p.turn_held_since_ns = now_ns_;
+    if (step.go) {
+      p.sibling_wait_since_ns = kNever;
+      return release;
+    }
+    if (p.sibling_wait_since_ns == kNever) p.sibling_wait_since_ns = now_ns_;
+    return {step.look_ns, policy::WaitReason::sibling, release.window, release.free};
+  }
+
+  // The holder of its tenant's turn, waiting for a launch of its own, sees its work drained (the shim asks the driver
+  // while it waits): the turn's end drops to now, and the siblings waiting for it look again.
+  void EndSiblingTurnAtDrain(std::uint32_t index, std::uint64_t at_ns) {
+    ProcessState& p = processes_[index];
+    TenantState& tenant = tenants_[p.tenant];
+    policy::SiblingTurn turn = policy::UnpackSiblingTurn(tenant.sibling_turn[p.device]);
+    if (turn.holder != index + 1 || turn.end_ns <= at_ns || p.state != HostState::waiting_for_turn) return;
+    turn.end_ns = at_ns;
+    tenant.sibling_turn[p.device] = policy::PackSiblingTurn(turn);
+    for (const std::uint32_t sibling : tenant.processes) {
+      const ProcessState& s = processes_[sibling];
+      if (sibling != index && s.device == p.device && s.state == HostState::waiting_for_turn) {
+        wake_ns_[sibling] = std::min(wake_ns_[sibling], std::max(at_ns, now_ns_));  // (a look already due stays)
+      }
+    }
   }
 
   // A tenant that spans devices: another tenant's work holds one of its other devices (its window there).

@@ -384,5 +384,78 @@ TEST(Decide, AMemberNotScheduledOnTheGpuIsLeftToTheDriver) {
   EXPECT_EQ(r.at_ns, 10 * kMs);
 }
 
+// ---- turns inside a container ----------------------------------------------------------------------------------
+
+TEST(SiblingTurn, TheWordKeepsHolderBitsAndEndRoundedUpToItsGrain) {
+  const SiblingTurn turn{.holder = 37, .waiting = true, .handed = false, .end_ns = 123 * kMs + 1};
+  const SiblingTurn back = UnpackSiblingTurn(PackSiblingTurn(turn));
+  EXPECT_EQ(back.holder, 37u);
+  EXPECT_TRUE(back.waiting);
+  EXPECT_FALSE(back.handed);
+  EXPECT_EQ(back.end_ns, 123 * kMs + kSiblingGrainNs);  // never earlier than what was written
+  EXPECT_EQ(UnpackSiblingTurn(0).holder, 0u);
+  // An end a century ahead of any boot still fits.
+  const std::uint64_t century = 100ull * 365 * 24 * 3600 * 1'000'000'000ull;
+  EXPECT_EQ(UnpackSiblingTurn(PackSiblingTurn({.holder = 1, .end_ns = century})).end_ns, century);
+}
+
+TEST(SiblingTurn, NobodyHoldingOrTheHoldersWorkDoneLetsAProcessTakeTheTurn) {
+  const SiblingStep free = DecideSibling({}, 2, 0, 8 * kMs, 5 * kMs, 1 * kMs, false);
+  EXPECT_TRUE(free.go);
+  EXPECT_TRUE(free.took);
+  EXPECT_EQ(free.write.holder, 2u);
+  EXPECT_EQ(free.write.end_ns, 5 * kMs);
+  const SiblingStep done = DecideSibling({.holder = 1, .end_ns = 3 * kMs}, 2, 0, 8 * kMs, 5 * kMs, 3 * kMs, false);
+  EXPECT_TRUE(done.go);
+  EXPECT_EQ(done.write.holder, 2u);
+  EXPECT_FALSE(done.write.waiting);
+}
+
+TEST(SiblingTurn, ASiblingsWorkInFlightHoldsALaunchUntilItEndsAndTheWaitIsPublished) {
+  const SiblingStep step = DecideSibling({.holder = 1, .end_ns = 4 * kMs}, 2, 0, 8 * kMs, 5 * kMs, 3 * kMs, false);
+  EXPECT_FALSE(step.go);
+  EXPECT_EQ(step.look_ns, 4 * kMs);
+  EXPECT_EQ(step.write.holder, 1u);
+  EXPECT_TRUE(step.write.waiting);
+  EXPECT_EQ(step.write.end_ns, 4 * kMs);
+  // Past the bound (a whole cycle waited: the holder dead, stopped or lying) it takes the turn anyway.
+  EXPECT_TRUE(DecideSibling({.holder = 1, .end_ns = 900 * kMs}, 2, 0, 8 * kMs, 5 * kMs, 3 * kMs, true).go);
+}
+
+TEST(SiblingTurn, TheHolderKeepsTheTurnUntilASiblingWaitsAndItsSubturnIsOver) {
+  const SiblingTurn held{.holder = 1, .end_ns = 4 * kMs};
+  const SiblingStep alone = DecideSibling(held, 1, 0, 8 * kMs, 6 * kMs, 3 * kMs, false);
+  EXPECT_TRUE(alone.go);
+  EXPECT_FALSE(alone.took);
+  EXPECT_EQ(alone.write.end_ns, 6 * kMs);  // its end moves with its queue
+  SiblingTurn wanted = held;
+  wanted.waiting = true;
+  const SiblingStep early = DecideSibling(wanted, 1, 1 * kMs, 8 * kMs, 6 * kMs, 5 * kMs, false);
+  EXPECT_TRUE(early.go) << "4 ms held of an 8 ms sub-turn";
+  EXPECT_TRUE(early.write.waiting);
+  const SiblingStep over = DecideSibling(wanted, 1, 1 * kMs, 8 * kMs, 6 * kMs, 9 * kMs, false);
+  EXPECT_FALSE(over.go);
+  EXPECT_TRUE(over.write.handed);
+  EXPECT_FALSE(over.write.waiting);
+  EXPECT_EQ(over.write.end_ns, 4 * kMs) << "what it released before still ends where it did";
+}
+
+TEST(SiblingTurn, AHolderThatHandedTheTurnOverTakesItBackOnlyIfNobodyDid) {
+  const SiblingTurn handed{.holder = 1, .waiting = false, .handed = true, .end_ns = 10 * kMs};
+  // The waiter takes it as soon as the work ends; the one that handed it over does not.
+  EXPECT_TRUE(DecideSibling(handed, 2, 0, 8 * kMs, 12 * kMs, 10 * kMs, false).go);
+  const SiblingStep self = DecideSibling(handed, 1, 0, 8 * kMs, 12 * kMs, 10 * kMs, false);
+  EXPECT_FALSE(self.go);
+  EXPECT_EQ(self.look_ns, 10 * kMs + kHandBackNs);
+  EXPECT_FALSE(self.write.waiting) << "it does not wait for itself";
+  EXPECT_TRUE(DecideSibling(handed, 1, 0, 8 * kMs, 12 * kMs, 10 * kMs + kHandBackNs, false).go);
+}
+
+TEST(SiblingTurn, TheSubturnIsTheMembersWindowAndAtLeastTwoMilliseconds) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 400, .gpus = 1}, {.id = 2, .share_permille = 50, .gpus = 1}});
+  EXPECT_EQ(SubturnNs(plan, 0), 8 * kMs);
+  EXPECT_EQ(SubturnNs(plan, 1), 2 * kMs);
+}
+
 }  // namespace
 }  // namespace vgpu::policy

@@ -223,6 +223,7 @@ const char* WaitReasonName(WaitReason reason) {
     case WaitReason::debt: return "debt";
     case WaitReason::others_work: return "others_work";
     case WaitReason::fit: return "fit";
+    case WaitReason::sibling: return "sibling";
   }
   return "?";
 }
@@ -448,6 +449,52 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
     again_ns = std::min(again_ns, std::max(now_ns + 1, std::min(reach_ns, queued_end_ns)));
   }
   return {again_ns, WaitReason::fit, c.window, c.free};
+}
+
+std::uint64_t PackSiblingTurn(const SiblingTurn& turn) {
+  const std::uint64_t end = (turn.end_ns + kSiblingGrainNs - 1) / kSiblingGrainNs;
+  return (end << 12) | (static_cast<std::uint64_t>(turn.handed) << 11) |
+         (static_cast<std::uint64_t>(turn.waiting) << 10) | std::min(turn.holder, kMaxSiblingHolder);
+}
+
+SiblingTurn UnpackSiblingTurn(std::uint64_t word) {
+  return {static_cast<std::uint32_t>(word & kMaxSiblingHolder), ((word >> 10) & 1) != 0, ((word >> 11) & 1) != 0,
+          (word >> 12) * kSiblingGrainNs};
+}
+
+SiblingStep DecideSibling(const SiblingTurn& seen, std::uint32_t self, std::uint64_t held_since_ns,
+                          std::uint64_t subturn_ns, std::uint64_t end_after_ns, std::uint64_t now_ns,
+                          bool past_bound) {
+  const SiblingTurn taken{self, false, false, std::max(end_after_ns, now_ns)};
+  const bool mine = seen.holder == self;
+  if (mine && !seen.handed) {
+    if (seen.waiting && now_ns - std::min(now_ns, held_since_ns) >= subturn_ns && !past_bound) {
+      SiblingTurn handed = seen;
+      handed.waiting = false;
+      handed.handed = true;
+      return {false, std::max(seen.end_ns, now_ns) + kHandBackNs, handed, false};
+    }
+    SiblingTurn kept = seen;
+    kept.end_ns = std::max(seen.end_ns, taken.end_ns);
+    return {true, now_ns, kept, false};
+  }
+  const std::uint64_t free_at = mine ? seen.end_ns + kHandBackNs : seen.end_ns;
+  if (seen.holder == 0 || now_ns >= free_at || past_bound) return {true, now_ns, taken, true};
+  SiblingTurn waiting = seen;
+  waiting.waiting = waiting.waiting || !mine;
+  return {false, free_at, waiting, false};
+}
+
+std::uint64_t WorkEndWithMarginNs(std::uint64_t queued_end_ns, std::uint64_t now_ns) {
+  constexpr std::uint64_t kMarginNs = 200'000;
+  if (queued_end_ns <= now_ns) return queued_end_ns;
+  return queued_end_ns + std::max(kMarginNs, (queued_end_ns - now_ns) / 10);
+}
+
+std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me) {
+  constexpr std::uint64_t kLeastNs = 2'000'000;
+  if (me >= plan.size()) return kLeastNs;
+  return std::max(kLeastNs, plan.cycle_ns() * plan.granted_permille(me) / 1000);
 }
 
 }  // namespace vgpu::policy

@@ -165,9 +165,9 @@ struct Result {
   std::uint64_t kernels = 0;
   std::uint64_t loop_steps = 0;              // iterations of the event loop
   std::uint64_t late_reactions = 0;          // a process acting later than it should have: must be 0
-  // time_division: launches that waited, by reason (policy::WaitReason: window, debt, others_work, fit), and the
-  // waits' total and longest time.
-  std::uint64_t waits[5] = {};
+  // time_division: launches that waited, by reason (policy::WaitReason: window, debt, others_work, fit, sibling),
+  // and the waits' total and longest time.
+  std::uint64_t waits[6] = {};
   std::uint64_t wait_total_ns = 0;
   std::uint64_t wait_longest_ns = 0;
 };

@@ -117,7 +117,7 @@ Account ChargeShared(const WindowPlan& plan, std::size_t me, Account& shared, st
 std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::int64_t balance_ns, std::uint64_t now_ns);
 
 // Why a launch waits (LIBCUDA_LOG_LEVEL=4, the simulator's trace).
-enum class WaitReason { none, window, debt, others_work, fit };
+enum class WaitReason { none, window, debt, others_work, fit, sibling };
 const char* WaitReasonName(WaitReason reason);
 
 // The decision for one launch.
@@ -157,5 +157,51 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
 // than `bound_ns` (Decide: the cycle).
 bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                 std::uint64_t bound_ns, std::uint64_t now_ns);
+
+// ---- Turns inside a container (docs/compute-sharing.md, "Turns inside a container") ------------------------------
+// The processes of one container on one GPU take turns, as containers take windows, so that they never time-slice
+// each other (each handover of the driver's time-slicing costs the GPU ~160 us that nobody runs and NVML does not
+// count, and each process's kernel times would hold its siblings' slices). One 64-bit word per container and GPU,
+// in the container's region, written only by its processes, by compare-and-swap.
+struct SiblingTurn {
+  std::uint32_t holder = 0;  // the process holding the turn, as the caller names it (1 .. 1023; 0: nobody)
+  bool waiting = false;      // another process of the container waits for the turn
+  bool handed = false;       // the holder gave it up: it takes it back only if nobody has by end_ns + kHandBackNs
+  std::uint64_t end_ns = 0;  // the holder's released work is expected done by here
+};
+inline constexpr std::uint32_t kMaxSiblingHolder = 1023;
+inline constexpr std::uint64_t kSiblingGrainNs = 1'000;  // end_ns is kept in these units, rounded up (52 bits: 142 years)
+inline constexpr std::uint64_t kHandBackNs = 1'000'000;
+std::uint64_t PackSiblingTurn(const SiblingTurn& turn);
+SiblingTurn UnpackSiblingTurn(std::uint64_t word);
+
+// What a process does with the word it read.
+struct SiblingStep {
+  bool go = false;              // it may release its launch now (after writing `write`)
+  std::uint64_t look_ns = 0;    // otherwise: look again by then (a holder's work may end sooner: poll too)
+  SiblingTurn write;            // what to swap in for what was read (equal to it: nothing to write)
+  bool took = false;            // go, having taken the turn from another (or nobody): its sub-turn starts now
+};
+
+// A launch of process `self` whose container may release it now (Decide said so): may it go? Its work would then
+// be expected done by `end_after_ns`; it took the turn at `held_since_ns` (meaningful while it holds it).
+// - The holder goes and keeps the turn, unless a sibling waits and it has held the turn for `subturn_ns`: then it
+//   hands it over (stops releasing; its queue drains; the waiter takes the turn when the holder's work ends).
+// - Another takes the turn once the holder's work has ended (or nobody holds it), or when `past_bound` (it has
+//   waited a whole cycle: a holder dead, stopped or lying costs its siblings one cycle at most); else it waits and
+//   says so (`waiting`).
+// - A holder that handed the turn over takes it back only if nobody has by end_ns + kHandBackNs.
+SiblingStep DecideSibling(const SiblingTurn& seen, std::uint32_t self, std::uint64_t held_since_ns,
+                          std::uint64_t subturn_ns, std::uint64_t end_after_ns, std::uint64_t now_ns,
+                          bool past_bound);
+
+// When a process's released work, expected done at `queued_end_ns`, is published as done (to the other members as
+// its busy_until, to its siblings as the turn's end): with a margin of max(200 us, a tenth of what is queued), so
+// that a short estimate costs an overlap the driver time-slices rather than a stall.
+std::uint64_t WorkEndWithMarginNs(std::uint64_t queued_end_ns, std::uint64_t now_ns);
+
+// The sub-turn of a member's processes on a GPU: its window in the cycle, at least 2 ms (handovers then fall mostly
+// at window boundaries, where the GPU changes hands anyway).
+std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me);
 
 }  // namespace vgpu::policy
