@@ -394,9 +394,12 @@ TEST(SiblingTurn, TheWordKeepsHolderBitsAndEndRoundedUpToItsGrain) {
   EXPECT_FALSE(back.handed);
   EXPECT_EQ(back.end_ns, 123 * kMs + kSiblingGrainNs);  // never earlier than what was written
   EXPECT_EQ(UnpackSiblingTurn(0).holder, 0u);
-  // An end a century ahead of any boot still fits.
-  const std::uint64_t century = 100ull * 365 * 24 * 3600 * 1'000'000'000ull;
-  EXPECT_EQ(UnpackSiblingTurn(PackSiblingTurn({.holder = 1, .end_ns = century})).end_ns, century);
+  // An end half a century after boot still fits, and the largest holder.
+  const std::uint64_t century = 50ull * 365 * 24 * 3600 * 1'000'000'000ull;
+  const SiblingTurn last = UnpackSiblingTurn(PackSiblingTurn({.holder = kMaxSiblingHolder, .end_ns = century}));
+  EXPECT_EQ(last.end_ns, century);
+  EXPECT_EQ(last.holder, kMaxSiblingHolder);
+  EXPECT_FALSE(last.waiting);
 }
 
 TEST(SiblingTurn, NobodyHoldingOrTheHoldersWorkDoneLetsAProcessTakeTheTurn) {

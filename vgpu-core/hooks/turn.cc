@@ -24,9 +24,6 @@ namespace {
 constexpr std::uint64_t kBaseCycleNs = 20'000'000;    // docs/compute-sharing.md: the base cycle and its bound
 constexpr std::uint64_t kCycleMaxNs = 640'000'000;
 constexpr std::uint64_t kRefreshNs = 100'000'000;     // the members are read again, and the heartbeat written
-// Others wait for released work until its expected end plus this much (or a tenth of the queue, if more): a
-// short estimate then costs an overlap the driver time-slices, not a stall.
-constexpr std::uint64_t kMarginNs = 200'000;
 // A launch waiting on another member's work looks again at least this often (the holder lowers its expected end
 // when it sees its work complete); one waiting with its own work in flight asks the driver this often whether it
 // completed.
@@ -67,6 +64,10 @@ struct State {
   // The end of the container's own window the last decision released into (0: none): launches that end inside it
   // go without another decision (others wait for the container's work in its window; the plan has not changed).
   std::uint64_t lease_until_ns[policy::kMaxDevices] = {};
+  // Turns inside the container (policy::DecideSibling): per CUDA ordinal, the word in the region (null: the device
+  // has none there), and when this process last took the turn.
+  std::uint64_t* sibling_word[policy::kMaxDevices] = {};
+  std::uint64_t turn_held_since_ns[policy::kMaxDevices] = {};
   std::vector<policy::Published> published;  // scratch, per plan member: this GPU
   std::vector<policy::Published> there;      // scratch, per plan member: another GPU of the container's
 };
@@ -115,6 +116,8 @@ bool NameGpus(State& s, const policy::Config& config) {
     if (g < 0) return false;
     s.gpu_of[ordinal] = g;
     s.gpus |= 1ull << g;
+    const int in_region = RegionDevice(ordinal);
+    if (in_region >= 0) s.sibling_word[ordinal] = &ComputeAreaOf(*TheShim().region, in_region).sibling_turn;
     // One share for all its GPUs (HAMi sets one SM limit for all): the largest, where they differ.
     s.share_permille = std::max(s.share_permille, percent * 10);
   }
@@ -277,6 +280,51 @@ policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t 
                         !past_holders && PeersHeld(s, g, now));
 }
 
+// ---- turns inside the container (policy::DecideSibling; docs/compute-sharing.md, "Turns inside a container") ----
+
+// This process's name in the turn word: its region slot + 1 (0: it has no slot, and takes no turns).
+std::uint32_t SelfInTurn() {
+  Shim& shim = TheShim();
+  const int slot = shim.region != nullptr ? shim.region->slot() : -1;
+  return slot >= 0 ? static_cast<std::uint32_t>(slot) + 1 : 0;
+}
+
+// A launch its container may release now (`release`) goes only with the container's turn on the device; else it
+// waits for the sibling holding it (`past_bound`: it has waited a whole cycle, and takes it). Caller holds s.mutex.
+policy::Release SiblingRelease(State& s, int ordinal, std::uint64_t estimate_ns, std::uint64_t now, bool past_bound,
+                               const policy::Release& release) {
+  const std::uint32_t self = SelfInTurn();
+  if (s.sibling_word[ordinal] == nullptr || self == 0) return release;
+  std::atomic_ref<std::uint64_t> word(*s.sibling_word[ordinal]);
+  const std::uint64_t end_after =
+      policy::WorkEndWithMarginNs(std::max(now, s.queued_end_ns[ordinal]) + estimate_ns, now);
+  const std::uint64_t subturn = policy::SubturnNs(s.plan, static_cast<std::size_t>(s.me));
+  policy::SiblingStep step;
+  for (std::uint64_t seen = word.load();;) {
+    step = policy::DecideSibling(policy::UnpackSiblingTurn(seen), self, s.turn_held_since_ns[ordinal], subturn,
+                                 end_after, now, past_bound);
+    const std::uint64_t write = policy::PackSiblingTurn(step.write);
+    if (write == seen || word.compare_exchange_weak(seen, write)) break;
+  }
+  if (step.took) s.turn_held_since_ns[ordinal] = now;
+  if (step.go) return release;
+  return {step.look_ns, policy::WaitReason::sibling, release.window, release.free};
+}
+
+// Moves the end of the container's turn on the device, if this process holds it: raised to `end_ns` (it released
+// more), or lowered to it (its work seen complete). Caller holds s.mutex.
+void MoveSiblingEnd(State& s, int ordinal, std::uint64_t end_ns, bool lower) {
+  const std::uint32_t self = SelfInTurn();
+  if (s.sibling_word[ordinal] == nullptr || self == 0) return;
+  std::atomic_ref<std::uint64_t> word(*s.sibling_word[ordinal]);
+  for (std::uint64_t seen = word.load();;) {
+    policy::SiblingTurn turn = policy::UnpackSiblingTurn(seen);
+    if (turn.holder != self || (lower ? turn.end_ns <= end_ns : turn.end_ns >= end_ns)) return;
+    turn.end_ns = end_ns;
+    if (word.compare_exchange_weak(seen, policy::PackSiblingTurn(turn))) return;
+  }
+}
+
 // The process's work on the device completed (seen at `now`): its published expected end drops to now, unless
 // another of the container's processes has published a later one since. Caller holds s.mutex.
 void EndPublishedWork(State& s, int ordinal, std::uint32_t g, std::uint64_t now) {
@@ -286,6 +334,7 @@ void EndPublishedWork(State& s, int ordinal, std::uint32_t g, std::uint64_t now)
   if (published > now) busy_until.compare_exchange_strong(expected, now);
   published = std::min(published, now);
   s.queued_end_ns[ordinal] = std::min(s.queued_end_ns[ordinal], now);
+  MoveSiblingEnd(s, ordinal, now, true);
 }
 
 // LIBCUDA_LOG_LEVEL=4: a launch that waited a whole cycle for other members' work goes beside it; which member
@@ -301,6 +350,59 @@ void LogGoingBeside(State& s, int ordinal, std::uint32_t g, const void* function
         static_cast<unsigned long long>(s.plan.member(m).id), ahead(schedule::Load(held.busy_until_ns)),
         ahead(schedule::Load(held.released_until_ns)));
   }
+}
+
+// How a launch's wait for its turn has gone so far (Take).
+struct Wait {
+  std::uint64_t started = 0;
+  std::uint64_t last = 0;                               // the previous look
+  policy::WaitReason first = policy::WaitReason::none;  // why it first waited
+  policy::WaitReason previous = policy::WaitReason::none;
+  std::uint64_t others_ns = 0;   // waited for other members' work so far: past a cycle, no longer waited for
+  std::uint64_t sibling_ns = 0;  // ... and for a sibling holding the container's turn: the same
+  std::uint64_t cycle_ns = 0;
+  bool first_wait = true;
+
+  // A look at `now` found it must wait for `reason`: the time since the previous look is counted against what that
+  // one waited for.
+  void Count(std::uint64_t now, policy::WaitReason reason) {
+    if (previous == policy::WaitReason::others_work) others_ns += now - last;
+    if (previous == policy::WaitReason::sibling) sibling_ns += now - last;
+    previous = reason;
+    last = now;
+    if (first == policy::WaitReason::none) first = reason;
+  }
+};
+
+// One look at whether the launch may go now: inside the turn already decided (the lease), else by Decide; then only
+// with the container's turn on the device (SiblingRelease). Going: `ticket` is set (and the lease), and the release
+// returned is at `now`. Caller holds s.mutex.
+policy::Release Look(State& s, int ordinal, std::uint32_t g, std::uint64_t estimate_ns, std::uint64_t now, Wait& w,
+                     Ticket& ticket) {
+  w.cycle_ns = s.plan.cycle_ns();
+  const std::uint64_t lease = s.lease_until_ns[ordinal];
+  const bool leased = std::max(now, s.queued_end_ns[ordinal]) + estimate_ns <= lease;
+  policy::Release release{now, policy::WaitReason::none, {now, lease}, false};
+  if (!leased) release = DecideNow(s, ordinal, g, estimate_ns, now, w.others_ns >= w.cycle_ns);
+  if (release.at_ns <= now) release = SiblingRelease(s, ordinal, estimate_ns, now, w.sibling_ns >= w.cycle_ns, release);
+  if (release.at_ns > now) {
+    s.lease_until_ns[ordinal] = 0;
+    return release;
+  }
+  const bool own = leased || (!release.free && s.plan.OwnerAt(g, now) == s.me);
+  ticket = {true, release.window, release.free, now - w.started, own ? release.window.end_ns : 0};
+  s.lease_until_ns[ordinal] = ticket.turn_until_ns;
+  return release;
+}
+
+// When a launch that must wait (`release`) looks again, published as the container's launch waiting until then
+// (and a margin). A sibling's turn may end sooner than expected (its holder sees its work complete): polled.
+std::uint64_t WakeFor(State& s, int ordinal, std::uint32_t g, const policy::Release& release, std::uint64_t now) {
+  std::uint64_t wake = release.at_ns != policy::kNoTime ? release.at_ns : NextLook(s, g, now);
+  if (release.reason == policy::WaitReason::sibling) wake = std::min(wake, now + kPollMostNs);
+  s.lease_until_ns[ordinal] = 0;
+  schedule::RaiseTo(s.board->entry(s.entry).gpu[g].waiting_until_ns, wake + kWaitingMarginNs);
+  return std::max(wake, now + (release.reason == policy::WaitReason::sibling ? kPollLeastNs : 0));
 }
 
 }  // namespace
@@ -319,48 +421,28 @@ bool Scheduled(int ordinal) {
 }
 
 Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const void* function) {
-  Ticket ticket;
-  if (!Scheduled(ordinal)) return ticket;
+  if (!Scheduled(ordinal)) return {};
   State& s = TheState();
   const auto g = static_cast<std::uint32_t>(s.gpu_of[ordinal]);
-  const std::uint64_t started = MonotonicNs();
-  policy::WaitReason first_reason = policy::WaitReason::none;
-  std::uint64_t held_ns = 0;  // waited for other members' work so far
-  bool first_wait = true;
-  bool held_before = false;
-  std::uint64_t cycle_ns = 0;
+  Wait w;
+  w.started = w.last = MonotonicNs();
+  Ticket ticket;
   std::unique_lock<std::mutex> guard(s.mutex, std::defer_lock);
-  for (std::uint64_t last = started;;) {
+  for (;;) {
     const std::uint64_t now = MonotonicNs();
     const bool ask = caller.longest_ns != nullptr && (RefreshDue(s, now) || s.me < 0);
     const std::uint64_t longest_ns = ask ? caller.longest_ns(caller.self) : policy::kNoTime;
     guard.lock();
     Refresh(s, ordinal, now, longest_ns);
-    if (s.me < 0) return ticket;  // not in the plan (no entry to be had): the driver's time-slicing
-    const std::uint64_t lease = s.lease_until_ns[ordinal];
-    if (std::max(now, s.queued_end_ns[ordinal]) + estimate_ns <= lease) {
-      return {true, {now, lease}, false, now - started, lease};  // inside the turn already decided
-    }
-    cycle_ns = s.plan.cycle_ns();
-    const policy::Release release = DecideNow(s, ordinal, g, estimate_ns, now, held_ns >= cycle_ns);
-    if (release.at_ns <= now) {
-      if (held_ns >= cycle_ns) LogGoingBeside(s, ordinal, g, function, now);
-      const bool own = !release.free && s.plan.OwnerAt(g, now) == s.me;
-      ticket = {true, release.window, release.free, now - started, own ? release.window.end_ns : 0};
-      s.lease_until_ns[ordinal] = ticket.turn_until_ns;
-      break;
-    }
-    if (held_before) held_ns += now - last;  // the sleep just ended was for other members' work
-    held_before = release.reason == policy::WaitReason::others_work;
-    last = now;
-    if (first_reason == policy::WaitReason::none) first_reason = release.reason;
-    s.lease_until_ns[ordinal] = 0;
-    std::uint64_t wake = release.at_ns != policy::kNoTime ? release.at_ns : NextLook(s, g, now);
-    schedule::RaiseTo(s.board->entry(s.entry).gpu[g].waiting_until_ns, wake + kWaitingMarginNs);
+    if (s.me < 0) return {};  // not in the plan (no entry to be had): the driver's time-slicing
+    const policy::Release release = Look(s, ordinal, g, estimate_ns, now, w, ticket);
+    if (release.at_ns <= now) break;
+    w.Count(now, release.reason);
+    std::uint64_t wake = WakeFor(s, ordinal, g, release, now);
     const bool own_pending = s.published_end_ns[ordinal] > now;
     guard.unlock();
-    if (first_wait && caller.before_wait != nullptr) caller.before_wait(caller.self);
-    first_wait = false;
+    if (w.first_wait && caller.before_wait != nullptr) caller.before_wait(caller.self);
+    w.first_wait = false;
     if (own_pending && caller.drained != nullptr) {
       if (caller.drained(caller.self)) {
         guard.lock();
@@ -372,12 +454,13 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     }
     SleepUntilNs(wake);
   }
+  if (w.others_ns >= w.cycle_ns && ticket.waited_ns > 0) LogGoingBeside(s, ordinal, g, function, MonotonicNs());
   guard.unlock();
   if (ticket.waited_ns > 0) {
     Log(4, "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s): time division, "
         "cycle %llu us", ordinal, function, static_cast<unsigned long long>(estimate_ns / 1000),
-        static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(first_reason),
-        static_cast<unsigned long long>(cycle_ns / 1000));
+        static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(w.first),
+        static_cast<unsigned long long>(w.cycle_ns / 1000));
   }
   return ticket;
 }
@@ -391,12 +474,13 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
   const std::uint64_t now = MonotonicNs();
   std::uint64_t& queued_end = s.queued_end_ns[ordinal];
   queued_end = std::max(queued_end, now) + estimate_ns;
-  const std::uint64_t margin = std::max(kMarginNs, (queued_end - now) / 10);
+  const std::uint64_t end = policy::WorkEndWithMarginNs(queued_end, now);
   schedule::Entry& own = s.board->entry(s.entry);
-  if (queued_end + margin > s.published_end_ns[ordinal]) {
-    s.published_end_ns[ordinal] = queued_end + margin;
-    schedule::RaiseTo(own.gpu[g].busy_until_ns, s.published_end_ns[ordinal]);
+  if (end > s.published_end_ns[ordinal]) {
+    s.published_end_ns[ordinal] = end;
+    schedule::RaiseTo(own.gpu[g].busy_until_ns, end);
   }
+  MoveSiblingEnd(s, ordinal, end, false);
   if (ticket.window.end_ns != policy::kNoTime && ticket.window.end_ns != s.published_window_ns[ordinal]) {
     s.published_window_ns[ordinal] = ticket.window.end_ns;
     schedule::RaiseTo(own.gpu[g].released_until_ns, ticket.window.end_ns);

@@ -453,13 +453,13 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
 
 std::uint64_t PackSiblingTurn(const SiblingTurn& turn) {
   const std::uint64_t end = (turn.end_ns + kSiblingGrainNs - 1) / kSiblingGrainNs;
-  return (end << 12) | (static_cast<std::uint64_t>(turn.handed) << 11) |
-         (static_cast<std::uint64_t>(turn.waiting) << 10) | std::min(turn.holder, kMaxSiblingHolder);
+  return (end << 13) | (static_cast<std::uint64_t>(turn.handed) << 12) |
+         (static_cast<std::uint64_t>(turn.waiting) << 11) | std::min(turn.holder, kMaxSiblingHolder);
 }
 
 SiblingTurn UnpackSiblingTurn(std::uint64_t word) {
-  return {static_cast<std::uint32_t>(word & kMaxSiblingHolder), ((word >> 10) & 1) != 0, ((word >> 11) & 1) != 0,
-          (word >> 12) * kSiblingGrainNs};
+  return {static_cast<std::uint32_t>(word & kMaxSiblingHolder), ((word >> 11) & 1) != 0, ((word >> 12) & 1) != 0,
+          (word >> 13) * kSiblingGrainNs};
 }
 
 SiblingStep DecideSibling(const SiblingTurn& seen, std::uint32_t self, std::uint64_t held_since_ns,

@@ -164,13 +164,13 @@ bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::
 // count, and each process's kernel times would hold its siblings' slices). One 64-bit word per container and GPU,
 // in the container's region, written only by its processes, by compare-and-swap.
 struct SiblingTurn {
-  std::uint32_t holder = 0;  // the process holding the turn, as the caller names it (1 .. 1023; 0: nobody)
+  std::uint32_t holder = 0;  // the process holding the turn, as the caller names it (1 .. 2047; 0: nobody)
   bool waiting = false;      // another process of the container waits for the turn
   bool handed = false;       // the holder gave it up: it takes it back only if nobody has by end_ns + kHandBackNs
   std::uint64_t end_ns = 0;  // the holder's released work is expected done by here
 };
-inline constexpr std::uint32_t kMaxSiblingHolder = 1023;
-inline constexpr std::uint64_t kSiblingGrainNs = 1'000;  // end_ns is kept in these units, rounded up (52 bits: 142 years)
+inline constexpr std::uint32_t kMaxSiblingHolder = 2047;  // (the region's slot + 1)
+inline constexpr std::uint64_t kSiblingGrainNs = 1'000;  // end_ns is kept in these units, rounded up (51 bits: 71 years)
 inline constexpr std::uint64_t kHandBackNs = 1'000'000;
 std::uint64_t PackSiblingTurn(const SiblingTurn& turn);
 SiblingTurn UnpackSiblingTurn(std::uint64_t word);
