@@ -58,10 +58,11 @@ class TimeDivisionFaults : public ::testing::Test {
     std::filesystem::remove_all(folder_);
   }
 
-  // Starts a container of one process running 1 ms kernels for `seconds`, capped at `cores` % under time division
-  // (0: no shim at all). `wrapper`: a command line vgpu-tenant is run under (its path first).
+  // Starts a process running 1 ms kernels for `seconds`, capped at `cores` % under time division (0: no shim at
+  // all), in a container of its own unless `container` names one (its region). `wrapper`: a command line
+  // vgpu-tenant is run under (its path first).
   Tenant& Start(const std::string& name, int cores, int seconds, const std::vector<std::string>& extra = {},
-                const std::vector<std::string>& wrapper = {}) {
+                const std::vector<std::string>& wrapper = {}, const std::string& container = "") {
     std::vector<std::string> env = {
         "LD_LIBRARY_PATH=" + kBuild + "/lib",
         "FAKECUDA_STATE=" + (folder_ / "machine").string(),
@@ -79,7 +80,8 @@ class TimeDivisionFaults : public ::testing::Test {
       env.push_back("GPU_CORE_UTILIZATION_POLICY=force");
       env.push_back("VGPU_COMPUTE_SHARING=time-division");
       env.push_back("VGPU_SCHEDULE_FILE=" + (folder_ / "schedule").string());
-      env.push_back("CUDA_DEVICE_MEMORY_SHARED_CACHE=" + (folder_ / (name + ".region")).string());
+      env.push_back("CUDA_DEVICE_MEMORY_SHARED_CACHE=" +
+                    (folder_ / ((container.empty() ? name : container) + ".region")).string());
     }
     env.insert(env.end(), extra.begin(), extra.end());
     std::vector<std::string> argv = wrapper;
@@ -180,6 +182,36 @@ TEST_F(TimeDivisionFaults, AStoppedContainerCostsTheOtherNothingBeyondOneCycle) 
   EXPECT_NEAR(a_stopped, 50, 3);
   EXPECT_NEAR(a_after, 50, 3);
   EXPECT_NEAR(b_after, 50, 3);
+}
+
+// A container of two processes, one of them stopped (SIGSTOP), then continued, then killed (SIGKILL), holding the
+// container's turn on the GPU or about to (they take turns inside its windows: policy::DecideSibling): the sibling
+// waits for it at most one cycle per launch, and keeps the container's share; the other container keeps its own.
+TEST_F(TimeDivisionFaults, AStoppedOrKilledProcessCostsItsSiblingNothingBeyondOneCycle) {
+  Tenant& a = Start("a", 50, 6);
+  Tenant& b1 = Start("b1", 50, 6, {}, {}, "b");
+  Tenant& b2 = Start("b2", 50, 6, {}, {}, "b");
+  const std::uint64_t t0 = NowNs();
+  SleepUntil(t0 + 1500 * kMs);
+  ASSERT_EQ(kill(b1.pid, SIGSTOP), 0);
+  SleepUntil(t0 + 3000 * kMs);
+  ASSERT_EQ(kill(b1.pid, SIGCONT), 0);
+  SleepUntil(t0 + 3500 * kMs);
+  ASSERT_EQ(kill(b1.pid, SIGKILL), 0);
+  Wait(b1, true);
+  Wait(a);
+  Wait(b2);
+  const double a_stopped = Share(a, t0 + 1600 * kMs, t0 + 2900 * kMs);
+  const double b2_stopped = Share(b2, t0 + 1600 * kMs, t0 + 2900 * kMs);
+  const double a_killed = Share(a, t0 + 3600 * kMs, t0 + 5800 * kMs);
+  const double b2_killed = Share(b2, t0 + 3600 * kMs, t0 + 5800 * kMs);
+  std::printf("while b1 is stopped: a %.1f %%, b2 %.1f %%; after b1 is killed: a %.1f %%, b2 %.1f %%\n", a_stopped,
+              b2_stopped, a_killed, b2_killed);
+  if (!kJudgeShares) return;
+  EXPECT_NEAR(a_stopped, 50, 3);
+  EXPECT_NEAR(b2_stopped, 50, 3);
+  EXPECT_NEAR(a_killed, 50, 3);
+  EXPECT_NEAR(b2_killed, 50, 3);
 }
 
 // A container killed (SIGKILL) mid-run: the other keeps its windows, never stalled.
