@@ -164,6 +164,8 @@ struct ProcessState {
   // for a sibling's (kNever: it does not).
   std::uint64_t turn_held_since_ns = 0;
   std::uint64_t sibling_wait_since_ns = kNever;
+  std::uint64_t handover_window_ns = policy::kNoTime;  // the own window whose handover it was charged last
+
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
 };
@@ -348,6 +350,7 @@ class Engine final : public model::TimelineListener {
     limiter_config.lend_when_idle = tenant.policy == Policy::default_policy && !scheduled;
     if (scheduled) state.member = static_cast<int>(t);  // renumbered below
     state.turn.borrow_idle = tenant.policy == Policy::default_policy;
+    state.turn.handover_ns = scenario_.switch_ns;
     if (tenant.burst_ns != 0) limiter_config.burst_ns = tenant.burst_ns;
     if (tenant.in_flight_max_ns != 0) limiter_config.in_flight_max_ns = tenant.in_flight_max_ns;
     for (policy::BudgetCell& cell : state.cells) {
@@ -715,6 +718,9 @@ class Engine final : public model::TimelineListener {
       }
       if (scenario_.record_waits) tenant.result.launch_waits_ns.push_back(waited_ns);
       p.pending_release = release;
+      const std::uint64_t handover_ns = policy::HandoverCharge(plan_, member, p.device, published, release,
+                                                               p.handover_window_ns, tenant.turn.handover_ns, now_ns_);
+      if (handover_ns > 0) ChargeTurn(tenant, p.device, handover_ns, now_ns_);
       return true;
     }
     if (!waiting) {
@@ -799,14 +805,21 @@ class Engine final : public model::TimelineListener {
     const std::uint64_t free_start = std::max(from, free.start_ns);
     const std::uint64_t free_end = std::min(op.end_ns, free.end_ns);
     const std::uint64_t ran_ns = span_ns - (free_end > free_start ? std::min(span_ns, free_end - free_start) : 0);
+    ChargeTurn(tenant, p.device, ran_ns, op.end_ns);
+    if (p.in_flight.size() == 0) p.queued_end_ns = op.end_ns;
+    GrowCycle(tenant);
+  }
+
+  // Charges the tenant `ran_ns` of GPU time on `device` at `at_ns` (a tenant spanning devices: divided by their
+  // number), and publishes its debt.
+  void ChargeTurn(TenantState& tenant, std::uint32_t device, std::uint64_t ran_ns, std::uint64_t at_ns) {
+    const auto member = static_cast<std::size_t>(tenant.member);
     const auto spanned = static_cast<std::uint64_t>(std::popcount(tenant.gpus));
-    const std::uint64_t repaid_until_ns = policy::Charge(plan_, member, tenant.AccountOn(p.device), ran_ns / spanned,
-                                                         op.end_ns);
+    const std::uint64_t repaid_until_ns = policy::Charge(plan_, member, tenant.AccountOn(device), ran_ns / spanned,
+                                                         at_ns);
     for (std::uint32_t d = 0; d < device_count_; ++d) {
       if ((tenant.gpus >> d) & 1) published_[d][member].repaid_until_ns = repaid_until_ns;
     }
-    if (p.in_flight.size() == 0) p.queued_end_ns = op.end_ns;
-    GrowCycle(tenant);
   }
 
   // The earliest start among the tenant's kernels on `device` that have started and not completed, and `start_ns`.

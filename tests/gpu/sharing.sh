@@ -189,7 +189,7 @@ for stage in "${wanted[@]}"; do
       ;;
     four)
       mm_pair mm-alone ""
-      for sharing in none time-division limiter; do mm_four "mm-four-$sharing" "$sharing"; done
+      for sharing in ${VGPU_FOUR_SHARING:-none time-division limiter}; do mm_four "mm-four-$sharing" "$sharing"; done
       ;;
     *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four)" ;;
   esac

@@ -384,6 +384,50 @@ TEST(Decide, AMemberNotScheduledOnTheGpuIsLeftToTheDriver) {
   EXPECT_EQ(r.at_ns, 10 * kMs);
 }
 
+// ---- who pays for handovers ------------------------------------------------------------------------------------
+
+TEST(HandoverCharge, AMemberPaysOneHandoverPerWindowWhenTheGpuComesFromAnothersWork) {
+  // 30 / 70 books the whole cycle: two handovers of 160 us a cycle, nothing absorbs them.
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  std::vector<Published> published(2);
+  published[1].released_until_ns = kCycle;  // member 1 released into its window ending where member 0's next begins
+  const Release go{kCycle + 100 * kUs, WaitReason::none, {kCycle + 100 * kUs, kCycle + 6 * kMs}, false};
+  std::uint64_t charged = kNoTime;
+  EXPECT_EQ(HandoverCharge(plan, 0, 0, published, go, charged, 160 * kUs, kCycle + 100 * kUs), 160 * kUs);
+  EXPECT_EQ(charged, kCycle);
+  const Release later{kCycle + 2 * kMs, WaitReason::none, {kCycle + 2 * kMs, kCycle + 6 * kMs}, false};
+  EXPECT_EQ(HandoverCharge(plan, 0, 0, published, later, charged, 160 * kUs, kCycle + 2 * kMs), 0u)
+      << "once per window";
+}
+
+TEST(HandoverCharge, NothingIsChargedAfterAnIdleNeighbourOrOutsideTheMembersOwnWindow) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  std::vector<Published> published(2);
+  published[1].released_until_ns = 6 * kMs;  // its latest work went into a window a whole cycle before
+  std::uint64_t charged = kNoTime;
+  const Release go{kCycle, WaitReason::none, {kCycle, kCycle + 6 * kMs}, false};
+  EXPECT_EQ(HandoverCharge(plan, 0, 0, published, go, charged, 160 * kUs, kCycle), 0u);
+  published[1].released_until_ns = kCycle;
+  const Release lent{kCycle + 7 * kMs, WaitReason::none, {kCycle + 7 * kMs, kCycle + 8 * kMs}, false};
+  EXPECT_EQ(HandoverCharge(plan, 0, 0, published, lent, charged, 160 * kUs, kCycle + 7 * kMs), 0u)
+      << "a lent window is not the member's own";
+  const Release free{kCycle, WaitReason::none, {kCycle, kCycle + 2 * kMs}, true};
+  EXPECT_EQ(HandoverCharge(plan, 0, 0, published, free, charged, 160 * kUs, kCycle), 0u);
+}
+
+TEST(HandoverCharge, TimeNobodyOwnsAbsorbsHandoversFirst) {
+  std::vector<Published> published(2);
+  published[1].released_until_ns = kCycle;
+  const Release go{kCycle, WaitReason::none, {kCycle, kCycle + 6 * kMs}, false};
+  std::uint64_t charged = kNoTime;
+  // 30 / 60: 2 ms nobody owns, more than the two handovers.
+  const WindowPlan slack = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
+  EXPECT_EQ(HandoverCharge(slack, 0, 0, published, go, charged, 160 * kUs, kCycle), 0u);
+  // 30 / 69.8: 40 us nobody owns of the 320 us of handovers: each member pays 7/8 of one.
+  const WindowPlan tight = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 698, .gpus = 1}});
+  EXPECT_EQ(HandoverCharge(tight, 0, 0, published, go, charged, 160 * kUs, kCycle), 140 * kUs);
+}
+
 // ---- turns inside a container ----------------------------------------------------------------------------------
 
 TEST(SiblingTurn, TheWordKeepsHolderBitsAndEndRoundedUpToItsGrain) {

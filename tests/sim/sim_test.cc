@@ -585,6 +585,32 @@ TEST(TimeDivision, TenTwentyThirtyFortyWithMixedKernelsAndATenantOfTwoProcesses)
   }
 }
 
+// Issue 20, item 2, with one kernel size (the H100's case: bf16 matmuls of 1.64 ms): four tenants booking the whole
+// GPU, the 40 % one of two processes. The cycle's four handovers (640 us of 20 ms) cannot all be had; each tenant
+// pays its own (policy::HandoverCharge). Without the charge the 10 % one paid for all of them: 7.4 % (1 ms kernels)
+// beside 20.0 / 30.0 / 40.0; on the H100 6.5-7.0 % in four runs of five.
+TEST(TimeDivision, TenTwentyThirtyFortyWithOneKernelSizeEachPayItsOwnHandovers) {
+  for (const std::uint64_t kernel_ns : {kMillisecondNs, 1'640 * kMicrosecondNs}) {
+    Tenant d = OneProcess("d", 40, Persistent(kernel_ns, 4));
+    d.processes.push_back(d.processes[0]);
+    const Result result = RunAndPrint(Divided({OneProcess("a", 10, Persistent(kernel_ns, 4)),
+                                               OneProcess("b", 20, Persistent(kernel_ns, 4)),
+                                               OneProcess("c", 30, Persistent(kernel_ns, 4)), d}));
+    ExpectSharesHeldTogether(result, 0.95);
+  }
+}
+
+// ... and where the shares leave time nobody owns (90 % booked), it absorbs the handovers: nobody is charged them.
+TEST(TimeDivision, TimeNobodyOwnsAbsorbsTheHandovers) {
+  const Result result = RunAndPrint(Divided({OneProcess("a", 10, Persistent(kMillisecondNs, 4)),
+                                             OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
+                                             OneProcess("c", 30, Persistent(kMillisecondNs, 4)),
+                                             OneProcess("d", 30, Persistent(kMillisecondNs, 4))}));
+  for (const TenantResult& tenant : result.tenants) {
+    EXPECT_NEAR(tenant.mean_share, tenant.cap, 0.005) << "tenant " << tenant.name;
+  }
+}
+
 // A job on two GPUs, a rank on each (the second starting `offset_ns` later, as ranks never start together): 1 ms
 // kernels, an all_reduce of 1 ms after every 4, capped at `cap` (0: none), maybe beside a 50 % neighbour on GPU 0.
 Scenario TwoGpuJob(std::uint32_t cap, std::uint64_t offset_ns, bool neighbour, Sharing sharing) {

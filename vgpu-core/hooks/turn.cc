@@ -68,6 +68,8 @@ struct State {
   // has none there), and when this process last took the turn.
   std::uint64_t* sibling_word[policy::kMaxDevices] = {};
   std::uint64_t turn_held_since_ns[policy::kMaxDevices] = {};
+  // Per CUDA ordinal: the start of the own window whose handover this process charged last (policy::HandoverCharge).
+  std::uint64_t handover_window_ns[policy::kMaxDevices] = {};
   std::vector<policy::Published> published;  // scratch, per plan member: this GPU
   std::vector<policy::Published> there;      // scratch, per plan member: another GPU of the container's
 };
@@ -390,6 +392,12 @@ policy::Release Look(State& s, int ordinal, std::uint32_t g, std::uint64_t estim
     return release;
   }
   const bool own = leased || (!release.free && s.plan.OwnerAt(g, now) == s.me);
+  if (!leased) {  // (the handover into its window was charged with the decision that set the lease)
+    const std::uint64_t handover_ns = policy::HandoverCharge(s.plan, static_cast<std::size_t>(s.me), g, s.published,
+                                                             release, s.handover_window_ns[ordinal],
+                                                             s.turn.handover_ns, now);
+    s.unflushed_ns += handover_ns / static_cast<std::uint64_t>(std::popcount(s.gpus));
+  }
   ticket = {true, release.window, release.free, now - w.started, own ? release.window.end_ns : 0};
   s.lease_until_ns[ordinal] = ticket.turn_until_ns;
   return release;

@@ -419,6 +419,22 @@ bool Affordable(const WindowPlan& plan, std::size_t me, const Candidate& c, cons
   return after >= -static_cast<std::int64_t>(estimate_ns / 2);
 }
 
+// What of one handover on `gpu` its members pay: the cycle's handovers (one per member spanning it) less the time
+// nobody owns, which absorbs them, shared out per handover.
+std::uint64_t UnabsorbedHandoverNs(const WindowPlan& plan, std::uint32_t gpu, std::uint64_t handover_ns) {
+  std::uint64_t booked_ns = 0;
+  std::uint64_t members = 0;
+  for (std::size_t m = 0; m < plan.size(); ++m) {
+    if (!Spans(plan.member(m), gpu)) continue;
+    ++members;
+    for (const Interval& piece : plan.pieces(m)) booked_ns += piece.length();
+  }
+  const std::uint64_t handovers_ns = members * handover_ns;
+  const std::uint64_t unbooked_ns = plan.cycle_ns() > booked_ns ? plan.cycle_ns() - booked_ns : 0;
+  if (unbooked_ns >= handovers_ns) return 0;
+  return handover_ns * (handovers_ns - unbooked_ns) / handovers_ns;
+}
+
 }  // namespace
 
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
@@ -449,6 +465,26 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
     again_ns = std::min(again_ns, std::max(now_ns + 1, std::min(reach_ns, queued_end_ns)));
   }
   return {again_ns, WaitReason::fit, c.window, c.free};
+}
+
+std::uint64_t HandoverCharge(const WindowPlan& plan, std::size_t me, std::uint32_t gpu,
+                             std::span<const Published> published, const Release& release,
+                             std::uint64_t& charged_window_ns, std::uint64_t handover_ns, std::uint64_t now_ns) {
+  if (me >= plan.size() || release.free || release.at_ns > now_ns ||
+      plan.OwnerAt(gpu, now_ns) != static_cast<int>(me)) {
+    return 0;
+  }
+  const std::uint64_t start = plan.WindowAt(me, now_ns).start_ns;
+  const std::uint64_t unabsorbed_ns = UnabsorbedHandoverNs(plan, gpu, handover_ns);
+  if (start == charged_window_ns || unabsorbed_ns == 0) return 0;
+  for (std::size_t m = 0; m < plan.size() && m < published.size(); ++m) {
+    const std::uint64_t until = published[m].released_until_ns;
+    if (m != me && until >= start && until != kNoTime) {
+      charged_window_ns = start;
+      return unabsorbed_ns;
+    }
+  }
+  return 0;
 }
 
 std::uint64_t PackSiblingTurn(const SiblingTurn& turn) {

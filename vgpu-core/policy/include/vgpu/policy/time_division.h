@@ -129,6 +129,8 @@ struct Release {
 };
 
 struct TurnConfig {
+  // What a handover between members costs the GPU (HandoverCharge): an H100's, measured (../shared/FIELD-NOTES.md).
+  std::uint64_t handover_ns = 160'000;
   // `default`: may use windows whose owner has no work, and time nobody owns, free of charge.
   bool borrow_idle = false;
   // Most of an idle owner's window a borrower may fill ahead: the owner, when work comes, waits at most this.
@@ -157,6 +159,19 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
 // than `bound_ns` (Decide: the cycle).
 bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                 std::uint64_t bound_ns, std::uint64_t now_ns);
+
+// The GPU's handover to a member (an H100 loses ~160 us in which nobody runs each time it goes from one context's
+// work to another's: docs/results-gpu.md) is charged to that member, once per window of its own, as far as the time
+// nobody owns cannot absorb the cycle's handovers: with the shares on a GPU booked in full each member then gets its
+// window less one handover, instead of the member whose credit saturates first paying for all of them (10/20/30/40
+// with 1 ms kernels in the simulator: 7.4 / 20 / 30 / 40 % uncharged, 9.3 / 19.5 / 29.2 / 39.2 charged). Returns
+// the charge if a launch released into its own window now (`release`) is the first of that window
+// (`charged_window_ns`, the start of the last window charged, is another: set to this one's when it is charged) and
+// another member released work into a window ending at or after its start (the GPU goes from that work to this);
+// else 0.
+std::uint64_t HandoverCharge(const WindowPlan& plan, std::size_t me, std::uint32_t gpu,
+                             std::span<const Published> published, const Release& release,
+                             std::uint64_t& charged_window_ns, std::uint64_t handover_ns, std::uint64_t now_ns);
 
 // ---- Turns inside a container (docs/compute-sharing.md, "Turns inside a container") ------------------------------
 // The processes of one container on one GPU take turns, as containers take windows, so that they never time-slice
