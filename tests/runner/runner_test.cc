@@ -906,6 +906,38 @@ TEST(RunnerLive, TimeDivisionAContainerOfTwoProcessesHoldsItsShareAndItsNeighbou
   EXPECT_GE(mean["a"] + mean["b"], 95);
 }
 
+// Issue 20, item 2, live: four containers at 10/20/30/40 % book the whole GPU, the 40 % one of two processes, all
+// running one-wave 1.64 ms kernels (the H100's bf16 matmul). Each within 2 points: the processes of the 40 % one take
+// turns (policy::DecideSibling), and each container pays its own handovers (policy::HandoverCharge). Over fakecuda
+// a launch released after its predecessor's work was seen complete finds the device idle and costs no handover, so
+// this holds without the charge too (a 10.0 %); the simulator, which releases at the completion itself, and the
+// H100 showed the 10 % one paying for all of them without it (7.4 %; 6.5-7.0 in four runs of five):
+// TimeDivision.TenTwentyThirtyFortyWithOneKernelSizeEachPayItsOwnHandovers guards that.
+TEST(RunnerLive, TimeDivisionTenTwentyThirtyFortyWithATwoProcessContainer) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = Base("four", 6 * kSecondNs);
+  s.sharing = scenario::Sharing::time_division;
+  scenario::Phase phase = Kernels(1'640 * kMicrosecondNs);
+  phase.blocks = 132;
+  s.tenants = {Tenant("a", 10), Tenant("b", 20), Tenant("c", 30), Tenant("d", 40)};
+  for (auto& tenant : s.tenants) tenant.processes.push_back(Process(s.duration_ns, {phase}));
+  s.tenants[3].processes.push_back(Process(s.duration_ns, {phase}));
+  const Trace trace = Parse(MustRunLive(s).trace);
+  for (const std::string name : {"a", "b", "c", "d"}) ExpectCleanExits(trace, name);
+  if (!kJudgeShares) return;
+  double together = 0;
+  for (const auto& [name, cap] : std::vector<std::pair<std::string, double>>{{"a", 10}, {"b", 20}, {"c", 30}, {"d", 40}}) {
+    const std::vector<double> shares = trace.Shares(name, 0, kSecondNs);
+    ASSERT_GT(shares.size(), 1u);
+    double mean = 0;
+    for (std::size_t w = 1; w < shares.size(); ++w) mean += shares[w] / static_cast<double>(shares.size() - 1);
+    std::printf("10/20/30/40 (d of two processes): %s %.1f %%\n", name.c_str(), mean);
+    EXPECT_NEAR(mean, cap, 2) << name;
+    together += mean;
+  }
+  EXPECT_GE(together, 95);
+}
+
 // `default` under time division: a lone container runs free (at least 97 %); a neighbour that arrives has its share
 // within a second, and the `default` one keeps its own plus the time no member owns (work-conserving: 40 + 50 books
 // 90 %, the rest is idle capacity; the limiter's `default` held it to 40).
