@@ -119,6 +119,8 @@ mm_four() {
   for spec in a:10 b:20 c:30 d:40 d:40; do
     local name=${spec%%:*} cap=${spec##*:} env=""
     [[ $sharing != none ]] && env=$(container "$case-$name" "$cap" "$sharing")
+    # VGPU_FOUR_LOG=NAME: that container's shim says each wait (LIBCUDA_LOG_LEVEL=4) in its log (logs.tgz).
+    [[ $sharing != none && ${VGPU_FOUR_LOG:-} == "$name" ]] && env="$env LIBCUDA_LOG_LEVEL=4"
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 45)) env $env python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 \
       "$meas" >"$work/$case.$i.log" 2>&1 &

@@ -272,7 +272,7 @@ TEST_F(TimeDivisionFaults, AScheduleFileOfAnotherKindLeavesTheCapToTheLimiter) {
 }
 
 // LIBCUDA_LOG_LEVEL=4: a launch that waited for its turn says how long and why (its window, the others' work,
-// a launch that did not fit, a debt), with the cycle.
+// a launch that did not fit, a debt), with the container's balance then and the cycle.
 TEST_F(TimeDivisionFaults, AWaitForATurnSaysWhyAndHowLongAtLogLevel4) {
   Tenant& a = Start("a", 50, 2, {"LIBCUDA_LOG_LEVEL=4"});
   Tenant& b = Start("b", 50, 2);
@@ -286,6 +286,7 @@ TEST_F(TimeDivisionFaults, AWaitForATurnSaysWhyAndHowLongAtLogLevel4) {
   std::printf("%s\n", line.c_str());
   EXPECT_NE(line.find("expected to run"), std::string::npos) << line;
   EXPECT_NE(line.find(" waited "), std::string::npos) << line;
+  EXPECT_NE(line.find("the container's balance "), std::string::npos) << line;
   EXPECT_NE(line.find("cycle 20000 us"), std::string::npos) << line;
 }
 

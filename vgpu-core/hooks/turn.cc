@@ -61,6 +61,7 @@ struct State {
   std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
   std::uint64_t published_window_ns[policy::kMaxDevices] = {};  // ... and as released_until_ns
   std::uint64_t unflushed_ns = 0;  // charged by Released, not yet taken from the shared account
+  std::int64_t decided_balance_ns = 0;  // the balance the last decision saw (LIBCUDA_LOG_LEVEL=4 says it)
   // The end of the container's own window the last decision released into (0: none): launches that end inside it
   // go without another decision (others wait for the container's work in its window; the plan has not changed).
   std::uint64_t lease_until_ns[policy::kMaxDevices] = {};
@@ -273,6 +274,7 @@ policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t 
   policy::Account account = policy::AccrueShared(s.plan, me, s.cell->account, now);
   const std::uint64_t queued_end = s.queued_end_ns[ordinal];
   account.balance_ns = Effective(s, ordinal, account.balance_ns, now);
+  s.decided_balance_ns = account.balance_ns;
   // The debt the others see is the one this decision sees: repaid already, the windows are no longer lent.
   if (account.balance_ns >= 0) {
     schedule::GpuState& own = s.board->entry(s.entry).gpu[g];
@@ -363,16 +365,17 @@ struct Wait {
   std::uint64_t others_ns = 0;   // waited for other members' work so far: past a cycle, no longer waited for
   std::uint64_t sibling_ns = 0;  // ... and for a sibling holding the container's turn: the same
   std::uint64_t cycle_ns = 0;
+  std::int64_t first_balance_ns = 0;  // the account's balance when it first waited
   bool first_wait = true;
 
   // A look at `now` found it must wait for `reason`: the time since the previous look is counted against what that
   // one waited for.
-  void Count(std::uint64_t now, policy::WaitReason reason) {
+  void Count(std::uint64_t now, policy::WaitReason reason, std::int64_t balance_ns) {
     if (previous == policy::WaitReason::others_work) others_ns += now - last;
     if (previous == policy::WaitReason::sibling) sibling_ns += now - last;
     previous = reason;
     last = now;
-    if (first == policy::WaitReason::none) first = reason;
+    if (first == policy::WaitReason::none) first = reason, first_balance_ns = balance_ns;
   }
 };
 
@@ -445,7 +448,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     if (s.me < 0) return {};  // not in the plan (no entry to be had): the driver's time-slicing
     const policy::Release release = Look(s, ordinal, g, estimate_ns, now, w, ticket);
     if (release.at_ns <= now) break;
-    w.Count(now, release.reason);
+    w.Count(now, release.reason, s.decided_balance_ns);
     std::uint64_t wake = WakeFor(s, ordinal, g, release, now);
     const bool own_pending = s.published_end_ns[ordinal] > now;
     guard.unlock();
@@ -465,9 +468,10 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
   if (w.others_ns >= w.cycle_ns && ticket.waited_ns > 0) LogGoingBeside(s, ordinal, g, function, MonotonicNs());
   guard.unlock();
   if (ticket.waited_ns > 0) {
-    Log(4, "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s): time division, "
-        "cycle %llu us", ordinal, function, static_cast<unsigned long long>(estimate_ns / 1000),
-        static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(w.first),
+    Log(4, "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s, the container's "
+        "balance %+lld us): time division, cycle %llu us", ordinal, function,
+        static_cast<unsigned long long>(estimate_ns / 1000), static_cast<unsigned long long>(ticket.waited_ns / 1000),
+        policy::WaitReasonName(w.first), static_cast<long long>(w.first_balance_ns / 1000),
         static_cast<unsigned long long>(w.cycle_ns / 1000));
   }
   return ticket;
