@@ -228,9 +228,24 @@ const char* WaitReasonName(WaitReason reason) {
   return "?";
 }
 
+// The most members that share one GPU.
+static std::uint64_t MostMembersOnOneGpu(std::span<const Member> members) {
+  std::uint64_t most = 0;
+  for (std::uint32_t gpu = 0; gpu < kMaxGpus; ++gpu) {
+    std::uint64_t on = 0;
+    for (const Member& member : members) on += Spans(member, gpu) ? 1 : 0;
+    most = std::max(most, on);
+  }
+  return most;
+}
+
 std::uint64_t CycleFor(std::span<const Member> members, std::span<const std::uint64_t> longest_ns,
                        std::uint64_t base_ns, std::uint64_t most_ns) {
   std::uint64_t cycle = base_ns;
+  // Half a base cycle per member on the GPU most members share: their handovers cost the same part of it however
+  // many they are (two members: the base cycle; four: twice it).
+  const std::uint64_t least_ns = base_ns / 2 * MostMembersOnOneGpu(members);
+  while (cycle < most_ns && cycle < least_ns) cycle *= 2;
   for (std::size_t m = 0; m < members.size() && m < longest_ns.size(); ++m) {
     const std::uint32_t share = std::max<std::uint32_t>(members[m].share_permille, 1);
     while (cycle < most_ns && cycle / 1000 * share < longest_ns[m]) cycle *= 2;
