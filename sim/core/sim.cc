@@ -165,7 +165,6 @@ struct ProcessState {
   std::uint64_t turn_held_since_ns = 0;
   std::uint64_t sibling_wait_since_ns = kNever;
   std::uint64_t handover_window_ns = policy::kNoTime;  // the own window whose handover it was charged last
-
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
 };

@@ -465,9 +465,10 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     }
     SleepUntilNs(wake);
   }
-  if (w.others_ns >= w.cycle_ns && ticket.waited_ns > 0) LogGoingBeside(s, ordinal, g, function, MonotonicNs());
+  const bool waited = w.first != policy::WaitReason::none;  // (not a launch that went at its first look)
+  if (waited && w.others_ns >= w.cycle_ns) LogGoingBeside(s, ordinal, g, function, MonotonicNs());
   guard.unlock();
-  if (ticket.waited_ns > 0) {
+  if (waited) {
     Log(4, "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s, the container's "
         "balance %+lld us): time division, cycle %llu us", ordinal, function,
         static_cast<unsigned long long>(estimate_ns / 1000), static_cast<unsigned long long>(ticket.waited_ns / 1000),
