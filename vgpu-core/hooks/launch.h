@@ -277,8 +277,8 @@ void FoldBooked(DeviceLimiter& d, StreamState& state, int only = -1) noexcept;
 void CloseWindow(DeviceLimiter& d, CUstream stream, StreamState& state, std::uint64_t now, bool drained);
 void CloseWindowsOf(DeviceLimiter& d, CUcontext context, std::uint64_t now);
 void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bool context_alive);
-// Sampling: a kernel that usually runs `estimate_ns` is measured one launch in MeasuredOneIn; one draw.
-std::uint64_t MeasuredOneIn(std::uint64_t estimate_ns, bool steady);
+// Sampling: a kernel that usually runs `estimate_ns` is measured one launch in policy::MeasuredOneIn; one draw of
+// this thread's policy::Sampler.
 bool DrawMeasured(std::uint64_t one_in);
 
 // settle (launch_settle.cc): after the driver's launch call returned `result`; returns what the launch returns.

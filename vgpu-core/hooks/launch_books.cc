@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "launch.h"
+#include "vgpu/policy/sampling.h"
 
 namespace vgpu::hooks::launch {
 
@@ -294,7 +295,7 @@ std::uint64_t OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream 
   // The launches the sampling leaves unmeasured next, drawn now; the book ends before the first one it measures.
   std::uint32_t unmeasured = 0;
   bool measure_next = false;
-  const std::uint64_t one_in = MeasuredOneIn(estimate_ns, steady);
+  const std::uint64_t one_in = policy::MeasuredOneIn(estimate_ns, steady);
   if (one_in <= 1) return 0;  // every launch measured: nothing to book
   while (unmeasured < kBookLaunches && !(measure_next = DrawMeasured(one_in))) ++unmeasured;
   std::uint64_t each = 0;

@@ -1,22 +1,18 @@
 // The launch path's "measure" stage (launch.h): how each launch is measured, decided under d.mutex just before it is
 // made (docs/compute-limit.md, "Measurement windows"): unmeasured (settled at what such a launch costs), an event
 // pair of its own, or a window of launches queued back to back on one stream; and the start of its measurement.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 
 #include "launch.h"
+#include "vgpu/policy/sampling.h"
 
 namespace vgpu::hooks::launch {
 namespace {
 
-constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then about one launch per kMeasureSpacingNs of its run time
-constexpr std::uint64_t kMeasureSpacingNs = 250'000;
-constexpr std::uint64_t kMeasureAtLeastOneIn = 64;
-// A steady kernel (policy::Admission::steady) is measured about once per kSteadySpacingNs of its run time, at least one
-// launch in kSteadyAtLeastOneIn: a measured launch costs the host ~4 us (a gate, two records) and the GPU a few us more
-// that a synchronize waits for; one in 64 tiny launches was ~1 % of a launch + synchronize on the H100 (docs/results-gpu.md,
-// "Ninth run").
-constexpr std::uint64_t kSteadySpacingNs = 1'000'000;
-constexpr std::uint64_t kSteadyAtLeastOneIn = 256;
+constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then as policy::MeasuredOneIn says
 
 // A measured launch of a kernel shorter than this is gated (gates.h): its pair then times the GPU's part of the launch,
 // not the host's launch call (~3 us on an H100: most of a tiny kernel's pair). A longer kernel's pair is left ungated:
@@ -128,29 +124,23 @@ void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bo
 // launch after a pause" would pick the launches whose event pair also times the host's gap before an idle stream
 // starts them (5 us kernels at a 30 % cap got 27 %). Random, so that a tenant cannot put its heavy work where
 // nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
-// A launch of a kernel that usually runs `estimate_ns` is measured one time in this many (see SampleThisLaunch); a
-// steady one less often (kSteadySpacingNs).
-std::uint64_t MeasuredOneIn(std::uint64_t estimate_ns, bool steady) {
-  const std::uint64_t estimate = std::max<std::uint64_t>(estimate_ns, 1);
-  return steady ? std::clamp<std::uint64_t>(kSteadySpacingNs / estimate, 1, kSteadyAtLeastOneIn)
-                : std::clamp<std::uint64_t>(kMeasureSpacingNs / estimate, 1, kMeasureAtLeastOneIn);
-}
-
-// One draw: is this launch, of a kernel measured one time in `one_in`, measured?
+// How often: policy::MeasuredOneIn (a steady kernel less often); this is one draw (see SampleThisLaunch).
 bool DrawMeasured(std::uint64_t one_in) {
+  // Seeded per thread from the process id and the thread's order of arrival, never the clock (policy/sampling.h).
   // (initial-exec: the shim is loaded with the process, so its thread-locals are read without __tls_get_addr.)
-  static thread_local std::uint64_t state __attribute__((tls_model("initial-exec"))) = 0;
-  if (state == 0) state = NowNs() | 1;
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return ((state >> 32) * one_in) >> 32 == 0;  // uniform in [0, one_in): a multiply, not a division
+  static std::atomic<std::uint64_t> threads{0};
+  static thread_local policy::Sampler sampler __attribute__((tls_model("initial-exec")));
+  if (!sampler.seeded()) {
+    const std::uint64_t thread = threads.fetch_add(1, std::memory_order_relaxed);
+    sampler.Seed(policy::SamplerSeed(static_cast<std::uint64_t>(getpid()), thread));
+  }
+  return sampler.Draw(one_in);
 }
 
 namespace {
 
 bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns, bool steady) {
-  return launches_before < kAlwaysMeasureFirst || DrawMeasured(MeasuredOneIn(estimate_ns, steady));
+  return launches_before < kAlwaysMeasureFirst || DrawMeasured(policy::MeasuredOneIn(estimate_ns, steady));
 }
 
 // The state of `stream` made ready for a launch in `context` (a stream handle of another context, reused: the old
