@@ -1,6 +1,7 @@
 // The launch path's "measure" stage (launch.h): how each launch is measured, decided under d.mutex just before it is
 // made (docs/compute-limit.md, "Measurement windows"): unmeasured (settled at what such a launch costs), an event
 // pair of its own, or a window of launches queued back to back on one stream; and the start of its measurement.
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,6 +118,22 @@ void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bo
   state.close_when_done.store(false, std::memory_order_relaxed);
 }
 
+namespace {
+
+// The process's sampling seed: drawn once (getrandom; the pid where that fails).
+std::uint64_t ProcessSeed() {
+  static const std::uint64_t seed = [] {
+    std::uint64_t drawn = 0;
+    if (getrandom(&drawn, sizeof drawn, 0) != static_cast<ssize_t>(sizeof drawn)) {
+      drawn = static_cast<std::uint64_t>(getpid());
+    }
+    return drawn;
+  }();
+  return seed;
+}
+
+}  // namespace
+
 // Which launches are measured (two event records each, a few microseconds on a real GPU): the first ones of each
 // kernel, then each launch with a probability that follows the kernel's usual run time: a kernel of 250 us or more
 // every time (the events cost ~1 % of it or less, and the budget follows its real sizes launch by launch), a 5 us
@@ -126,13 +143,14 @@ void DropStreamState(DeviceLimiter& d, StreamState& state, std::uint64_t now, bo
 // nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
 // How often: policy::MeasuredOneIn (a steady kernel less often); this is one draw (see SampleThisLaunch).
 bool DrawMeasured(std::uint64_t one_in) {
-  // Seeded per thread from the process id and the thread's order of arrival, never the clock (policy/sampling.h).
+  // Seeded per thread from a seed the process draws once (getrandom: a tenant cannot tell from outside which of its
+  // launches will be measured) and the thread's order of arrival; never from the clock (policy/sampling.h).
   // (initial-exec: the shim is loaded with the process, so its thread-locals are read without __tls_get_addr.)
   static std::atomic<std::uint64_t> threads{0};
   static thread_local policy::Sampler sampler __attribute__((tls_model("initial-exec")));
   if (!sampler.seeded()) {
     const std::uint64_t thread = threads.fetch_add(1, std::memory_order_relaxed);
-    sampler.Seed(policy::SamplerSeed(static_cast<std::uint64_t>(getpid()), thread));
+    sampler.Seed(policy::SamplerSeed(ProcessSeed(), thread));
   }
   return sampler.Draw(one_in);
 }
