@@ -416,7 +416,7 @@ class Engine final : public model::TimelineListener {
     if (scenario_.cycle_max_ns == 0) return;
     std::uint64_t longest = 0;
     for (const std::uint32_t index : tenant.processes) {
-      longest = std::max(longest, processes_[index].limiter->largest_estimate_ns());
+      longest = std::max(longest, processes_[index].limiter->LongestRunNs());  // (as the shim: launch_release.cc)
     }
     std::uint64_t& published = longest_ns_[static_cast<std::size_t>(tenant.member)];
     if (longest <= published) return;
@@ -742,7 +742,7 @@ class Engine final : public model::TimelineListener {
     const std::uint64_t end_after_ns = policy::WorkEndWithMarginNs(
         std::max(now_ns_, p.queued_end_ns) + p.pending_admission.charged_ns, now_ns_);
     const policy::SiblingStep step = policy::DecideSibling(
-        policy::UnpackSiblingTurn(word), index + 1, p.turn_held_since_ns,
+        HolderPolled(tenant, p.device, policy::UnpackSiblingTurn(word)), index + 1, p.turn_held_since_ns,
         policy::SubturnNs(plan_, static_cast<std::size_t>(tenant.member)), end_after_ns, now_ns_, past_bound);
     word = policy::PackSiblingTurn(step.write);
     if (step.took) p.turn_held_since_ns = now_ns_;
@@ -752,6 +752,20 @@ class Engine final : public model::TimelineListener {
     }
     if (p.sibling_wait_since_ns == kNever) p.sibling_wait_since_ns = now_ns_;
     return {step.look_ns, policy::WaitReason::sibling, release.window, release.free};
+  }
+
+  // The turn as its holder keeps it while it waits with work in flight, for its turn (the shim polls its streams
+  // about every 20 us) or for room in its queue (in the shim, inside a synchronize call): its end ahead of now until
+  // its work drains (policy::UndrainedWorkEndNs), as if it had looked just before.
+  policy::SiblingTurn HolderPolled(const TenantState& tenant, std::uint32_t device, policy::SiblingTurn turn) const {
+    if (turn.holder == 0 || turn.holder > processes_.size()) return turn;
+    const ProcessState& holder = processes_[turn.holder - 1];
+    const bool waits = holder.state == HostState::waiting_for_turn || holder.state == HostState::waiting_for_queue;
+    if (&tenants_[holder.tenant] != &tenant || holder.device != device || !waits || holder.in_flight.size() == 0) {
+      return turn;
+    }
+    turn.end_ns = policy::UndrainedWorkEndNs(turn.end_ns, now_ns_);
+    return turn;
   }
 
   // The holder of its tenant's turn, waiting for a launch of its own, sees its work drained (the shim asks the driver

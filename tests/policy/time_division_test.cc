@@ -515,6 +515,17 @@ TEST(SiblingTurn, AHolderThatHandedTheTurnOverTakesItBackOnlyIfNobodyDid) {
   EXPECT_TRUE(DecideSibling(handed, 1, 0, 8 * kMs, 12 * kMs, 10 * kMs + kHandBackNs, false).go);
 }
 
+// A process that sees its work still running (it waits for its turn and polls its streams, or sits in a
+// synchronize call) keeps the end it published ahead of now, raising it only when less than half the lead is left.
+TEST(SiblingTurn, WorkNotYetDrainedKeepsItsEndAheadOfNow) {
+  constexpr std::uint64_t kNow = 50 * kMs;
+  EXPECT_EQ(UndrainedWorkEndNs(kNow + 3 * kMs, kNow), kNow + 3 * kMs) << "the projection is ahead: kept";
+  EXPECT_EQ(UndrainedWorkEndNs(kNow + kUndrainedLeadNs / 2, kNow), kNow + kUndrainedLeadNs / 2);
+  EXPECT_EQ(UndrainedWorkEndNs(kNow + kUndrainedLeadNs / 2 - 1, kNow), kNow + kUndrainedLeadNs);
+  EXPECT_EQ(UndrainedWorkEndNs(kNow - 7 * kMs, kNow), kNow + kUndrainedLeadNs) << "the projection passed";
+  EXPECT_EQ(UndrainedWorkEndNs(0, kNow), kNow + kUndrainedLeadNs);
+}
+
 TEST(SiblingTurn, TheSubturnIsTheMembersWindowAndAtLeastTwoMilliseconds) {
   const WindowPlan plan = Plan({{.id = 1, .share_permille = 400, .gpus = 1}, {.id = 2, .share_permille = 50, .gpus = 1}});
   EXPECT_EQ(SubturnNs(plan, 0), 8 * kMs);

@@ -49,7 +49,7 @@ def test_the_library_covers_the_field():
     for wanted in ["single-tenant-30", "single-tenant-caps", "thirty-sixty", "thirty-seventy", "four-tenants",
                    "noisy-neighbour-default", "noisy-neighbour-force", "bursty-and-idle", "small-kernel-storm",
                    "persistent-kernels", "memory-oom", "sigkill-mid-run", "multi-process-container",
-                   "two-devices-remapped"]:
+                   "two-devices-remapped", "four-mixed-sizes"]:
         assert wanted in names, f"scenarios/{wanted}.yaml is missing"
 
 

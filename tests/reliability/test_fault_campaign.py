@@ -133,6 +133,12 @@ CALLS: dict[str, Call] = {
     "cuStreamBeginCaptureToGraph_ptsz": _cuda("hook", "launch"),
     "cuStreamEndCapture": _cuda("hook", "launch"),
     "cuStreamEndCapture_ptsz": _cuda("hook", "launch"),
+    # synchronize calls: time division keeps the process's work published while a thread waits in one
+    "cuCtxSynchronize": _cuda("hook", "memory"),
+    "cuCtxSynchronize_v2": _cuda("hook", "memory"),
+    "cuStreamSynchronize": _cuda("hook", "memory"),
+    "cuStreamSynchronize_ptsz": _cuda("hook", "memory"),
+    "cuEventSynchronize": _cuda("hook", "memory"),
     "cuMemAlloc": _cuda("legacy", "legacy"),
     "cuMemAllocPitch": _cuda("legacy", "legacy"),
     "cuMemGetInfo": _cuda("legacy", "legacy"),
@@ -164,7 +170,6 @@ CALLS: dict[str, Call] = {
     "cuThreadExchangeStreamCaptureMode": _cuda("helper", "compute"),  # the shim's queries in relaxed capture mode
     "cuEventRecord": _cuda("helper", "compute"),
     "cuEventQuery": _cuda("helper", "compute"),
-    "cuEventSynchronize": _cuda("resolved", "-"),
     "cuEventElapsedTime_v2": _cuda("helper", "compute"),
     "cuMemHostAlloc": _cuda("helper", "compute"),                 # the gate's word (gated measurements)
     "cuMemHostGetDevicePointer_v2": _cuda("helper", "compute"),
@@ -322,7 +327,15 @@ def memory_scenario():
                    ctypes.c_void_p(int(pool)), ctypes.c_void_p(None)):
                 raw("cuMemFreeAsync_ptsz", value, ctypes.c_void_p(None))
             call("cuStreamSynchronize", cu.cuStreamSynchronize(stream))
-            cu.cuCtxSynchronize()
+            raw("cuStreamSynchronize_ptsz", ctypes.c_void_p(None))
+            # An event to wait for, made and recorded unrecorded (the shim makes its own events with these calls).
+            made, event = cu.cuEventCreate(0)
+            if made == cu.CUresult.CUDA_SUCCESS:
+                cu.cuEventRecord(event, stream)
+                call("cuEventSynchronize", cu.cuEventSynchronize(event))
+                cu.cuEventDestroy(event)
+            call("cuCtxSynchronize", cu.cuCtxSynchronize())
+            raw("cuCtxSynchronize_v2", ctypes.c_void_p(None))
             call("cuMemPoolTrimTo", cu.cuMemPoolTrimTo(pool, 0))
             call("cuMemPoolDestroy", cu.cuMemPoolDestroy(pool))
         if int(stream) != 0:
@@ -411,9 +424,10 @@ def hold(cu, held):
     ok, stream = call("cuStreamCreate", cu.cuStreamCreate(0))
     if ok:
         ok, pointer = call("cuMemAllocAsync", cu.cuMemAllocAsync(size, stream))
-        cu.cuStreamSynchronize(stream)
+        call("cuStreamSynchronize", cu.cuStreamSynchronize(stream))
         if ok:
-            held.append(lambda p=pointer, s=stream: (cu.cuMemFreeAsync(p, s), cu.cuStreamSynchronize(s)))
+            held.append(lambda p=pointer, s=stream: (cu.cuMemFreeAsync(p, s),
+                                                     call("cuStreamSynchronize", cu.cuStreamSynchronize(s))))
     desc = cu.CUDA_ARRAY_DESCRIPTOR()
     desc.Width, desc.Height, desc.NumChannels = 1024, 2048, 1
     desc.Format = cu.CUarray_format.CU_AD_FORMAT_FLOAT

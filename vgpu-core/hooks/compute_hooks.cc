@@ -181,7 +181,7 @@ CUresult CountedEnd(CUstream stream, End&& end) {
 
 }  // namespace
 
-#define VGPU_CAPTURE_FUNCTION_CHECK(real)                   \
+#define VGPU_REAL_OR_NOT_FOUND(real)                   \
   do {                                                      \
     if (Real::real == nullptr) ResolveReal();               \
     if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND; \
@@ -189,29 +189,29 @@ CUresult CountedEnd(CUstream stream, End&& end) {
 
 // (The CUDA 10.0 entry points, without a mode: a global-mode capture.)
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture(CUstream stream) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture);
   return CountedBegin([&] { return Real::cuStreamBeginCapture(stream); });
 } VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture_ptsz);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture_ptsz);
   return CountedBegin([&] { return Real::cuStreamBeginCapture_ptsz(stream); });
 } VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture_v2);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture_v2);
   return CountedBegin([&] { return Real::cuStreamBeginCapture_v2(stream, mode); });
 } VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCapture_v2_ptsz);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture_v2_ptsz);
   return CountedBegin([&] { return Real::cuStreamBeginCapture_v2_ptsz(stream, mode); });
 } VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode* dependencies,
                                                            const CUgraphEdgeData* edges, size_t count,
                                                            CUstreamCaptureMode mode) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCaptureToGraph);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCaptureToGraph);
   return CountedBegin([&] { return Real::cuStreamBeginCaptureToGraph(stream, graph, dependencies, edges, count, mode); });
 } VGPU_CUDA_CATCH
 
@@ -219,19 +219,45 @@ extern "C" VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream
                                                                 const CUgraphNode* dependencies,
                                                                 const CUgraphEdgeData* edges, size_t count,
                                                                 CUstreamCaptureMode mode) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamBeginCaptureToGraph_ptsz);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCaptureToGraph_ptsz);
   return CountedBegin(
       [&] { return Real::cuStreamBeginCaptureToGraph_ptsz(stream, graph, dependencies, edges, count, mode); });
 } VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamEndCapture);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamEndCapture);
   return CountedEnd(stream, [&] { return Real::cuStreamEndCapture(stream, graph); });
 } VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) try {
-  VGPU_CAPTURE_FUNCTION_CHECK(cuStreamEndCapture_ptsz);
+  VGPU_REAL_OR_NOT_FOUND(cuStreamEndCapture_ptsz);
   return CountedEnd(stream == nullptr ? CU_STREAM_PER_THREAD : stream,
                     [&] { return Real::cuStreamEndCapture_ptsz(stream, graph); });
 } VGPU_CUDA_CATCH
 
+// ---- synchronize calls: while a thread waits in one, time division keeps the process's work published as running --
+
+extern "C" VGPU_EXPORT CUresult cuCtxSynchronize() try {
+  VGPU_REAL_OR_NOT_FOUND(cuCtxSynchronize);
+  return Synchronizing([] { return Real::cuCtxSynchronize(); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext context) try {
+  VGPU_REAL_OR_NOT_FOUND(cuCtxSynchronize_v2);
+  return Synchronizing([&] { return Real::cuCtxSynchronize_v2(context); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamSynchronize(CUstream stream) try {
+  VGPU_REAL_OR_NOT_FOUND(cuStreamSynchronize);
+  return Synchronizing([&] { return Real::cuStreamSynchronize(stream); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) try {
+  VGPU_REAL_OR_NOT_FOUND(cuStreamSynchronize_ptsz);
+  return Synchronizing([&] { return Real::cuStreamSynchronize_ptsz(stream); });
+} VGPU_CUDA_CATCH
+
+extern "C" VGPU_EXPORT CUresult cuEventSynchronize(CUevent event) try {
+  VGPU_REAL_OR_NOT_FOUND(cuEventSynchronize);
+  return Synchronizing([&] { return Real::cuEventSynchronize(event); });
+} VGPU_CUDA_CATCH

@@ -17,6 +17,7 @@
 #undef cuStreamBeginCapture
 #undef cuStreamBeginCaptureToGraph
 #undef cuStreamEndCapture
+#undef cuStreamSynchronize
 
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
@@ -32,6 +33,7 @@ CUresult CUDAAPI cuMemAllocPitch(unsigned int* dptr, unsigned int* pitch, unsign
 CUresult CUDAAPI cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes);
 CUresult CUDAAPI cuDeviceTotalMem(unsigned int* bytes, CUdevice dev);
 CUresult CUDAAPI cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev);
+CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                      unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                      unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra);

@@ -74,6 +74,12 @@
   X(cuStreamBeginCaptureToGraph_ptsz)                                                         \
   X(cuStreamEndCapture)                                                                       \
   X(cuStreamEndCapture_ptsz)                                                                  \
+  /* synchronize calls: time division keeps the process's work published while it waits */    \
+  X(cuCtxSynchronize)                                                                         \
+  X(cuCtxSynchronize_v2)                                                                      \
+  X(cuStreamSynchronize)                                                                      \
+  X(cuStreamSynchronize_ptsz)                                                                 \
+  X(cuEventSynchronize)                                                                       \
   /* the driver's own memory (driver_memory.cc): a larger stack is charged first */         \
   X(cuCtxSetLimit)                                                                            \
   /* the view */                                                                              \
@@ -117,7 +123,6 @@
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuEventRecord)           \
   X(cuEventQuery)            \
-  X(cuEventSynchronize)      \
   X(cuEventElapsedTime_v2)   \
   /* gated measurements (gates.h) */ \
   X(cuMemHostAlloc)          \

@@ -259,6 +259,18 @@ void Observe(DeviceLimiter& d, int ordinal, std::uint64_t now);
 
 // release (launch_release.cc): time division's turn (turn::Take); nothing where the limiter holds the cap.
 void Release(Launching& l);
+// Whether the process's streams on the device have drained (no stream capture in progress, every stream it launched
+// on idle).
+bool DeviceDrained(int ordinal);
+// A synchronize call (compute_hooks.cc), `wait` the driver's: under time division the process's published end is
+// kept ahead of now while it waits (turn::BeginBlocking), and dropped when its streams are found idle after.
+template <typename Wait>
+CUresult Synchronizing(Wait&& wait) {
+  const std::uint64_t devices = turn::BeginBlocking();
+  const CUresult result = wait();
+  if (devices != 0) turn::EndBlocking(devices, &DeviceDrained);
+  return result;
+}
 
 // admit (launch_admit.cc): admitted by the limiter and planned (`l.plan`), after waiting for completions or for the
 // budget as told. False: the host is out of memory, the admission cancelled (the launch is refused).

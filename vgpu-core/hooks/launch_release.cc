@@ -5,6 +5,19 @@
 namespace vgpu::hooks::launch {
 namespace {
 
+// Whether the streams of `context` (null: of any context) the process launched on have drained.
+bool StreamsDrained(DeviceLimiter& d, CUcontext context) {
+  // (A stream being captured must not be queried: while any capture may be in progress, nothing is said drained.)
+  if (Real::cuStreamQuery == nullptr || g_captures.load() != 0) return false;
+  std::lock_guard<std::mutex> guard(d.mutex);
+  for (const auto& [stream, state] : d.streams) {
+    if ((context == nullptr || state.context == context) && Real::cuStreamQuery(stream) == CUDA_ERROR_NOT_READY) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // What the turn asks of the launch path (turn::Caller): the longest kernel measured, whether the context's streams
 // have drained, and, before a launch waits, to close the context's open windows (their queues drain meanwhile, and
 // a window held open over the wait would time it).
@@ -15,17 +28,11 @@ struct TurnCaller {
   static std::uint64_t Longest(void* self) {
     auto& caller = *static_cast<TurnCaller*>(self);
     std::lock_guard<std::mutex> guard(caller.d.mutex);
-    return caller.d.limiter->LongestEstimateNs();
+    return caller.d.limiter->LongestRunNs();
   }
   static bool Drained(void* self) {
     auto& caller = *static_cast<TurnCaller*>(self);
-    // (A stream being captured must not be queried: while any capture may be in progress, nothing is said drained.)
-    if (caller.context == nullptr || Real::cuStreamQuery == nullptr || g_captures.load() != 0) return false;
-    std::lock_guard<std::mutex> guard(caller.d.mutex);
-    for (const auto& [stream, state] : caller.d.streams) {
-      if (state.context == caller.context && Real::cuStreamQuery(stream) == CUDA_ERROR_NOT_READY) return false;
-    }
-    return true;
+    return caller.context != nullptr && StreamsDrained(caller.d, caller.context);
   }
   static void BeforeWait(void* self) {
     auto& caller = *static_cast<TurnCaller*>(self);
@@ -36,6 +43,11 @@ struct TurnCaller {
 };
 
 }  // namespace
+
+bool DeviceDrained(int ordinal) {
+  DeviceLimiter& d = g_devices[ordinal];
+  return d.ready.load(std::memory_order_acquire) && StreamsDrained(d, nullptr);
+}
 
 void Release(Launching& l) {
   DeviceLimiter& d = *l.d;

@@ -44,6 +44,19 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
 // window are published, and the container's account is charged their estimate (not in a free borrow). Nothing to
 // do for 0.
 void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns);
+// A thread of the process is about to wait inside the driver for the GPU (a synchronize call). While it waits the
+// process cannot look at its streams, and the end it published (projected from estimates: a kernel's usual run) may
+// pass while its work still runs, letting a sibling release beside it, which the driver then time-slices with it.
+// So on each device where the process has work it has not seen complete, the end its siblings see is raised a cycle
+// ahead if it holds their turn (the end the other containers see only by policy::kUndrainedLeadNs). Returns those
+// devices (bit per CUDA ordinal) for EndBlocking; 0, with nothing done, unless time division holds a device of the
+// process's and it has released work there.
+std::uint64_t BeginBlocking();
+// The wait returned: on each device of `devices` (once no other thread of the process is still waiting there) the
+// end drops to now if `drained(ordinal)` says the process's streams there are idle, else to what is left projected
+// from its estimates, at least policy::kUndrainedLeadNs ahead.
+void EndBlocking(std::uint64_t devices, bool (*drained)(int ordinal));
+
 // Launches charged by Released that were never made (a book's unused ones) go back to the account. Lock-free: the
 // caller may hold its own locks.
 void Refund(int ordinal, std::uint64_t estimate_ns);

@@ -222,6 +222,7 @@ void Limiter::Learn(const KernelKey& key, std::uint64_t measured_ns) {
     cost.estimate_ns = sorted[n / 2];
     std::nth_element(sorted + n / 2, sorted + (3 * n) / 4, sorted + n);  // the upper half only: all >= the median
     cost.upper_quartile_ns = sorted[(3 * n) / 4];
+    cost.recent_max_ns = *std::max_element(sorted + (3 * n) / 4, sorted + n);  // (the top quarter holds it)
   }
   std::uint64_t& oldest = cost.longer[(cost.count - 1) % 64];
   cost.longer_sum += measured_ns - oldest;  // modular arithmetic: exact while the true sum fits
@@ -229,10 +230,10 @@ void Limiter::Learn(const KernelKey& key, std::uint64_t measured_ns) {
   largest_estimate_ns_ = std::max({largest_estimate_ns_, cost.estimate_ns, measured_ns});
 }
 
-std::uint64_t Limiter::LongestEstimateNs() const {
+std::uint64_t Limiter::LongestRunNs() const {
   std::uint64_t longest = 0;
   for (const auto& [key, cost] : costs_) {
-    if (cost.count >= 3) longest = std::max(longest, cost.estimate_ns);
+    if (cost.count >= 3) longest = std::max(longest, cost.recent_max_ns);
   }
   return longest;
 }

@@ -542,6 +542,11 @@ std::uint64_t WorkEndWithMarginNs(std::uint64_t queued_end_ns, std::uint64_t now
   return queued_end_ns + std::max(kMarginNs, (queued_end_ns - now_ns) / 10);
 }
 
+std::uint64_t UndrainedWorkEndNs(std::uint64_t published_end_ns, std::uint64_t now_ns) {
+  if (published_end_ns >= now_ns + kUndrainedLeadNs / 2) return published_end_ns;
+  return now_ns + kUndrainedLeadNs;
+}
+
 std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me) {
   constexpr std::uint64_t kLeastNs = 2'000'000;
   if (me >= plan.size()) return kLeastNs;

@@ -217,6 +217,15 @@ SiblingStep DecideSibling(const SiblingTurn& seen, std::uint32_t self, std::uint
 // that a short estimate costs an overlap the driver time-slices rather than a stall.
 std::uint64_t WorkEndWithMarginNs(std::uint64_t queued_end_ns, std::uint64_t now_ns);
 
+// A process waiting for its turn sees its released work not yet drained at `now_ns`, with `published_end_ns` the
+// end it published (to the other members, to its siblings): the end to publish now. An estimate is a kernel's
+// typical run, and one function given different sizes runs far past it (a 20 ms launch of a key whose median is
+// 0.4 ms): the end is kept kUndrainedLeadNs ahead while the work runs, so that nobody releases beside it and the
+// driver does not time-slice the two. Raised only when less than half the lead is left (each raise is a write
+// others read); a holder stopped or lying still holds the others a cycle at most (Decide, DecideSibling).
+inline constexpr std::uint64_t kUndrainedLeadNs = 1'000'000;
+std::uint64_t UndrainedWorkEndNs(std::uint64_t published_end_ns, std::uint64_t now_ns);
+
 // The sub-turn of a member's processes on a GPU: its window in the cycle, at least 2 ms (handovers then fall mostly
 // at window boundaries, where the GPU changes hands anyway).
 std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me);
