@@ -9,9 +9,10 @@
 //
 // Prints one JSON line per pattern: the median host ns per launch through each path, and the median over pairs of
 // batches of (hooked / driver - 1), with p10 and p90. Patterns: "16 deep" (16 launches timed one by one, then a
-// synchronize, untimed) and "launch+sync" (a launch and a synchronize, timed together). Then one line per kind of
-// single call ("calls"): p50, p90, p99 and mean ns through each path -- the 16-deep launches by their position after
-// the synchronize, and launch+sync's launch call and synchronize apart. Runs over fakecuda too.
+// synchronize, untimed) and "launch+sync" (a launch and a synchronize, timed together; each path synchronizes through
+// its own entry point, the hook's or the driver's). Then one line per kind of single call ("calls"): p50, p90, p99
+// and mean ns through each path -- the 16-deep launches by their position after the synchronize, and launch+sync's
+// launch call and synchronize apart. Runs over fakecuda too.
 #include <cuda.h>
 #include <elf.h>
 #include <link.h>
@@ -39,8 +40,10 @@ double NowNs() {
   return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
 }
 
-// The driver's own cuLaunchKernel, or null (with a line on stderr saying why).
-LaunchFunction DriverLaunch() {
+using SyncFunction = CUresult (*)(CUstream);
+
+// The driver's own function `name`, or null (with a line on stderr saying why).
+void* DriverSymbol(const char* name) {
   struct Loaded {
     std::string path;
     ElfW(Addr) base = 0;
@@ -71,12 +74,12 @@ LaunchFunction DriverLaunch() {
     const auto* symbols = reinterpret_cast<const ElfW(Sym)*>(bytes.data() + sections[i].sh_offset);
     const char* names = bytes.data() + sections[sections[i].sh_link].sh_offset;
     for (std::size_t k = 0; k < sections[i].sh_size / sizeof(ElfW(Sym)); ++k) {
-      if (symbols[k].st_value != 0 && std::strcmp(names + symbols[k].st_name, "cuLaunchKernel") == 0) {
-        return reinterpret_cast<LaunchFunction>(loaded.base + symbols[k].st_value);
+      if (symbols[k].st_value != 0 && std::strcmp(names + symbols[k].st_name, name) == 0) {
+        return reinterpret_cast<void*>(loaded.base + symbols[k].st_value);
       }
     }
   }
-  std::fprintf(stderr, "launch_ab: no cuLaunchKernel in %s's .dynsym\n", loaded.path.c_str());
+  std::fprintf(stderr, "launch_ab: no %s in %s's .dynsym\n", name, loaded.path.c_str());
   return nullptr;
 }
 
@@ -120,8 +123,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   const LaunchFunction hooked = &cuLaunchKernel;  // through the PLT: the shim's hook under LD_PRELOAD
-  const LaunchFunction driver = DriverLaunch();
-  if (driver == nullptr) return 1;
+  const auto driver = reinterpret_cast<LaunchFunction>(DriverSymbol("cuLaunchKernel"));
+  // Each path synchronizes through its own kind of entry point (the shim hooks cuStreamSynchronize too).
+  const SyncFunction hooked_sync = &cuStreamSynchronize;
+  const auto driver_sync = reinterpret_cast<SyncFunction>(DriverSymbol("cuStreamSynchronize"));
+  if (driver == nullptr || driver_sync == nullptr) return 1;
+  const auto sync_of = [&](LaunchFunction f) { return f == driver ? driver_sync : hooked_sync; };
   // 0: the spin kernel returns at once. Longer than a launch call, kernels queue (the shim's windows measure them).
   unsigned long long ns = argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 0;
   void* params[] = {&ns};
@@ -149,7 +156,7 @@ int main(int argc, char** argv) {
         total += took;
         calls.at[i].push_back(took);
       }
-      cuStreamSynchronize(stream);
+      sync_of(f)(stream);
     }
     return total / (64 * 16);
   };
@@ -163,7 +170,7 @@ int main(int argc, char** argv) {
       const double a = NowNs();
       launch(f);
       const double b = NowNs();
-      cuStreamSynchronize(stream);
+      sync_of(f)(stream);
       calls.launch.push_back(b - a);
       calls.sync.push_back(NowNs() - b);
     }

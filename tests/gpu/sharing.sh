@@ -16,6 +16,8 @@
 #   default a `default` container at 40 % under time division alone, then beside a `force` one at 50 %
 #   four    four containers' matmul loops at 10/20/30/40 %, the 40 % one of two processes: no shim, time division,
 #           the limiter
+#   four-mixed  the same with vgpu-tenant's spin kernel at sizes 5 us .. 20 ms under one function (132 blocks, each
+#           size drawn at random; VGPU_FOUR_MIXED_SECONDS, default 30): no shim and time division
 # Builds the shim and vgpu-tenant (Release) first (VGPU_SHARING_BUILD_DIR: use that build folder as it is). Each case appends one JSON line per process to $OUT/sharing.jsonl
 # ({"case":..,"run":..,"result":{...}}); the log is $OUT/sharing.log. Skips (exit 0) where no GPU answers.
 set -uo pipefail
@@ -132,6 +134,28 @@ mm_four() {
   note "$case: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
 }
 
+# tenant_four_mixed CASE SHARING: as mm_four, with vgpu-tenant's kernels of 5 us .. 20 ms under one function; a
+# container's share is the sum of its processes' busy_fraction.
+tenant_four_mixed() {
+  local case=$1 sharing=$2 seconds=${VGPU_FOUR_MIXED_SECONDS:-30} i=0
+  local pids=()
+  for spec in a:10 b:20 c:30 d:40 d:40; do
+    local name=${spec%%:*} cap=${spec##*:} env=""
+    [[ $sharing != none ]] && env=$(container "$case-$name" "$cap" "$sharing")
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((seconds + 60)) env $env "$tenant_bin" --blocks 132 --seconds "$seconds" \
+      --seed $((i + 1)) --phase 'kernels=5us|50us|500us|5ms|20ms' >"$work/$case.$i.log" 2>&1 &
+    pids+=($!)
+    i=$((i + 1))
+  done
+  wait "${pids[@]}"
+  for ((i = 0; i < 5; i++)); do
+    sed -n 's/^{"pid"/RESULT {"pid"/p' "$work/$case.$i.log" >"$work/$case.$i.result"
+    record "$case" "$i" "$work/$case.$i.result"
+  done
+  note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
+}
+
 IFS=, read -r -a wanted <<<"$stages"
 for stage in "${wanted[@]}"; do
   case $stage in
@@ -193,7 +217,10 @@ for stage in "${wanted[@]}"; do
       mm_pair mm-alone ""
       for sharing in ${VGPU_FOUR_SHARING:-none time-division limiter}; do mm_four "mm-four-$sharing" "$sharing"; done
       ;;
-    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four)" ;;
+    four-mixed)
+      for sharing in ${VGPU_FOUR_SHARING:-none time-division}; do tenant_four_mixed "tenant-four-mixed-$sharing" "$sharing"; done
+      ;;
+    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four, four-mixed)" ;;
   esac
 done
 tar czf "$out/logs.tgz" -C "$work" . 2>/dev/null
