@@ -171,28 +171,31 @@ TEST(Limiter, AKernelIsSteadyWhileItsMeanStaysWithinTwiceItsMedian) {
   limiter.Cancel(kKernel, a.charged_ns);
 }
 
-// Time division's cycle is to hold the longest kernel (CycleFor): the longest of the recent runs of kernels measured
-// at least 3 times, not their median. One function launched at 5 us .. 20 ms has a median of 0.5 ms here; sized by
-// it, the cycle left a 10 % container's 20 ms launches overrunning five windows each (live over fakecuda, 8.2 %).
-// A first launch, settled without learning (it may have loaded its module), and a kernel measured twice do not count.
-TEST(Limiter, TheLongestRunIsTheLongestRecentMeasurementOfKernelsMeasuredThreeTimes) {
+// Time division's cycle is to hold the longest kernel (CycleFor): the second longest of the last 64 runs of kernels
+// measured at least 3 times, not their median. One function launched at 5 us .. 20 ms has a median of 0.5 ms here;
+// sized by it, the cycle left a 10 % container's 20 ms launches overrunning five windows each (live over fakecuda,
+// 8.2 %). A first launch, settled without learning (it may have loaded its module), a lone run stretched by another
+// context's slices, and a kernel measured twice do not count.
+TEST(Limiter, TheLongestRunIsTheSecondLongestOfTheLast64OfKernelsMeasuredThreeTimes) {
   BudgetCell cell{};
   Limiter::InitCell(cell, 1000, 20 * kMs, 0);
   Limiter limiter(cell, Share(1000));
   limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 90 * kMs, 0, false);  // a first launch: not learned
-  for (const std::uint64_t run : {5 * kUs, 50 * kUs, 500 * kUs, 20 * kMs, 5 * kMs, 500 * kUs, 5 * kUs}) {
+  for (const std::uint64_t run : {5 * kUs, 50 * kUs, 500 * kUs, 20 * kMs, 5 * kMs, 500 * kUs, 5 * kUs, 20 * kMs}) {
     limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, run, 0);
   }
   EXPECT_EQ(limiter.EstimateNs(kKernel), 500 * kUs);
   EXPECT_EQ(limiter.LongestRunNs(), 20 * kMs);
+  limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, 70 * kMs, 0);
+  EXPECT_EQ(limiter.LongestRunNs(), 20 * kMs) << "one run stretched to 70 ms";
   const KernelKey other{reinterpret_cast<const void*>(0x2000), 42};
   for (int i = 0; i < 2; ++i) limiter.Settle(other, limiter.Admit(other, 0).charged_ns, 40 * kMs, 0);
   EXPECT_EQ(limiter.LongestRunNs(), 20 * kMs) << "a kernel measured twice";
   limiter.Settle(other, limiter.Admit(other, 0).charged_ns, 30 * kMs, 0);
   EXPECT_EQ(limiter.LongestRunNs(), 40 * kMs);
-  // 16 more runs of 1 ms push the 20 ms one out of the recent ones.
-  for (int i = 0; i < 16; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, kMs, 0);
-  for (int i = 0; i < 16; ++i) limiter.Settle(other, limiter.Admit(other, 0).charged_ns, kMs, 0);
+  // 64 more runs of 1 ms of each push the long ones out.
+  for (int i = 0; i < 64; ++i) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, kMs, 0);
+  for (int i = 0; i < 64; ++i) limiter.Settle(other, limiter.Admit(other, 0).charged_ns, kMs, 0);
   EXPECT_EQ(limiter.LongestRunNs(), kMs);
 }
 

@@ -203,6 +203,20 @@ void Limiter::Forget(const KernelKey& key, std::uint64_t charged_ns) {
   if (auto it = costs_.find(key); it != costs_.end() && it->second.unknown_in_flight > 0) --it->second.unknown_in_flight;
 }
 
+static std::uint64_t SecondLargest(const std::uint64_t* values, std::uint32_t n) {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (values[i] > first) {
+      second = first;
+      first = values[i];
+    } else if (values[i] > second) {
+      second = values[i];
+    }
+  }
+  return second;
+}
+
 // The launch charge is the median of the recent runs. Events count the time slices of other containers that preempt
 // a kernel inside it: a kernel longer than a slice next to a busy container is over-charged, never under
 // (docs/compute-limit.md, "What is not held").
@@ -222,18 +236,19 @@ void Limiter::Learn(const KernelKey& key, std::uint64_t measured_ns) {
     cost.estimate_ns = sorted[n / 2];
     std::nth_element(sorted + n / 2, sorted + (3 * n) / 4, sorted + n);  // the upper half only: all >= the median
     cost.upper_quartile_ns = sorted[(3 * n) / 4];
-    cost.recent_max_ns = *std::max_element(sorted + (3 * n) / 4, sorted + n);  // (the top quarter holds it)
   }
   std::uint64_t& oldest = cost.longer[(cost.count - 1) % 64];
+  const bool same_longer = cost.count > 64 && oldest == measured_ns;  // (as above: the two largest stand)
   cost.longer_sum += measured_ns - oldest;  // modular arithmetic: exact while the true sum fits
   oldest = measured_ns;
+  if (!same_longer) cost.longer_second_ns = SecondLargest(cost.longer, std::min<std::uint32_t>(cost.count, 64));
   largest_estimate_ns_ = std::max({largest_estimate_ns_, cost.estimate_ns, measured_ns});
 }
 
 std::uint64_t Limiter::LongestRunNs() const {
   std::uint64_t longest = 0;
   for (const auto& [key, cost] : costs_) {
-    if (cost.count >= 3) longest = std::max(longest, cost.recent_max_ns);
+    if (cost.count >= 3) longest = std::max(longest, cost.longer_second_ns);
   }
   return longest;
 }

@@ -149,10 +149,11 @@ class Limiter {
   std::uint64_t in_flight_ns() const { return in_flight_ns_; }
   // The longest any kernel was estimated or measured to run (time division sizes its cycle by it).
   std::uint64_t largest_estimate_ns() const { return largest_estimate_ns_; }
-  // The longest run among the last 16 measurements of the kernels measured at least 3 times (a first launch, which
-  // may have loaded its module, is never learned from). Time division publishes it for the cycle, whose windows are
-  // to hold it: one function launched at mixed sizes has a usual run (median) far below its longest (5 us .. 20 ms:
-  // 0.4 ms), and sizing the cycle by the median left every 20 ms launch of a 10 % container overrunning five windows.
+  // The second longest run among the last 64 measurements of the kernels measured at least 3 times (a first launch,
+  // which may have loaded its module, is never learned from; the second, so that one measurement stretched by
+  // another context's time slices does not count). Time division publishes it for the cycle, whose windows are to
+  // hold it: one function launched at mixed sizes has a usual run (median) far below its longest (5 us .. 20 ms:
+  // 0.5 ms), and sizing the cycle by the median left every 20 ms launch of a 10 % container overrunning five windows.
   // A scan of every kernel.
   std::uint64_t LongestRunNs() const;
   std::uint64_t ignored_measurements() const { return ignored_measurements_; }
@@ -185,7 +186,7 @@ class Limiter {
     std::uint64_t longer_sum = 0;          // of `longer`
     std::uint32_t launches = 0;            // admitted so far (Admission::launches)
     std::uint64_t upper_quartile_ns = 0;   // of `recent`: tells one size with stray outliers from a mix of sizes
-    std::uint64_t recent_max_ns = 0;       // of `recent`
+    std::uint64_t longer_second_ns = 0;    // the second largest of `longer`
     std::uint64_t recent[16] = {};
     std::uint64_t longer[64] = {};         // the last 64 measurements, for the mean
   };
