@@ -145,16 +145,14 @@ const char* SharingName(Sharing sharing) {
   return "?";
 }
 
-std::string Validate(const Scenario& s) {
-  fakecuda::model::MachineConfig config = fakecuda::model::DefaultConfig();
-  std::string error;
-  if (!fakecuda::model::ParseDevices(s.device, config, error)) return "device: " + error;
+namespace {
+
+// The run's clock and its windows: time slices, handovers, windows, duration, settling, NVML period, samples.
+std::string ValidateTimes(const Scenario& s) {
   if (s.timeslice_ns < kMicrosecondNs || s.timeslice_ns > kSecondNs) {
     return Field("", "timeslice_ns", s.timeslice_ns, "1 us .. 1 s, e.g. 2000000");
   }
-  if (s.switch_ns > 100 * kMillisecondNs) {
-    return Field("", "switch_ns", s.switch_ns, "0 .. 100 ms, e.g. 160000");
-  }
+  if (s.switch_ns > 100 * kMillisecondNs) return Field("", "switch_ns", s.switch_ns, "0 .. 100 ms, e.g. 160000");
   if (s.window_ns < kMillisecondNs || s.window_ns > kMaxDurationNs) {
     return Field("", "window_ns", s.window_ns, "1 ms .. 100 h, e.g. 1000000000");
   }
@@ -172,68 +170,92 @@ std::string Validate(const Scenario& s) {
     return Field("", "sample_ns", s.sample_ns,
                  "0 (no samples) or 1 ms .. duration_ns, dividing duration_ns, e.g. 100000000");
   }
-  if (std::string sharing = ValidateSharing(s); !sharing.empty()) return sharing;
+  return {};
+}
+
+// A process's segments (its schedule, replacing workload/start/stop): each a valid workload, in time order.
+std::string ValidateSegments(const Process& process, const std::string& at) {
+  if (process.segments.size() > kMaxSegments) {
+    return Field(at, "segments.size()", process.segments.size(), "0 .. 100000 segments");
+  }
+  for (std::size_t i = 0; i < process.segments.size(); ++i) {
+    const Segment& segment = process.segments[i];
+    const std::string in = at + "segments[" + std::to_string(i) + "].";
+    if (segment.start_ns >= segment.stop_ns) return Field(in, "start_ns", segment.start_ns, "below its stop_ns");
+    if (i > 0 && segment.start_ns < process.segments[i - 1].stop_ns) {
+      return Field(in, "start_ns", segment.start_ns,
+                   ("at or after segments[" + std::to_string(i - 1) + "].stop_ns = " +
+                    std::to_string(process.segments[i - 1].stop_ns) + " (in time order, not overlapping)")
+                       .c_str());
+    }
+    if (std::string error = ValidateWorkload(segment.workload, in + "workload."); !error.empty()) return error;
+  }
+  return {};
+}
+
+// One process: its launch overhead, its schedule, and a crash inside its lifetime.
+std::string ValidateProcess(const Process& process, const std::string& at, std::uint64_t duration_ns) {
+  if (process.launch_overhead_ns < 1 || process.launch_overhead_ns > kSecondNs) {
+    return Field(at, "launch_overhead_ns", process.launch_overhead_ns, "1 ns .. 1 s, e.g. 3000");
+  }
+  // The process's lifetime: its first launch .. its last stop (segments replace workload/start/stop).
+  std::uint64_t first_ns = process.start_ns;
+  std::uint64_t last_ns = process.stop_ns;
+  if (process.segments.empty()) {
+    if (process.start_ns >= process.stop_ns) return Field(at, "start_ns", process.start_ns, "below stop_ns");
+    if (std::string error = ValidateWorkload(process.workload, at + "workload."); !error.empty()) return error;
+  } else {
+    if (std::string error = ValidateSegments(process, at); !error.empty()) return error;
+    first_ns = process.segments.front().start_ns;
+    last_ns = process.segments.back().stop_ns;
+  }
+  const std::uint64_t end_ns = std::min(last_ns, duration_ns);
+  if (process.crash_ns != UINT64_MAX && (process.crash_ns < first_ns || process.crash_ns >= end_ns)) {
+    return Field(at, "crash_ns", process.crash_ns,
+                 ("in the process's lifetime [" + std::to_string(first_ns) + ", " + std::to_string(end_ns) +
+                  ") (its start .. its stop and duration_ns), or UINT64_MAX (never)")
+                     .c_str());
+  }
+  return {};
+}
+
+// Tenant `t`: a plain name used once, its share and bounds, and its processes.
+std::string ValidateTenant(const Scenario& s, std::size_t t) {
+  const Tenant& tenant = s.tenants[t];
+  const std::string where = "tenants[" + std::to_string(t) + "].";
+  if (!NameIsPlain(tenant.name)) {
+    return where + "name = '" + tenant.name + "'; accepted: 1 .. 64 letters, digits, '-', '_', '.', e.g. a";
+  }
+  for (std::size_t other = 0; other < t; ++other) {
+    if (s.tenants[other].name == tenant.name) return where + "name = '" + tenant.name + "' is used twice";
+  }
+  if (tenant.share_percent > 100) return Field(where, "share_percent", tenant.share_percent, "0 .. 100, e.g. 30");
+  if (tenant.burst_ns > 60 * kSecondNs) return Field(where, "burst_ns", tenant.burst_ns, "0 (default) .. 60 s");
+  if (tenant.in_flight_max_ns > 60 * kSecondNs) {
+    return Field(where, "in_flight_max_ns", tenant.in_flight_max_ns, "0 (default) .. 60 s");
+  }
+  if (tenant.processes.empty()) return where + "processes is empty; accepted: one or more processes";
+  for (std::size_t p = 0; p < tenant.processes.size(); ++p) {
+    const std::string at = where + "processes[" + std::to_string(p) + "].";
+    if (std::string error = ValidateProcess(tenant.processes[p], at, s.duration_ns); !error.empty()) return error;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string Validate(const Scenario& s) {
+  fakecuda::model::MachineConfig config = fakecuda::model::DefaultConfig();
+  std::string error;
+  if (!fakecuda::model::ParseDevices(s.device, config, error)) return "device: " + error;
+  if (error = ValidateTimes(s); !error.empty()) return error;
+  if (error = ValidateSharing(s); !error.empty()) return error;
   if (s.tenants.empty()) return "tenants is empty; accepted: one or more tenants";
-  if (std::string devices = ValidateDevices(s, config.device_count); !devices.empty()) return devices;
+  if (error = ValidateDevices(s, config.device_count); !error.empty()) return error;
   std::uint64_t processes = 0;
   for (std::size_t t = 0; t < s.tenants.size(); ++t) {
-    const Tenant& tenant = s.tenants[t];
-    const std::string where = "tenants[" + std::to_string(t) + "].";
-    if (!NameIsPlain(tenant.name)) {
-      return where + "name = '" + tenant.name + "'; accepted: 1 .. 64 letters, digits, '-', '_', '.', e.g. a";
-    }
-    for (std::size_t other = 0; other < t; ++other) {
-      if (s.tenants[other].name == tenant.name) return where + "name = '" + tenant.name + "' is used twice";
-    }
-    if (tenant.share_percent > 100) return Field(where, "share_percent", tenant.share_percent, "0 .. 100, e.g. 30");
-    if (tenant.burst_ns > 60 * kSecondNs) return Field(where, "burst_ns", tenant.burst_ns, "0 (default) .. 60 s");
-    if (tenant.in_flight_max_ns > 60 * kSecondNs) {
-      return Field(where, "in_flight_max_ns", tenant.in_flight_max_ns, "0 (default) .. 60 s");
-    }
-    if (tenant.processes.empty()) return where + "processes is empty; accepted: one or more processes";
-    for (std::size_t p = 0; p < tenant.processes.size(); ++p) {
-      const Process& process = tenant.processes[p];
-      const std::string at = where + "processes[" + std::to_string(p) + "].";
-      if (process.launch_overhead_ns < 1 || process.launch_overhead_ns > kSecondNs) {
-        return Field(at, "launch_overhead_ns", process.launch_overhead_ns, "1 ns .. 1 s, e.g. 3000");
-      }
-      // The process's lifetime: its first launch .. its last stop (segments replace workload/start/stop).
-      std::uint64_t first_ns = process.start_ns;
-      std::uint64_t last_ns = process.stop_ns;
-      if (process.segments.empty()) {
-        if (process.start_ns >= process.stop_ns) return Field(at, "start_ns", process.start_ns, "below stop_ns");
-        const std::string workload_error = ValidateWorkload(process.workload, at + "workload.");
-        if (!workload_error.empty()) return workload_error;
-      } else {
-        if (process.segments.size() > kMaxSegments) {
-          return Field(at, "segments.size()", process.segments.size(), "0 .. 100000 segments");
-        }
-        for (std::size_t i = 0; i < process.segments.size(); ++i) {
-          const Segment& segment = process.segments[i];
-          const std::string in = at + "segments[" + std::to_string(i) + "].";
-          if (segment.start_ns >= segment.stop_ns) return Field(in, "start_ns", segment.start_ns, "below its stop_ns");
-          if (i > 0 && segment.start_ns < process.segments[i - 1].stop_ns) {
-            return Field(in, "start_ns", segment.start_ns,
-                         ("at or after segments[" + std::to_string(i - 1) + "].stop_ns = " +
-                          std::to_string(process.segments[i - 1].stop_ns) + " (in time order, not overlapping)")
-                             .c_str());
-          }
-          const std::string workload_error = ValidateWorkload(segment.workload, in + "workload.");
-          if (!workload_error.empty()) return workload_error;
-        }
-        first_ns = process.segments.front().start_ns;
-        last_ns = process.segments.back().stop_ns;
-      }
-      if (process.crash_ns != UINT64_MAX &&
-          (process.crash_ns < first_ns || process.crash_ns >= std::min(last_ns, s.duration_ns))) {
-        return Field(at, "crash_ns", process.crash_ns,
-                     ("in the process's lifetime [" + std::to_string(first_ns) + ", " +
-                      std::to_string(std::min(last_ns, s.duration_ns)) + ") (its start .. its stop and duration_ns)" +
-                      ", or UINT64_MAX (never)")
-                         .c_str());
-      }
-      ++processes;
-    }
+    if (error = ValidateTenant(s, t); !error.empty()) return error;
+    processes += s.tenants[t].processes.size();
   }
   if (processes > fakecuda::model::kMaxProcesses) {
     return Field("", "processes in all tenants", processes, "1 .. 256 (the model's process slots)");
