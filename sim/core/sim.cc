@@ -263,6 +263,7 @@ class Engine final : public model::TimelineListener {
           .End();
     }
     if (p.state == HostState::waiting_for_queue) {
+      if (tenant.member >= 0) ReturnFromBlocking(process_by_stream_[stream], op.end_ns);
       BeginCall(process_by_stream_[stream], op.end_ns);
     } else if (p.state == HostState::waiting_for_limiter) {
       SetState(process_by_stream_[stream], HostState::calling);
@@ -766,6 +767,19 @@ class Engine final : public model::TimelineListener {
     }
     turn.end_ns = policy::UndrainedWorkEndNs(turn.end_ns, now_ns_);
     return turn;
+  }
+
+  // A process that waited for room in its queue (in the shim, inside a synchronize call, the turn held meanwhile)
+  // goes on at `at_ns`: if it holds its tenant's turn, the end drops back to its projection
+  // (policy::EndAfterBlockingNs, as the shim's turn::EndBlocking).
+  void ReturnFromBlocking(std::uint32_t index, std::uint64_t at_ns) {
+    ProcessState& p = processes_[index];
+    std::uint64_t& word = tenants_[p.tenant].sibling_turn[p.device];
+    policy::SiblingTurn turn = policy::UnpackSiblingTurn(word);
+    const std::uint64_t end_ns = policy::EndAfterBlockingNs(p.queued_end_ns, p.in_flight.size() == 0, at_ns);
+    if (turn.holder != index + 1 || turn.end_ns <= end_ns) return;
+    turn.end_ns = end_ns;
+    word = policy::PackSiblingTurn(turn);
   }
 
   // The holder of its tenant's turn, waiting for a launch of its own, sees its work drained (the shim asks the driver

@@ -181,7 +181,7 @@ CUresult CountedEnd(CUstream stream, End&& end) {
 
 }  // namespace
 
-#define VGPU_REAL_OR_NOT_FOUND(real)                   \
+#define VGPU_REAL_OR_NOT_FOUND(real)                        \
   do {                                                      \
     if (Real::real == nullptr) ResolveReal();               \
     if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND; \

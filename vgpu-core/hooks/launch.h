@@ -262,8 +262,9 @@ void Release(Launching& l);
 // Whether the process's streams on the device have drained (no stream capture in progress, every stream it launched
 // on idle).
 bool DeviceDrained(int ordinal);
-// A synchronize call (compute_hooks.cc), `wait` the driver's: under time division the process's published end is
-// kept ahead of now while it waits (turn::BeginBlocking), and dropped when its streams are found idle after.
+// A synchronize call (compute_hooks.cc), `wait` the driver's: under time division the container's turn on the
+// devices where the process has work is held while it waits (turn::BeginBlocking), and its end set from what the
+// process's streams say when it returns.
 template <typename Wait>
 CUresult Synchronizing(Wait&& wait) {
   const std::uint64_t devices = turn::BeginBlocking();

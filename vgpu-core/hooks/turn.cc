@@ -582,12 +582,10 @@ void EndBlocking(std::uint64_t devices, bool (*drained)(int ordinal)) {
     if (--s.blocked[ordinal] > 0 || s.me < 0) continue;
     const auto g = static_cast<std::uint32_t>(s.gpu_of[ordinal]);
     const std::uint64_t now = MonotonicNs();
-    // Back to where its estimates put the end, not to now: a process returning from a synchronize call launches
-    // again at once, and a sibling taking the turn in between made the two alternate at every synchronize (a bf16
-    // loop's four matmuls: the two-process container got 37.3 % of its 40 on the H100, 38.9 without the hold).
-    const std::uint64_t projected = policy::WorkEndWithMarginNs(s.queued_end_ns[ordinal], now);
-    LowerEnd(s, ordinal, g, done ? projected : policy::UndrainedWorkEndNs(projected, now));
-    if (done) SetUndrained(s, ordinal, false);
+    LowerEnd(s, ordinal, g, policy::EndAfterBlockingNs(s.queued_end_ns[ordinal], done, now));
+    if (!done) continue;
+    s.queued_end_ns[ordinal] = std::min(s.queued_end_ns[ordinal], now);  // (the next launch's projection starts now)
+    SetUndrained(s, ordinal, false);
   }
 }
 

@@ -547,6 +547,11 @@ std::uint64_t UndrainedWorkEndNs(std::uint64_t published_end_ns, std::uint64_t n
   return now_ns + kUndrainedLeadNs;
 }
 
+std::uint64_t EndAfterBlockingNs(std::uint64_t queued_end_ns, bool drained, std::uint64_t now_ns) {
+  const std::uint64_t projected = WorkEndWithMarginNs(queued_end_ns, now_ns);
+  return drained ? projected : UndrainedWorkEndNs(projected, now_ns);
+}
+
 std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me) {
   constexpr std::uint64_t kLeastNs = 2'000'000;
   if (me >= plan.size()) return kLeastNs;

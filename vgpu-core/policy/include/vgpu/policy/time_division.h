@@ -226,6 +226,13 @@ std::uint64_t WorkEndWithMarginNs(std::uint64_t queued_end_ns, std::uint64_t now
 inline constexpr std::uint64_t kUndrainedLeadNs = 1'000'000;
 std::uint64_t UndrainedWorkEndNs(std::uint64_t published_end_ns, std::uint64_t now_ns);
 
+// Where the end of a holder's turn goes when its wait inside the driver (a synchronize call, during which the turn was
+// held) returns at `now_ns`, its released work projected to end at `queued_end_ns`: back to the projection (with its
+// margin), not to now even if its streams have drained, since it launches again at once and a sibling taking the turn
+// in between made the two alternate at every synchronize (a bf16 loop's four matmuls: the two-process container got
+// 37.3 % of its 40 on the H100, 38.9 without the hold); at least kUndrainedLeadNs ahead while work still runs.
+std::uint64_t EndAfterBlockingNs(std::uint64_t queued_end_ns, bool drained, std::uint64_t now_ns);
+
 // The sub-turn of a member's processes on a GPU: its window in the cycle, at least 2 ms (handovers then fall mostly
 // at window boundaries, where the GPU changes hands anyway).
 std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me);
