@@ -71,16 +71,15 @@ struct State {
   std::uint64_t turn_held_since_ns[policy::kMaxDevices] = {};
   // Per CUDA ordinal: the start of the own window whose handover this process charged last (policy::HandoverCharge).
   std::uint64_t handover_window_ns[policy::kMaxDevices] = {};
-  // Per CUDA ordinal: work the process released and has not yet seen complete (set by Released, cleared when its
-  // streams are found drained), and its threads inside a synchronize call (BeginBlocking).
-  bool undrained[policy::kMaxDevices] = {};
+  // Per CUDA ordinal: its threads inside a synchronize call (BeginBlocking).
   std::uint32_t blocked[policy::kMaxDevices] = {};
   std::vector<policy::Published> published;  // scratch, per plan member: this GPU
   std::vector<policy::Published> there;      // scratch, per plan member: another GPU of the container's
 };
 
-// Bit i: State::undrained[i], readable without the mutex; and whether the process has met a sibling in the
-// container's turn on CUDA ordinal i (another holder, or one waiting), ever. A synchronize call does nothing more than
+// Bit i: work the process released on CUDA ordinal i and has not yet seen complete (set by Released, cleared when
+// its streams are found drained; written under the turn's mutex, read without it); and whether the process has met
+// a sibling in the container's turn there (another holder, or one waiting), ever. A synchronize call does nothing more than
 // load the two unless both are set: a container of one process has nobody to keep out of its turn.
 std::atomic<std::uint64_t> g_undrained{0};
 std::atomic<std::uint64_t> g_siblings{0};
@@ -364,9 +363,11 @@ void LowerEnd(State& s, int ordinal, std::uint32_t g, std::uint64_t end_ns) {
   MoveSiblingEnd(s, ordinal, end_ns, true);
 }
 
-void SetUndrained(State& s, int ordinal, bool undrained) {
-  if (s.undrained[ordinal] == undrained) return;
-  s.undrained[ordinal] = undrained;
+bool Undrained(int ordinal) { return ((g_undrained.load(std::memory_order_acquire) >> ordinal) & 1) != 0; }
+
+// Caller holds s.mutex (the only writer).
+void SetUndrained(int ordinal, bool undrained) {
+  if (Undrained(ordinal) == undrained) return;
   const std::uint64_t bit = 1ull << ordinal;
   if (undrained) g_undrained.fetch_or(bit, std::memory_order_acq_rel);
   else g_undrained.fetch_and(~bit, std::memory_order_acq_rel);
@@ -377,7 +378,7 @@ void SetUndrained(State& s, int ordinal, bool undrained) {
 void EndPublishedWork(State& s, int ordinal, std::uint32_t g, std::uint64_t now) {
   LowerEnd(s, ordinal, g, now);
   s.queued_end_ns[ordinal] = std::min(s.queued_end_ns[ordinal], now);
-  SetUndrained(s, ordinal, false);
+  SetUndrained(ordinal, false);
 }
 
 // Its work has not completed at `now`: the end of the container's turn on the device, if it holds it, is kept ahead
@@ -503,7 +504,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     if (release.at_ns <= now) break;
     w.Count(now, release.reason, s.decided_balance_ns);
     std::uint64_t wake = WakeFor(s, ordinal, g, release, now);
-    const bool own_pending = s.undrained[ordinal];
+    const bool own_pending = Undrained(ordinal);
     guard.unlock();
     if (w.first_wait && caller.before_wait != nullptr) caller.before_wait(caller.self);
     w.first_wait = false;
@@ -541,7 +542,7 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
   std::uint64_t& queued_end = s.queued_end_ns[ordinal];
   queued_end = std::max(queued_end, now) + estimate_ns;
   RaiseEnd(s, ordinal, g, policy::WorkEndWithMarginNs(queued_end, now));
-  SetUndrained(s, ordinal, true);
+  SetUndrained(ordinal, true);
   schedule::Entry& own = s.board->entry(s.entry);
   if (ticket.window.end_ns != policy::kNoTime && ticket.window.end_ns != s.published_window_ns[ordinal]) {
     s.published_window_ns[ordinal] = ticket.window.end_ns;
@@ -562,7 +563,7 @@ std::uint64_t BeginBlocking() {
   const std::uint64_t now = MonotonicNs();
   std::uint64_t devices = 0;
   for (int ordinal = 0; ordinal < policy::kMaxDevices; ++ordinal) {
-    if (((undrained >> ordinal) & 1) == 0 || !s.undrained[ordinal] || s.gpu_of[ordinal] < 0) continue;
+    if (((undrained >> ordinal) & 1) == 0 || !Undrained(ordinal) || s.gpu_of[ordinal] < 0) continue;
     ++s.blocked[ordinal];
     devices |= 1ull << ordinal;
     // Its siblings wait until it returns (a waiter takes the turn after a cycle anyway). Not the other containers
@@ -585,7 +586,7 @@ void EndBlocking(std::uint64_t devices, bool (*drained)(int ordinal)) {
     LowerEnd(s, ordinal, g, policy::EndAfterBlockingNs(s.queued_end_ns[ordinal], done, now));
     if (!done) continue;
     s.queued_end_ns[ordinal] = std::min(s.queued_end_ns[ordinal], now);  // (the next launch's projection starts now)
-    SetUndrained(s, ordinal, false);
+    SetUndrained(ordinal, false);
   }
 }
 
