@@ -14,11 +14,16 @@ namespace {
 
 // The `launch` worker under a compute cap of `cap` %: the share of its run its kernels held the device (their run
 // times over the wall time), checked to lie in [low, high], and printed with `what`.
+// `time_division`: the cap held by time division (VGPU_COMPUTE_SHARING), on a schedule file of the test's own.
 void ExpectLaunchingHeldTo(const char* name, const char* cap, std::vector<std::string> args, double low, double high,
-                           const char* what) {
+                           const char* what, bool time_division = false) {
   auto env = ShimEnv(name, "");
   env["CUDA_DEVICE_SM_LIMIT"] = cap;
   env["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  if (time_division) {
+    env["VGPU_COMPUTE_SHARING"] = "time-division";
+    env["VGPU_SCHEDULE_FILE"] = TestFolder() + "/" + name + ".schedule";
+  }
   args.insert(args.begin(), "launch");
   Child worker = RunWorker(args, env, std::chrono::seconds(60));
   ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
@@ -41,6 +46,18 @@ void ExpectLaunchingHeldTo(const char* name, const char* cap, std::vector<std::s
 TEST(Compute, ThreadsLaunchingIntoOneStreamAreHeldToTheCap) {
   ExpectLaunchingHeldTo("threads", "30", {"threads=4", "seconds=6", "short_us=30", "long_us=2000", "long_every=8"}, 0.15,
                         0.40, "four threads into one stream");
+}
+
+// The same under time division, alone on the GPU: a known gap (docs/compute-sharing.md, "Not held yet"). Time
+// division charges each launch its kernel's median run (30 us here), whatever its long runs (2 ms one launch in
+// eight: a mean of 276 us), and the container took 74.7 % of the time at a 30 % cap. Charging the mean of the
+// kernel's measured runs instead (tried, 2026-11-27) gave 29-52 % here, but every sharing case over fakecuda lost 2 to
+// 10 points (50/50 with 1 ms kernels 47.5 / 47.2): a measured span may hold another container's kernel at a
+// handover, which the median ignores and the mean does not. It needs measurements that hold no other container's
+// time; until then this test is disabled.
+TEST(Compute, DISABLED_AKernelWhoseRunTimeDependsOnItsDataIsHeldToTheCapUnderTimeDivision) {
+  ExpectLaunchingHeldTo("threads_td", "30", {"threads=4", "seconds=6", "short_us=30", "long_us=2000", "long_every=8"},
+                        0.15, 0.40, "four threads into one stream, time division", true);
 }
 
 // Four threads each launch 30 us kernels into a stream of their own, in one context, under a 70 % cap: their queues are
