@@ -51,7 +51,7 @@ TEST(Compute, ThreadsLaunchingIntoOneStreamAreHeldToTheCap) {
 // The same under time division, alone on the GPU: a known gap (docs/compute-sharing.md, "Not held yet"). Time
 // division charges each launch its kernel's median run (30 us here), whatever its long runs (2 ms one launch in
 // eight: a mean of 276 us), and the container took 74.7 % of the time at a 30 % cap. Charging the mean of the
-// kernel's measured runs instead (tried, 2026-11-27) gave 29-52 % here, but every sharing case over fakecuda lost 2 to
+// kernel's measured runs instead (tried, 2026-11-27) gave 29-56 % here, but every sharing case over fakecuda lost 2 to
 // 10 points (50/50 with 1 ms kernels 47.5 / 47.2): a measured span may hold another container's kernel at a
 // handover, which the median ignores and the mean does not. It needs measurements that hold no other container's
 // time; until then this test is disabled.
