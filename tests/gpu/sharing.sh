@@ -18,6 +18,9 @@
 #           the limiter
 #   four-mixed  the same with vgpu-tenant's spin kernel at sizes 5 us .. 20 ms under one function (132 blocks, each
 #           size drawn at random; VGPU_FOUR_MIXED_SECONDS, default 30): no shim and time division
+#   alone-mixed one container alone at 30 %, vgpu-tenant's spin kernel at sizes 5 us .. 20 ms under one function
+#           (VGPU_ALONE_MIXED_SECONDS, default 20): under the limiter and under time division, and, where
+#           VGPU_SHIM_BEFORE names another build's libvgpu.so, under time division with that one too
 # Builds the shim and vgpu-tenant (Release) first (VGPU_SHARING_BUILD_DIR: use that build folder as it is). Each case appends one JSON line per process to $OUT/sharing.jsonl
 # ({"case":..,"run":..,"result":{...}}); the log is $OUT/sharing.log. Skips (exit 0) where no GPU answers.
 set -uo pipefail
@@ -156,6 +159,19 @@ tenant_four_mixed() {
   note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
 }
 
+# tenant_alone_mixed CASE SHARING [SHIM]: one container at 30 %, alone on GPU 0, sizes 5 us .. 20 ms under one function.
+tenant_alone_mixed() {
+  local case=$1 sharing=$2 seconds=${VGPU_ALONE_MIXED_SECONDS:-20} env
+  env=$(container "$case" 30 "$sharing")
+  [[ -n ${3:-} ]] && env=${env/LD_PRELOAD=$shim/LD_PRELOAD=$3}
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((seconds + 60)) env $env "$tenant_bin" --blocks 132 --seconds "$seconds" \
+    --seed 1 --phase 'kernels=5us|50us|500us|5ms|20ms' >"$work/$case.0.log" 2>&1
+  sed -n 's/^{"pid"/RESULT {"pid"/p' "$work/$case.0.log" >"$work/$case.0.result"
+  record "$case" 0 "$work/$case.0.result"
+  note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case.0.log" | tr '\n' ' ')"
+}
+
 IFS=, read -r -a wanted <<<"$stages"
 for stage in "${wanted[@]}"; do
   case $stage in
@@ -220,7 +236,12 @@ for stage in "${wanted[@]}"; do
     four-mixed)
       for sharing in ${VGPU_FOUR_SHARING:-none time-division}; do tenant_four_mixed "tenant-four-mixed-$sharing" "$sharing"; done
       ;;
-    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four, four-mixed)" ;;
+    alone-mixed)
+      tenant_alone_mixed tenant-alone-mixed-30-limiter limiter
+      tenant_alone_mixed tenant-alone-mixed-30-td time-division
+      [[ -n ${VGPU_SHIM_BEFORE:-} ]] && tenant_alone_mixed tenant-alone-mixed-30-td-before time-division "$VGPU_SHIM_BEFORE"
+      ;;
+    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four, four-mixed, alone-mixed)" ;;
   esac
 done
 tar czf "$out/logs.tgz" -C "$work" . 2>/dev/null

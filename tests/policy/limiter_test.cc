@@ -199,6 +199,41 @@ TEST(Limiter, TheLongestRunIsTheSecondLongestOfTheLast64OfKernelsMeasuredThreeTi
   EXPECT_EQ(limiter.LongestRunNs(), kMs);
 }
 
+// What the process's launches have cost, as the limiter accounts them, whether or not it throttles (time division
+// charges a container alone on its GPU by it): each launch at its charge when admitted, then at what it measured, or
+// at the kernel's mean unmeasured; a book's launches at that mean, those never made given back; a launch the driver
+// refused, nothing.
+TEST(Limiter, WhatLaunchesCostIsTheirChargeCorrectedToWhatTheyRanWhetherOrNotItThrottles) {
+  for (const bool throttle : {true, false}) {
+    BudgetCell cell{};
+    Limiter::InitCell(cell, 1000, 20 * kMs, 0);
+    LimiterConfig config = Share(1000);
+    config.throttle = throttle;
+    Limiter limiter(cell, config);
+    auto spent = [&] { return static_cast<std::uint64_t>(limiter.spent_ns()); };
+    const std::uint64_t first = limiter.Admit(kKernel, 0).charged_ns;
+    EXPECT_EQ(spent(), first) << "admitted, at the default charge";
+    limiter.Settle(kKernel, first, 30 * kUs, 0);
+    EXPECT_EQ(spent(), 30 * kUs) << "then what it measured";
+    for (const std::uint64_t run : {30 * kUs, 30 * kUs, 2 * kMs}) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, run, 0);
+    const std::uint64_t measured = 30 * kUs * 3 + 2 * kMs;  // the kernel's mean: a quarter of it
+    ASSERT_EQ(spent(), measured);
+    const policy::Admission unmeasured = limiter.Admit(kKernel, 0);
+    EXPECT_EQ(unmeasured.charged_ns, 30 * kUs) << "charged at its median";
+    limiter.SettleUnmeasured(kKernel, unmeasured.charged_ns, 0);
+    EXPECT_EQ(spent(), measured + measured / 4) << "settled at its mean";
+    std::uint64_t each = 0;
+    ASSERT_EQ(limiter.AdmitBook(kKernel, 0, 4, 100 * kMs, each), 4u);
+    EXPECT_EQ(each, measured / 4);
+    EXPECT_EQ(spent(), measured + 5 * (measured / 4)) << "a book's launches, at the mean";
+    limiter.Refund(kKernel, 3, each);
+    EXPECT_EQ(spent(), measured + 2 * (measured / 4)) << "three never made";
+    const policy::Admission refused = limiter.Admit(kKernel, 0);
+    limiter.Cancel(kKernel, refused.charged_ns);
+    EXPECT_EQ(spent(), measured + 2 * (measured / 4)) << "refused by the driver: nothing";
+  }
+}
+
 // A measurement settled without learning (the shim's first launch of a kernel, which may have loaded its module inside
 // the launch call) is charged in full but leaves the kernel unknown, and what unmeasured launches are settled at is
 // learned from the measurements after it only. (Learned, a 5 ms first launch of a 10 us kernel set every unmeasured

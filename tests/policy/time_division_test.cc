@@ -538,6 +538,39 @@ TEST(SiblingTurn, AfterASynchronizeTheTurnsEndGoesBackToTheProjection) {
   EXPECT_EQ(EndAfterBlockingNs(kNow + 3 * kMs, false, kNow), kNow + 3 * kMs + 300'000);
 }
 
+// Only a member alone on the one GPU it spans is charged what ran (its measurements hold no other container's time and
+// wait for no other rank); a neighbour on another GPU does not count.
+TEST(WhatRan, OnlyAMemberAloneOnItsOneGpuIsChargedWhatRan) {
+  EXPECT_TRUE(ChargesWhatRan(Plan({{.id = 1, .share_permille = 300, .gpus = 1}}), 0));
+  const WindowPlan apart = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 2}});
+  EXPECT_TRUE(ChargesWhatRan(apart, 0));
+  EXPECT_TRUE(ChargesWhatRan(apart, 1));
+  const WindowPlan beside = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 1}});
+  EXPECT_FALSE(ChargesWhatRan(beside, 0));
+  EXPECT_FALSE(ChargesWhatRan(beside, 1));
+  EXPECT_FALSE(ChargesWhatRan(Plan({{.id = 1, .share_permille = 500, .gpus = 3}}), 0)) << "a job spanning two GPUs";
+  EXPECT_FALSE(ChargesWhatRan(beside, 2)) << "not in the plan";
+}
+
+// A charge of what ran: what the accounting grew by, less what is owed back; a give-back is carried to the next
+// charges; either way no more than two cycles at once (one settlement at an inflated mean charged 1.4 s at once over
+// fakecuda and stalled the container 4.8 s).
+TEST(WhatRan, AChargeOfWhatRanCarriesGiveBacksAndIsBoundedByTwoCycles) {
+  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}});
+  std::int64_t given_back = 0;
+  EXPECT_EQ(WhatRanChargeNs(plan, 3 * kMs, given_back), 3 * kMs);
+  EXPECT_EQ(WhatRanChargeNs(plan, -2 * static_cast<std::int64_t>(kMs), given_back), 0u);
+  EXPECT_EQ(given_back, 2 * static_cast<std::int64_t>(kMs));
+  EXPECT_EQ(WhatRanChargeNs(plan, 500'000, given_back), 0u) << "still owed back";
+  EXPECT_EQ(given_back, 1'500'000);
+  EXPECT_EQ(WhatRanChargeNs(plan, 4 * kMs, given_back), 2'500'000u);
+  EXPECT_EQ(given_back, 0);
+  EXPECT_EQ(WhatRanChargeNs(plan, 1400 * kMs, given_back), 2 * kCycle) << "bounded";
+  EXPECT_EQ(given_back, 0) << "what lies past the bound is not carried";
+  EXPECT_EQ(WhatRanChargeNs(plan, -1400 * static_cast<std::int64_t>(kMs), given_back), 0u);
+  EXPECT_EQ(given_back, 2 * static_cast<std::int64_t>(kCycle)) << "nor past it the other way";
+}
+
 TEST(SiblingTurn, TheSubturnIsTheMembersWindowAndAtLeastTwoMilliseconds) {
   const WindowPlan plan = Plan({{.id = 1, .share_permille = 400, .gpus = 1}, {.id = 2, .share_permille = 50, .gpus = 1}});
   EXPECT_EQ(SubturnNs(plan, 0), 8 * kMs);

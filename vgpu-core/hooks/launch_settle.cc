@@ -144,7 +144,8 @@ CUresult Settle(Launching& l, CUresult result) {
   // The launch call has returned: the stream may go on. (Whether it ran or not, a shut gate is opened.)
   (void)gates::Open(l.gate);
   // (A book opened for the launches after this one is charged whether or not this one ran: closing it refunds.)
-  turn::Released(l.ordinal, l.ticket, (result == CUDA_SUCCESS ? l.admission.charged_ns : 0) + l.booked_ns);
+  turn::Released(l.ordinal, l.ticket, (result == CUDA_SUCCESS ? l.admission.charged_ns : 0) + l.booked_ns,
+                 l.d->limiter->spent_ns());
   if (l.settled_early) return SettleEarly(l, result);
   const Plan& plan = l.plan;
   if (plan.how == How::pair && result == CUDA_SUCCESS) RecordEnd(l);

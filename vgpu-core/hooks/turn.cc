@@ -61,6 +61,11 @@ struct State {
   std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
   std::uint64_t published_window_ns[policy::kMaxDevices] = {};  // ... and as released_until_ns
   std::uint64_t unflushed_ns = 0;  // charged by Released, not yet taken from the shared account
+  // Charging what ran (policy::ChargesWhatRan), per CUDA ordinal: the limiter's spent_ns at the last charge (-1: not
+  // charging what ran then), and what was given back beyond what was charged since (taken off the next charges).
+  std::int64_t spent_seen_ns[policy::kMaxDevices];
+  std::int64_t given_back_ns[policy::kMaxDevices] = {};
+  std::atomic<bool> charges_what_ran{false};  // (as the last charge found it; read by Refund without the mutex)
   std::int64_t decided_balance_ns = 0;  // the balance the last decision saw (LIBCUDA_LOG_LEVEL=4 says it)
   // The end of the container's own window the last decision released into (0: none): launches that end inside it
   // go without another decision (others wait for the container's work in its window; the plan has not changed).
@@ -140,6 +145,7 @@ bool NameGpus(State& s, const policy::Config& config) {
 bool SetUp(State& s) {
   Shim& shim = TheShim();
   std::fill(std::begin(s.gpu_of), std::end(s.gpu_of), -1);
+  std::fill(std::begin(s.spent_seen_ns), std::end(s.spent_seen_ns), -1);
   if (shim.config.sharing != policy::Sharing::time_division ||
       shim.config.policy == policy::ComputePolicy::disable || shim.region == nullptr) {
     return false;
@@ -532,7 +538,24 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
   return ticket;
 }
 
-void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
+// What Released charges the account for a launch estimated at `estimate_ns`, the limiter's accounting of the
+// process's launches standing at `spent_ns` (policy::ChargesWhatRan). Caller holds s.mutex.
+std::uint64_t ChargeFor(State& s, int ordinal, std::uint64_t estimate_ns, std::int64_t spent_ns) {
+  const bool what_ran = policy::ChargesWhatRan(s.plan, static_cast<std::size_t>(s.me));
+  s.charges_what_ran.store(what_ran, std::memory_order_relaxed);
+  std::int64_t& seen = s.spent_seen_ns[ordinal];
+  std::int64_t& given_back = s.given_back_ns[ordinal];
+  if (!what_ran || seen < 0) {  // (from the first charge on: this launch at its estimate)
+    seen = what_ran ? spent_ns : -1;
+    given_back = 0;
+    return estimate_ns;
+  }
+  const std::int64_t since = spent_ns - seen;
+  seen = spent_ns;
+  return policy::WhatRanChargeNs(s.plan, since, given_back);
+}
+
+void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns, std::int64_t spent_ns) {
   if (!ticket.scheduled || estimate_ns == 0) return;
   State& s = TheState();
   const auto g = static_cast<std::uint32_t>(s.gpu_of[ordinal]);
@@ -548,8 +571,9 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns) {
     s.published_window_ns[ordinal] = ticket.window.end_ns;
     schedule::RaiseTo(own.gpu[g].released_until_ns, ticket.window.end_ns);
   }
+  const std::uint64_t charge = ChargeFor(s, ordinal, estimate_ns, spent_ns);
   if (ticket.free) return;
-  s.unflushed_ns += estimate_ns / static_cast<std::uint64_t>(std::popcount(s.gpus));
+  s.unflushed_ns += charge / static_cast<std::uint64_t>(std::popcount(s.gpus));
   if (s.unflushed_ns >= kFlushNs || ticket.turn_until_ns == 0) FlushCharges(s, ordinal, now);
 }
 
@@ -592,7 +616,7 @@ void EndBlocking(std::uint64_t devices, bool (*drained)(int ordinal)) {
 
 void Refund(int ordinal, std::uint64_t estimate_ns) {
   State& s = TheState();
-  if (!Scheduled(ordinal) || estimate_ns == 0) return;
+  if (!Scheduled(ordinal) || estimate_ns == 0 || s.charges_what_ran.load(std::memory_order_relaxed)) return;
   // (The cell is set before set_up is, and never changes: no mutex needed. Not spread over GPUs: Released charged
   // a member spanning n GPUs a launch's estimate divided by n.)
   const auto spanned = static_cast<std::int64_t>(std::popcount(s.gpus));

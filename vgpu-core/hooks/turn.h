@@ -41,9 +41,11 @@ struct Caller {
 Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const void* function);
 
 // The launch taken with `ticket` was made (and a book of launches after it opened): their expected end and the
-// window are published, and the container's account is charged their estimate (not in a free borrow). Nothing to
-// do for 0.
-void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns);
+// window are published, and the container's account is charged (not in a free borrow): their estimate, or, for a
+// container alone on its one GPU (policy::ChargesWhatRan), what the process's launches have cost since its last
+// charge by the limiter's accounting (`spent_ns`, Limiter::spent_ns read after this launch was admitted). Nothing
+// to do for an estimate of 0.
+void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns, std::int64_t spent_ns);
 // A thread of the process is about to wait inside the driver for the GPU (a synchronize call). While it waits the
 // process cannot look at its streams, and the end it published (projected from estimates: a kernel's usual run) may
 // pass while its work still runs, letting a sibling release beside it, which the driver then time-slices with it.
@@ -57,8 +59,8 @@ std::uint64_t BeginBlocking();
 // from its estimates, at least policy::kUndrainedLeadNs ahead.
 void EndBlocking(std::uint64_t devices, bool (*drained)(int ordinal));
 
-// Launches charged by Released that were never made (a book's unused ones) go back to the account. Lock-free: the
-// caller may hold its own locks.
+// Launches charged by Released that were never made (a book's unused ones) go back to the account (unless it is
+// charged what ran: the limiter's accounting gave them back). Lock-free: the caller may hold its own locks.
 void Refund(int ordinal, std::uint64_t estimate_ns);
 
 }  // namespace vgpu::hooks::turn

@@ -105,8 +105,14 @@ std::uint32_t NextMonitorScale(std::uint32_t scale_permille, std::uint32_t used_
   return scale_permille;
 }
 
+// A settlement gives back `delta_ns` of what was charged (negative: takes more).
 void Limiter::AdjustOwn(std::int64_t delta_ns) {
+  Spend(-delta_ns);
   if (config_.throttle && own_refilled_at_ns_ != 0) own_budget_ns_ += delta_ns;
+}
+
+void Limiter::Spend(std::int64_t ns) {
+  spent_ns_.store(spent_ns_.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
 }
 
 // The budget holds the share of the burst, and never less than one of the longest kernels seen: a tenant whose
@@ -162,6 +168,7 @@ Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_
   if (cost.launches != std::numeric_limits<std::uint32_t>::max()) ++cost.launches;
   if (cost.count == 0) ++cost.unknown_in_flight;
   in_flight_ns_ += estimate;
+  Spend(static_cast<std::int64_t>(estimate));
   admission.charged_ns = estimate;
   admission.ready_at_ns = now_ns;
   if (!config_.throttle) return admission;
@@ -337,7 +344,10 @@ std::uint64_t Limiter::SettleUnmeasured(const KernelKey& key, std::uint64_t char
 // Of `n` launches at `each_ns`, as many as the budget (the cell's and this process's own) holds now without debt,
 // taken from both: a book never waits, and never makes a debt another launch would wait for. 0: none taken.
 std::uint32_t Limiter::TakeWithoutDebt(std::uint64_t now_ns, std::uint32_t n, std::uint64_t each_ns) {
-  if (!config_.throttle || n == 0) return n;
+  if (!config_.throttle || n == 0) {
+    Spend(static_cast<std::int64_t>(std::uint64_t{n} * each_ns));
+    return n;
+  }
   if (now_ns >= Atomic(cell_.refilled_at_ns).load(std::memory_order_relaxed) + kRefillEveryNs) Refill(now_ns);
   const std::int64_t shared = Atomic(cell_.budget_ns).load(std::memory_order_acquire);
   RefillOwn(now_ns);
@@ -351,6 +361,7 @@ std::uint32_t Limiter::TakeWithoutDebt(std::uint64_t now_ns, std::uint32_t n, st
     return 0;
   }
   own_budget_ns_ -= total;
+  Spend(total);
   return n;
 }
 

@@ -552,6 +552,23 @@ std::uint64_t EndAfterBlockingNs(std::uint64_t queued_end_ns, bool drained, std:
   return drained ? projected : UndrainedWorkEndNs(projected, now_ns);
 }
 
+bool ChargesWhatRan(const WindowPlan& plan, std::size_t me) {
+  if (me >= plan.size()) return false;
+  const std::uint64_t gpus = plan.member(me).gpus;
+  if (std::popcount(gpus) != 1) return false;
+  for (std::size_t m = 0; m < plan.size(); ++m) {
+    if (m != me && (plan.member(m).gpus & gpus) != 0) return false;
+  }
+  return true;
+}
+
+std::uint64_t WhatRanChargeNs(const WindowPlan& plan, std::int64_t spent_since_ns, std::int64_t& given_back_ns) {
+  const auto bound = static_cast<std::int64_t>(2 * plan.cycle_ns());
+  const std::int64_t owed = std::clamp<std::int64_t>(spent_since_ns - given_back_ns, -bound, bound);
+  given_back_ns = owed < 0 ? -owed : 0;
+  return owed > 0 ? static_cast<std::uint64_t>(owed) : 0;
+}
+
 std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me) {
   constexpr std::uint64_t kLeastNs = 2'000'000;
   if (me >= plan.size()) return kLeastNs;

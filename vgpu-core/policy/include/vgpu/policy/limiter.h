@@ -147,6 +147,11 @@ class Limiter {
   std::uint64_t EstimateNs(const KernelKey& key) const;
   bool Known(const KernelKey& key) const;  // measured at least once
   std::uint64_t in_flight_ns() const { return in_flight_ns_; }
+  // What this process's launches have cost so far, as the limiter accounts them whether or not it throttles: each
+  // launch's charge when admitted, corrected when settled to what it measured (unmeasured: its kernel's recent mean),
+  // what never ran given back. Time division charges a container alone on its GPU by it (turn::Released). Written
+  // under the caller's lock; may be read without it.
+  std::int64_t spent_ns() const { return spent_ns_.load(std::memory_order_relaxed); }
   // The longest any kernel was estimated or measured to run (time division sizes its cycle by it).
   std::uint64_t largest_estimate_ns() const { return largest_estimate_ns_; }
   // The second longest run among the last 64 measurements of the kernels measured at least 3 times (a first launch,
@@ -166,9 +171,9 @@ class Limiter {
   std::uint32_t TakeWithoutDebt(std::uint64_t now_ns, std::uint32_t n, std::uint64_t each_ns);
   void RefillOwn(std::uint64_t now_ns);
   void AdjustOwn(std::int64_t delta_ns);
+  void Spend(std::int64_t ns);
   void Forget(const KernelKey& key, std::uint64_t charged_ns);
   void Learn(const KernelKey& key, std::uint64_t measured_ns);
-  std::uint64_t UnmeasuredCost(const KernelKey& key, std::uint64_t charged_ns) const;
   std::uint64_t PaceNs() const;
   std::uint64_t BurstNs() const;
 
@@ -191,6 +196,7 @@ class Limiter {
     std::uint64_t longer[64] = {};         // the last 64 measurements, for the mean
   };
 
+  std::uint64_t UnmeasuredCost(const KernelKey& key, std::uint64_t charged_ns) const;
   std::uint64_t BusyOf(const KernelKey& key, std::uint64_t accounted_ns) const;
   // The same, from a kernel's record (null: never seen), for callers that have looked it up already.
   static std::uint64_t MeanOf(const Cost* cost, std::uint64_t charged_ns);
@@ -207,6 +213,7 @@ class Limiter {
   // writing the cell (a budget, a lending rate) cannot give it more. Never binds where the cell is honest: it refills
   // at the container's rate and this process's launches are a part of the container's.
   std::int64_t own_budget_ns_ = 0;
+  std::atomic<std::int64_t> spent_ns_{0};  // (one writer at a time: the caller's lock)
   std::uint64_t own_refilled_at_ns_ = 0;   // 0: not started (the first Admit starts it full)
   std::uint32_t own_rate_permille_ = 0;    // what this process decided: the share, or 1000 while it lends
   std::uint32_t own_scale_permille_ = 1000;  // the node monitor's correction (ScaleOwn)

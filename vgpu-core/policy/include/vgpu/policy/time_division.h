@@ -233,6 +233,25 @@ std::uint64_t UndrainedWorkEndNs(std::uint64_t published_end_ns, std::uint64_t n
 // 37.3 % of its 40 on the H100, 38.9 without the hold); at least kUndrainedLeadNs ahead while work still runs.
 std::uint64_t EndAfterBlockingNs(std::uint64_t queued_end_ns, bool drained, std::uint64_t now_ns);
 
+// Whether the member is charged what its launches ran (as its shims measure and settle them: the limiter's
+// accounting, Limiter::spent_ns) rather than each launch's estimate when it is released: only a member alone on the
+// one GPU it spans. The estimate is a kernel's median run, which under-charges a kernel whose run time depends on its
+// data (30 us launches with a 2 ms one in eight took 74.7 % of the GPU at a 30 % cap over fakecuda, 29-35 % charged
+// what ran). Measurements are not used beside other members: a measured span may hold another container's kernel at a
+// handover, and charging the mean of measured runs there cost every sharing case 2-10 points over fakecuda; nor for a
+// member spanning GPUs: a collective's measured runs hold its wait for the other ranks, and charging them brought a
+// 2-GPU job's collapse back. (The simulator charges every member what its kernels ran: it knows.)
+bool ChargesWhatRan(const WindowPlan& plan, std::size_t me);
+
+// What one charge of a member charged what ran takes from its account: `spent_since_ns`, what the limiter's
+// accounting of the process's launches grew by since its last charge (negative where settlements gave back more than
+// was charged meanwhile), less what is still owed back to it (`given_back_ns`, carried from charge to charge and
+// updated), within two cycles either way. The bound: corrections arrive in lumps as measurement windows end, and one
+// window settled unmeasured at an inflated mean (6 ms for a 31 us kernel, from its first measurements) charged 1.4 s at
+// once, a 4.8 s stall; bounded, one bad settlement costs the container two cycles at most. What lies past the bound
+// is not charged: the member is alone on its GPU, so nobody else pays for it.
+std::uint64_t WhatRanChargeNs(const WindowPlan& plan, std::int64_t spent_since_ns, std::int64_t& given_back_ns);
+
 // The sub-turn of a member's processes on a GPU: its window in the cycle, at least 2 ms (handovers then fall mostly
 // at window boundaries, where the GPU changes hands anyway).
 std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me);
