@@ -12,7 +12,7 @@
 #   pairs   tests/gpu/repro/mm_loop.py: a bf16 8192 matmul loop alone, then two containers on GPU 0: no shim, 50/50 and
 #           30/70 under time division, 30/70 under the limiter
 #   tenant  vgpu-tenant pairs under time division: 30/70 with 1 ms kernels, 30/70 and 50/50 with one-wave 20 ms ones
-#   caps    one container's matmul loop at 10, 30, 50, 70, 90 % under time division
+#   caps    one container's matmul loop at 10, 30, 50, 70, 90 % under time division (VGPU_CAPS: others)
 #   default a `default` container at 40 % under time division alone, then beside a `force` one at 50 %
 #   four    four containers' matmul loops at 10/20/30/40 %, the 40 % one of two processes: no shim, time division,
 #           the limiter
@@ -222,7 +222,7 @@ for stage in "${wanted[@]}"; do
       done
       ;;
     caps)
-      for cap in 10 30 50 70 90; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)"; done
+      for cap in ${VGPU_CAPS:-10 30 50 70 90}; do mm_pair "mm-td-alone-$cap" "$(container alone-$cap "$cap" time-division)"; done
       ;;
     default)
       mm_pair mm-alone ""
