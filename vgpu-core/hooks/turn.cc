@@ -57,6 +57,7 @@ struct State {
   policy::WindowPlan plan;
   std::vector<std::uint32_t> entries;  // per plan member: its entry in the file
   int me = -1;                         // this container in the plan
+  std::atomic<bool> in_plan{false};    // me >= 0 (read without the mutex, to ask for the longest kernel first)
   std::uint64_t queued_end_ns[policy::kMaxDevices] = {};  // this process's released work, expected done by here
   std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
   std::uint64_t published_window_ns[policy::kMaxDevices] = {};  // ... and as released_until_ns
@@ -175,6 +176,11 @@ void FlushCharges(State& s, int ordinal, std::uint64_t now);
 
 // Whether the schedule is to be read again (Refresh): then the caller's longest kernel is asked first, without
 // s.mutex (the caller takes its own lock for it, which it may hold while it calls Refund).
+void SetMe(State& s, int me) {
+  s.me = me;
+  s.in_plan.store(me >= 0, std::memory_order_relaxed);
+}
+
 bool RefreshDue(const State& s, std::uint64_t now) {
   return now >= s.next_refresh_ns.load(std::memory_order_relaxed);
 }
@@ -191,7 +197,7 @@ void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns)
     const int entry = s.board->Join(s.id, s.share_permille, s.gpus, now, error);
     if (entry < 0) {
       Log(2, "time division: %s; launches go unscheduled until an entry frees", error.c_str());
-      s.me = -1;
+      SetMe(s, -1);
       return;
     }
     s.entry = entry;
@@ -202,11 +208,11 @@ void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns)
   const schedule::Members members = schedule::ReadMembers(s.board->header(), now);
   const std::uint64_t cycle = policy::CycleFor(members.members, members.longest_ns,
                                                s.board->header().base_cycle_ns, s.board->header().cycle_max_ns);
-  s.me = -1;
+  SetMe(s, -1);
   std::fill(std::begin(s.lease_until_ns), std::end(s.lease_until_ns), 0);  // decided on the old plan
   if (!s.plan.Build(members.members, cycle).empty()) return;  // (entries are checked as read: not expected)
   s.entries = members.entries;
-  s.me = s.plan.IndexOf(s.id);
+  SetMe(s, s.plan.IndexOf(s.id));
   s.published.resize(s.plan.size());
   s.there.resize(s.plan.size());
 }
@@ -501,7 +507,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
   std::unique_lock<std::mutex> guard(s.mutex, std::defer_lock);
   for (;;) {
     const std::uint64_t now = MonotonicNs();
-    const bool ask = caller.longest_ns != nullptr && (RefreshDue(s, now) || s.me < 0);
+    const bool ask = caller.longest_ns != nullptr && (RefreshDue(s, now) || !s.in_plan.load(std::memory_order_relaxed));
     const std::uint64_t longest_ns = ask ? caller.longest_ns(caller.self) : policy::kNoTime;
     guard.lock();
     Refresh(s, ordinal, now, longest_ns);

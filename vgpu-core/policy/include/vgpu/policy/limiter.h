@@ -174,6 +174,7 @@ class Limiter {
   void Spend(std::int64_t ns);
   void Forget(const KernelKey& key, std::uint64_t charged_ns);
   void Learn(const KernelKey& key, std::uint64_t measured_ns);
+  std::uint64_t UnmeasuredCost(const KernelKey& key, std::uint64_t charged_ns) const;
   std::uint64_t PaceNs() const;
   std::uint64_t BurstNs() const;
 
@@ -196,7 +197,6 @@ class Limiter {
     std::uint64_t longer[64] = {};         // the last 64 measurements, for the mean
   };
 
-  std::uint64_t UnmeasuredCost(const KernelKey& key, std::uint64_t charged_ns) const;
   std::uint64_t BusyOf(const KernelKey& key, std::uint64_t accounted_ns) const;
   // The same, from a kernel's record (null: never seen), for callers that have looked it up already.
   static std::uint64_t MeanOf(const Cost* cost, std::uint64_t charged_ns);
