@@ -66,7 +66,7 @@ struct State {
   // charging what ran then), and what was given back beyond what was charged since (taken off the next charges).
   std::int64_t spent_seen_ns[policy::kMaxDevices];
   std::int64_t given_back_ns[policy::kMaxDevices] = {};
-  std::atomic<bool> charges_what_ran{false};  // (as the last charge found it; read by Refund without the mutex)
+  std::atomic<bool> charges_what_ran{false};  // (as the plan says; read by Refund without the mutex)
   std::int64_t decided_balance_ns = 0;  // the balance the last decision saw (LIBCUDA_LOG_LEVEL=4 says it)
   // The end of the container's own window the last decision released into (0: none): launches that end inside it
   // go without another decision (others wait for the container's work in its window; the plan has not changed).
@@ -176,9 +176,12 @@ void FlushCharges(State& s, int ordinal, std::uint64_t now);
 
 // Whether the schedule is to be read again (Refresh): then the caller's longest kernel is asked first, without
 // s.mutex (the caller takes its own lock for it, which it may hold while it calls Refund).
+// This container's place in the plan just built (-1: none), and what follows from it.
 void SetMe(State& s, int me) {
   s.me = me;
   s.in_plan.store(me >= 0, std::memory_order_relaxed);
+  s.charges_what_ran.store(me >= 0 && policy::ChargesWhatRan(s.plan, static_cast<std::size_t>(me)),
+                           std::memory_order_relaxed);
 }
 
 bool RefreshDue(const State& s, std::uint64_t now) {
@@ -547,8 +550,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
 // What Released charges the account for a launch estimated at `estimate_ns`, the limiter's accounting of the
 // process's launches standing at `spent_ns` (policy::ChargesWhatRan). Caller holds s.mutex.
 std::uint64_t ChargeFor(State& s, int ordinal, std::uint64_t estimate_ns, std::int64_t spent_ns) {
-  const bool what_ran = policy::ChargesWhatRan(s.plan, static_cast<std::size_t>(s.me));
-  s.charges_what_ran.store(what_ran, std::memory_order_relaxed);
+  const bool what_ran = s.charges_what_ran.load(std::memory_order_relaxed);
   std::int64_t& seen = s.spent_seen_ns[ordinal];
   std::int64_t& given_back = s.given_back_ns[ordinal];
   if (!what_ran || seen < 0) {  // (from the first charge on: this launch at its estimate)
