@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "vgpu/schedule/schedule.h"
 
@@ -100,6 +101,25 @@ TEST_F(ScheduleFile, OfAnotherKindIsRefusedNamingItAndWhatWasFound) {
   cut.file_bytes = sizeof(Header);
   WriteFile(std::string(reinterpret_cast<const char*>(&cut), sizeof(cut) / 2));
   EXPECT_NE(OpenError().find("version 1"), std::string::npos) << "a truncated version 1 file is not mapped";
+}
+
+// A file whose cycle no plan accepts (written by something else, or by a liar) is refused when opened: every member
+// would otherwise find no plan on each refresh and take no turns.
+TEST_F(ScheduleFile, WithACycleNoPlanAcceptsIsRefusedNamingTheCycleAndWhatIsAccepted) {
+  for (const auto& [base, most] : {std::pair<std::uint64_t, std::uint64_t>{1, kMost}, {kBase, 20'000'000'000ull},
+                                   {kMost, kBase}, {20'000'000'000ull, 20'000'000'000ull}}) {
+    Header lying{};
+    lying.magic = kScheduleMagic;
+    lying.version = kScheduleVersion;
+    lying.file_bytes = sizeof(Header);
+    lying.base_cycle_ns = base;
+    lying.cycle_max_ns = most;
+    WriteFile(std::string(reinterpret_cast<const char*>(&lying), sizeof(lying)));
+    const std::string error = OpenError();
+    EXPECT_NE(error.find("has a cycle of " + std::to_string(base) + " ns at most " + std::to_string(most)),
+              std::string::npos) << error;
+    EXPECT_NE(error.find("accepted: a base of at least 100000 ns"), std::string::npos) << error;
+  }
 }
 
 TEST_F(ScheduleFile, NamesEachGpuOnceWhoeverAsks) {

@@ -4,10 +4,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shim_support.h"
+#include "vgpu/schedule/schedule.h"
 
 namespace vgpu::shimtest {
 namespace {
@@ -63,6 +66,56 @@ TEST(Compute, AKernelWhoseRunTimeDependsOnItsDataIsHeldToTheCapUnderTimeDivision
 #endif
   ExpectLaunchingHeldTo("threads_td", "30", {"threads=4", "seconds=12", "short_us=30", "long_us=2000", "long_every=8"},
                         0.15, 0.40, "four threads into one stream, time division", true);
+}
+
+// Time division can leave a capped container without turns: its entry in the node's schedule file taken by another
+// container while it was stopped or idle, and no entry free (64 live members). Its launches then got no turn and, time
+// division having turned the limiter's throttle off, went uncapped: 91 % of the time at a 30 % cap here. The limiter
+// now holds the cap while the container takes no turns (it fails closed), and says so at LIBCUDA_LOG_LEVEL=2.
+// Here 63 entries are held by containers of no GPU (live: their heartbeats lie ahead, but no members), the worker
+// joins the last free one, half a second into its run another container takes that entry, and 1.5 s later it frees.
+TEST(Compute, AContainerThatLosesItsTurnsToAFullScheduleIsHeldByTheLimiter) {
+  auto env = ShimEnv("no_turns", "");
+  const std::string schedule_path = TestFolder() + "/no_turns.schedule";
+  env["CUDA_DEVICE_SM_LIMIT"] = "30";
+  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  env["VGPU_COMPUTE_SHARING"] = "time-division";
+  env["VGPU_SCHEDULE_FILE"] = schedule_path;
+  env["LIBCUDA_LOG_LEVEL"] = "2";
+  std::string error;
+  std::unique_ptr<schedule::Board> board = schedule::Board::Open(schedule_path, 20'000'000, 640'000'000, error);
+  ASSERT_NE(board, nullptr) << error;
+  const auto far_ahead = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch() +
+                                                           std::chrono::hours(1)).count());
+  const auto squat = [&](int e, std::uint64_t id) {  // a live entry of no GPU: it holds the entry, it is no member
+    schedule::Entry& entry = board->entry(e);
+    schedule::Store(entry.heartbeat_ns, far_ahead);
+    schedule::Store(entry.id, id);
+  };
+  constexpr int kLeftFree = 17;
+  for (int e = 0; e < static_cast<int>(schedule::kMaxEntries); ++e) {
+    if (e != kLeftFree) squat(e, 1000 + static_cast<std::uint64_t>(e));
+  }
+  Child worker = Child::Worker({"launch", "threads=1", "seconds=4", "short_us=500", "long_us=500"}, env);
+  const auto joined_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (schedule::Load(board->entry(kLeftFree).id) == 0 && std::chrono::steady_clock::now() < joined_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NE(schedule::Load(board->entry(kLeftFree).id), 0u) << "the worker never joined the schedule";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  squat(kLeftFree, 999);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  schedule::Store(board->entry(kLeftFree).id, 0);  // the entry frees: the worker takes turns again
+  ASSERT_TRUE(worker.Wait(std::chrono::seconds(60)) && worker.exited() && worker.exit_code() == 0)
+      << worker.Describe();
+  const auto values = worker.Values();
+  const double share = static_cast<double>(Number(values, "busy_ns")) / static_cast<double>(Number(values, "elapsed_ns"));
+  std::printf("a 30 %% container that lost its turns: %.1f %% of the time\n", 100 * share);
+  EXPECT_NE(worker.Stderr().find("the limiter holds its compute cap"), std::string::npos) << worker.Stderr();
+  EXPECT_NE(worker.Stderr().find("takes turns again"), std::string::npos) << worker.Stderr();
+  EXPECT_LE(share, 0.40) << "the kernels held the device " << 100 * share << " % of the time";
+  EXPECT_GE(share, 0.15) << "the kernels held the device " << 100 * share << " % of the time";
 }
 
 // Four threads each launch 30 us kernels into a stream of their own, in one context, under a 70 % cap: their queues are

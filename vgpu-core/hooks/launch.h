@@ -149,6 +149,9 @@ struct DeviceLimiter {
   std::atomic<bool> ready{false};    // `limiter` is set up: later launches need nothing else to find it
   bool lend = false;
   bool scheduled = false;  // time division holds the cap (turn.h): launches take turns; books only inside one
+  // Under time division, the container is out of the schedule's plan (no turns to be had): the limiter holds the cap
+  // meanwhile (launch_release.cc). Written under `mutex`, read without it.
+  std::atomic<bool> limiter_holds{false};
   int ordinal = -1;
   std::mutex mutex;  // process-local; never held while sleeping or while the driver waits
   std::unique_ptr<policy::Limiter> limiter;
@@ -324,7 +327,7 @@ const void* ThisThread();
 // Books lose their stream states (a context's went) / the books a fork child inherited are its parent's.
 void ForgetBookStates();
 void ForgetBooksAfterFork();
-// Time division: launches charged to the container's account that were never made go back.
-void RefundTurn(const DeviceLimiter& d, std::uint64_t ns);
+// Time division: launches of `book` charged to the container's account that were never made go back.
+void RefundTurn(const LaunchBook& book, std::uint64_t ns);
 
 }  // namespace vgpu::hooks::launch

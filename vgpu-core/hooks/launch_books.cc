@@ -89,9 +89,11 @@ const void* ThisThread() { return &t_books; }
 void ForgetBookStates() { g_book_generations.streams.fetch_add(1, std::memory_order_acq_rel); }
 void ForgetBooksAfterFork() { g_book_generations.forks.fetch_add(1, std::memory_order_relaxed); }
 
-// Time division: a book's launches were charged to the container's account when it opened; those never made go back.
-void RefundTurn(const DeviceLimiter& d, std::uint64_t ns) {
-  if (d.scheduled && ns > 0) turn::Refund(d.ordinal, ns);
+// Time division: a book opened in a turn had its launches charged to the container's account; those never made go
+// back. (A book opened with no turn, the limiter holding the cap meanwhile, charged the account nothing.)
+void RefundTurn(const LaunchBook& book, std::uint64_t ns) {
+  const DeviceLimiter& d = *book.device;
+  if (d.scheduled && book.turn_until_ns != UINT64_MAX && ns > 0) turn::Refund(d.ordinal, ns);
 }
 
 namespace {
@@ -105,7 +107,7 @@ void CloseBookLocked(LaunchBook& book) {
     // Inherited over fork: the parent's to give back.
   } else if (book.window) {
     if (book.left > 0) book.device->limiter->Cancel(key, std::uint64_t{book.left} * book.accounted_each_ns);
-    RefundTurn(*book.device, std::uint64_t{book.left} * book.charged_ns);
+    RefundTurn(book, std::uint64_t{book.left} * book.charged_ns);
     StreamState& state = *book.state;
     if (state_alive && state.window_seq.load(std::memory_order_seq_cst) == book.window_seq) {
       // Its window goes on: the launches it made join the window's own, its reservation ends. (Had the window ended,
@@ -116,7 +118,7 @@ void CloseBookLocked(LaunchBook& book) {
     }
   } else {
     book.device->limiter->Refund(key, book.left, book.accounted_each_ns);
-    RefundTurn(*book.device, std::uint64_t{book.left} * book.charged_ns);
+    RefundTurn(book, std::uint64_t{book.left} * book.charged_ns);
     if (state_alive) {
       if (book.state->books > 0) --book.state->books;
       book.state->last_launch_ns = std::max(book.state->last_launch_ns, book.last_ns);
@@ -191,7 +193,7 @@ void EndIntoWindow(LaunchBook& book, CUresult result) {
     state.booked[&book - t_books.book].made.fetch_sub(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> guard(book.device->mutex);
     book.device->limiter->Cancel(policy::KernelKey{book.function, book.shape}, book.accounted_each_ns);
-    RefundTurn(*book.device, book.charged_ns);
+    RefundTurn(book, book.charged_ns);
   }
   EndLaunching(*book.device, book.stream, state);
 }
@@ -216,7 +218,7 @@ void EndOntoDrained(LaunchBook& book, CUresult result) {
   // Nothing ran: nothing is owed.
   std::lock_guard<std::mutex> guard(book.device->mutex);
   book.device->limiter->Refund(policy::KernelKey{book.function, book.shape}, 1, book.accounted_each_ns);
-  RefundTurn(*book.device, book.charged_ns);
+  RefundTurn(book, book.charged_ns);
 }
 
 }  // namespace

@@ -42,6 +42,25 @@ struct TurnCaller {
   }
 };
 
+// A launch under time division that got no turn: the container is not in the schedule's plan (its entry taken and
+// none free, a plan that could not be built from the file). It must not go uncapped: the limiter holds the cap until
+// the container takes turns again (it fails closed). Each switch is said at LIBCUDA_LOG_LEVEL=2. One atomic load
+// per launch while nothing changes.
+void HoldByLimiterWhileUnscheduled(DeviceLimiter& d, bool unscheduled) {
+  if (d.limiter_holds.load(std::memory_order_relaxed) == unscheduled) return;
+  std::lock_guard<std::mutex> guard(d.mutex);
+  if (d.limiter->throttles() == unscheduled) return;
+  d.limiter->SetThrottle(unscheduled);
+  d.limiter_holds.store(unscheduled, std::memory_order_relaxed);
+  if (unscheduled) {
+    Log(2, "device %d: time division gives this container no turns (it is not in the schedule's plan): the limiter "
+        "holds its compute cap until it takes turns again", d.ordinal);
+  } else {
+    Log(2, "device %d: the container takes turns again under time division: the limiter no longer throttles",
+        d.ordinal);
+  }
+}
+
 }  // namespace
 
 bool DeviceDrained(int ordinal) {
@@ -60,6 +79,7 @@ void Release(Launching& l) {
   TurnCaller caller{d, l.setup == CUDA_SUCCESS ? l.context : nullptr};
   l.ticket = turn::Take(l.ordinal, estimate_ns,
                         {&caller, TurnCaller::Longest, TurnCaller::BeforeWait, TurnCaller::Drained}, l.key.function);
+  HoldByLimiterWhileUnscheduled(d, !l.ticket.scheduled);
   if (l.ticket.waited_ns > 0) l.now = NowNs();
 }
 

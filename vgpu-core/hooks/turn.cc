@@ -58,14 +58,15 @@ struct State {
   std::vector<std::uint32_t> entries;  // per plan member: its entry in the file
   int me = -1;                         // this container in the plan
   std::atomic<bool> in_plan{false};    // me >= 0 (read without the mutex, to ask for the longest kernel first)
+  bool said_unplanned = false;         // a plan that could not be built was said
   std::uint64_t queued_end_ns[policy::kMaxDevices] = {};  // this process's released work, expected done by here
   std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
   std::uint64_t published_window_ns[policy::kMaxDevices] = {};  // ... and as released_until_ns
   std::uint64_t unflushed_ns = 0;  // charged by Released, not yet taken from the shared account
   // Charging what ran (policy::ChargesWhatRan), per CUDA ordinal: the limiter's spent_ns at the last charge (-1: not
-  // charging what ran then), and what was given back beyond what was charged since (taken off the next charges).
+  // charging what ran then), and what is carried to the next charges (policy::WhatRanChargeNs).
   std::int64_t spent_seen_ns[policy::kMaxDevices];
-  std::int64_t given_back_ns[policy::kMaxDevices] = {};
+  std::int64_t carried_ns[policy::kMaxDevices] = {};
   std::atomic<bool> charges_what_ran{false};  // (as the plan says; read by Refund without the mutex)
   std::int64_t decided_balance_ns = 0;  // the balance the last decision saw (LIBCUDA_LOG_LEVEL=4 says it)
   // The end of the container's own window the last decision released into (0: none): launches that end inside it
@@ -199,7 +200,7 @@ void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns)
     std::string error;
     const int entry = s.board->Join(s.id, s.share_permille, s.gpus, now, error);
     if (entry < 0) {
-      Log(2, "time division: %s; launches go unscheduled until an entry frees", error.c_str());
+      Log(2, "time division: %s; the limiter holds the cap until an entry frees", error.c_str());
       SetMe(s, -1);
       return;
     }
@@ -213,7 +214,13 @@ void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns)
                                                s.board->header().base_cycle_ns, s.board->header().cycle_max_ns);
   SetMe(s, -1);
   std::fill(std::begin(s.lease_until_ns), std::end(s.lease_until_ns), 0);  // decided on the old plan
-  if (!s.plan.Build(members.members, cycle).empty()) return;  // (entries are checked as read: not expected)
+  // (Entries are checked as read, and the file's cycle bounds when it is opened: not expected. Said once; the
+  // launch path's limiter holds the cap meanwhile.)
+  if (const std::string error = s.plan.Build(members.members, cycle); !error.empty()) {
+    if (!s.said_unplanned) Log(1, "time division: no plan from %s: %s", s.board->path().c_str(), error.c_str());
+    s.said_unplanned = true;
+    return;
+  }
   s.entries = members.entries;
   SetMe(s, s.plan.IndexOf(s.id));
   s.published.resize(s.plan.size());
@@ -514,7 +521,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     const std::uint64_t longest_ns = ask ? caller.longest_ns(caller.self) : policy::kNoTime;
     guard.lock();
     Refresh(s, ordinal, now, longest_ns);
-    if (s.me < 0) return {};  // not in the plan (no entry to be had): the driver's time-slicing
+    if (s.me < 0) return {};  // not in the plan (no entry to be had): the caller's limiter holds the cap
     const policy::Release release = Look(s, ordinal, g, estimate_ns, now, w, ticket);
     if (release.at_ns <= now) break;
     w.Count(now, release.reason, s.decided_balance_ns);
@@ -552,15 +559,15 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
 std::uint64_t ChargeFor(State& s, int ordinal, std::uint64_t estimate_ns, std::int64_t spent_ns) {
   const bool what_ran = s.charges_what_ran.load(std::memory_order_relaxed);
   std::int64_t& seen = s.spent_seen_ns[ordinal];
-  std::int64_t& given_back = s.given_back_ns[ordinal];
+  std::int64_t& carried = s.carried_ns[ordinal];
   if (!what_ran || seen < 0) {  // (from the first charge on: this launch at its estimate)
     seen = what_ran ? spent_ns : -1;
-    given_back = 0;
+    carried = 0;
     return estimate_ns;
   }
   const std::int64_t since = spent_ns - seen;
   seen = spent_ns;
-  return policy::WhatRanChargeNs(s.plan, since, given_back);
+  return policy::WhatRanChargeNs(s.plan, since, carried);
 }
 
 void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns, std::int64_t spent_ns) {

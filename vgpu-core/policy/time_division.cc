@@ -8,9 +8,6 @@
 namespace vgpu::policy {
 namespace {
 
-constexpr std::uint64_t kLeastCycleNs = 100'000;          // 100 us
-constexpr std::uint64_t kMostCycleNs = 10'000'000'000ull;  // 10 s
-
 bool Spans(const Member& member, std::uint32_t gpu) { return gpu < kMaxGpus && ((member.gpus >> gpu) & 1) != 0; }
 
 // The stretches of `free` that are also in `other`, both sorted and disjoint.
@@ -68,7 +65,7 @@ std::vector<Interval> Merged(std::vector<Interval> pieces) {
 }
 
 std::string CheckMembers(std::span<const Member> members, std::uint64_t cycle_ns) {
-  if (cycle_ns < kLeastCycleNs || cycle_ns > kMostCycleNs) {
+  if (cycle_ns < kCycleLeastNs || cycle_ns > kCycleMostNs) {
     return "cycle = " + std::to_string(cycle_ns) + " ns; accepted: 100000 .. 10000000000 (100 us .. 10 s)";
   }
   if (members.size() > kMaxMembers) {
@@ -562,11 +559,14 @@ bool ChargesWhatRan(const WindowPlan& plan, std::size_t me) {
   return true;
 }
 
-std::uint64_t WhatRanChargeNs(const WindowPlan& plan, std::int64_t spent_since_ns, std::int64_t& given_back_ns) {
-  const auto bound = static_cast<std::int64_t>(2 * plan.cycle_ns());
-  const std::int64_t owed = std::clamp<std::int64_t>(spent_since_ns - given_back_ns, -bound, bound);
-  given_back_ns = owed < 0 ? -owed : 0;
-  return owed > 0 ? static_cast<std::uint64_t>(owed) : 0;
+std::uint64_t WhatRanChargeNs(const WindowPlan& plan, std::int64_t spent_since_ns, std::int64_t& carried_ns) {
+  const auto cycle = static_cast<std::int64_t>(plan.cycle_ns());
+  const std::int64_t charge_most = kWhatRanChargeCycles * cycle;
+  const std::int64_t owed =
+      std::clamp<std::int64_t>(spent_since_ns + carried_ns, -charge_most, charge_most + kWhatRanCarryCycles * cycle);
+  const std::int64_t charge = std::clamp<std::int64_t>(owed, 0, charge_most);
+  carried_ns = owed - charge;
+  return static_cast<std::uint64_t>(charge);
 }
 
 std::uint64_t SubturnNs(const WindowPlan& plan, std::size_t me) {

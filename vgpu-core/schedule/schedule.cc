@@ -60,7 +60,7 @@ bool Validate(int fd, const std::string& path, std::string& error) {
     return false;
   }
   Header prefix{};
-  const auto want = static_cast<ssize_t>(offsetof(Header, base_cycle_ns));
+  const auto want = static_cast<ssize_t>(offsetof(Header, gpu_count));
   if (st.st_size < want || pread(fd, &prefix, static_cast<std::size_t>(want), 0) != want) {
     error = Named(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; a version 1 schedule file is " +
             std::to_string(sizeof(Header)) + ")";
@@ -77,6 +77,16 @@ bool Validate(int fd, const std::string& path, std::string& error) {
     error = Named(path) + " is version " + std::to_string(prefix.version) + " of " +
             std::to_string(prefix.file_bytes) + " bytes; this shim reads version 1 of " +
             std::to_string(sizeof(Header)) + " bytes";
+    return false;
+  }
+  // The cycle's base and bound, which every member's plan is built from: out of range, no plan could be built (a
+  // file written by something else, or a liar), and the file is refused rather than leave every member unplanned.
+  if (prefix.base_cycle_ns < policy::kCycleLeastNs || prefix.cycle_max_ns < prefix.base_cycle_ns ||
+      prefix.cycle_max_ns > policy::kCycleMostNs) {
+    error = Named(path) + " has a cycle of " + std::to_string(prefix.base_cycle_ns) + " ns at most " +
+            std::to_string(prefix.cycle_max_ns) + " ns; accepted: a base of at least " +
+            std::to_string(policy::kCycleLeastNs) + " ns and a bound from the base to " +
+            std::to_string(policy::kCycleMostNs) + " ns";
     return false;
   }
   return true;

@@ -147,6 +147,11 @@ class Limiter {
   std::uint64_t EstimateNs(const KernelKey& key) const;
   bool Known(const KernelKey& key) const;  // measured at least once
   std::uint64_t in_flight_ns() const { return in_flight_ns_; }
+  // Whether it holds the share (LimiterConfig::throttle), switched by a caller whose other means of holding it failed
+  // (time division, when the container cannot take turns: the limiter then holds its cap). Switched on, the budget
+  // starts from what the cell holds, refilled as usual.
+  bool throttles() const { return config_.throttle; }
+  void SetThrottle(bool throttle) { config_.throttle = throttle; }
   // What this process's launches have cost so far, as the limiter accounts them whether or not it throttles: each
   // launch's charge when admitted, corrected when settled to what it measured (unmeasured: its kernel's recent mean),
   // what never ran given back. Time division charges a container alone on its GPU by it (turn::Released). Written

@@ -15,6 +15,9 @@ namespace vgpu::policy {
 inline constexpr std::size_t kMaxMembers = 64;   // containers sharing the GPUs of one node
 inline constexpr std::uint32_t kMaxGpus = 64;    // bit i of Member::gpus: the node's GPU i
 inline constexpr std::uint64_t kNoTime = UINT64_MAX;
+// The cycles a plan accepts (WindowPlan::Build): 100 us .. 10 s.
+inline constexpr std::uint64_t kCycleLeastNs = 100'000;
+inline constexpr std::uint64_t kCycleMostNs = 10'000'000'000ull;
 
 // A container with a compute limit, as every shim on the node sees it.
 struct Member {
@@ -245,12 +248,17 @@ bool ChargesWhatRan(const WindowPlan& plan, std::size_t me);
 
 // What one charge of a member charged what ran takes from its account: `spent_since_ns`, what the limiter's
 // accounting of the process's launches grew by since its last charge (negative where settlements gave back more than
-// was charged meanwhile), less what is still owed back to it (`given_back_ns`, carried from charge to charge and
-// updated), within two cycles either way. The bound: corrections arrive in lumps as measurement windows end, and one
-// window settled unmeasured at an inflated mean (6 ms for a 31 us kernel, from its first measurements) charged 1.4 s at
-// once, a 4.8 s stall; bounded, one bad settlement costs the container two cycles at most. What lies past the bound
-// is not charged: the member is alone on its GPU, so nobody else pays for it.
-std::uint64_t WhatRanChargeNs(const WindowPlan& plan, std::int64_t spent_since_ns, std::int64_t& given_back_ns);
+// was charged meanwhile), plus what earlier charges carried (`carried_ns`, updated: owed and not yet charged when
+// positive, given back and not yet taken off when negative). One charge takes at most kWhatRanChargeCycles cycles;
+// what is owed past that is carried to the next charges, up to kWhatRanCarryCycles cycles more, and a give-back up to
+// kWhatRanChargeCycles. Why bounded: corrections arrive in lumps as measurement windows end, and one window settled
+// unmeasured at an inflated mean (6 ms for a 31 us kernel, from its first measurements) charged 1.4 s at once, a
+// 4.8 s stall; bounded, one bad settlement costs the container six cycles at most. Why carried: a lump past two cycles
+// is an ordinary window on a loaded host (a window of 5 ms of estimates held 46 ms of 2 ms runs), and dropping what lay
+// past the bound gave a lone 30 % container 44-52 % of the GPU under host load (1-15 % of its runs never charged).
+inline constexpr std::int64_t kWhatRanChargeCycles = 2;
+inline constexpr std::int64_t kWhatRanCarryCycles = 4;
+std::uint64_t WhatRanChargeNs(const WindowPlan& plan, std::int64_t spent_since_ns, std::int64_t& carried_ns);
 
 // The sub-turn of a member's processes on a GPU: its window in the cycle, at least 2 ms (handovers then fall mostly
 // at window boundaries, where the GPU changes hands anyway).
