@@ -499,6 +499,7 @@ CUresult StreamWaitEvent(CUstream handle, CUevent event_handle, unsigned int fla
   if (!e->recorded || (rs.stream != nullptr && rs.stream->capture != nullptr)) return CUDA_SUCCESS;
   state::MachineLock lock(*d.attachment);
   const std::uint64_t now = state::MonotonicNs();
+  KeepEventEnds(d, lock.machine(), rs.index);
   model::EnqueueWait(lock.machine(), rs.index, e->stream, e->generation, e->seq, now);
   return CUDA_SUCCESS;
 }
@@ -521,12 +522,16 @@ CUresult EventRecord(CUevent event_handle, CUstream handle, bool per_thread) {
       QueueImplicitSync(d, m, rs, now);
       std::uint64_t seq = 0;
       if (model::EnqueueMarker(m, rs.index, now, &seq) == model::EnqueueResult::ok) {
+        const std::uint32_t listed_on = e->stream;
         e->recorded = true;
         e->stream = rs.index;
         e->generation = rs.generation;
         e->seq = seq;
         e->end_ns = 0;
         e->device = rs.context->device;
+        // (Recorded again on another stream: listed there too; the entry for the old one is dropped when read.)
+        if (!e->awaiting_end || listed_on != rs.index) d.events_awaiting_end.push_back({event_handle, rs.index});
+        e->awaiting_end = true;
         return CUDA_SUCCESS;
       }
       wait_ns = model::LowerBoundRemainingNs(m, rs.index, m.streams[rs.index].head);
@@ -666,7 +671,29 @@ CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStre
   return CUDA_SUCCESS;
 }
 
+void KeepEventEnds(Driver& d, const model::Machine& m, std::uint32_t index) {
+  auto& awaiting = d.events_awaiting_end;
+  for (std::size_t i = 0; i < awaiting.size();) {
+    if (awaiting[i].stream != index) {
+      ++i;
+      continue;
+    }
+    Event* e = Lookup<Event>(d, awaiting[i].event, Kind::event);
+    // (Not listed: destroyed, cached by a query, or recorded on another stream since.)
+    const bool listed = e != nullptr && e->awaiting_end && e->stream == index && e->end_ns == 0;
+    if (listed && !model::OpDone(m, index, e->generation, e->seq)) {
+      ++i;
+      continue;
+    }
+    if (listed && m.streams[index].generation == e->generation) e->end_ns = model::OpEndNs(m, index, e->seq);
+    if (e != nullptr && e->stream == index) e->awaiting_end = false;
+    awaiting[i] = awaiting.back();
+    awaiting.pop_back();
+  }
+}
+
 void QueueImplicitSync(Driver& d, model::Machine& m, const ResolvedStream& target, std::uint64_t now) {
+  KeepEventEnds(d, m, target.index);
   if (!target.blocking) return;
   Context* c = target.context;
   if (target.legacy) {

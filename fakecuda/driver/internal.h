@@ -85,6 +85,7 @@ struct Event : Object {
   std::uint64_t generation = 0;
   std::uint64_t seq = 0;
   std::uint64_t end_ns = 0;                 // cached once observed
+  bool awaiting_end = false;                // listed in Driver::events_awaiting_end
   std::uint32_t device = 0;                 // physical; not a Context*: the context may go first
 };
 
@@ -225,6 +226,13 @@ struct Driver {
   std::uint64_t next_context_id = 1;
   std::uint64_t next_capture_id = 1;
   std::unordered_map<std::string, std::uint64_t> kernel_costs;   // FAKECUDA_KERNEL_COSTS
+  // Events recorded whose completion time is not cached yet, with their stream's index: KeepEventEnds caches it
+  // before the stream's ring slot that holds it is reused.
+  struct AwaitingEnd {
+    CUevent event;
+    std::uint32_t stream;
+  };
+  std::vector<AwaitingEnd> events_awaiting_end;
   std::uint64_t default_kernel_ns = 5000;
   // FAKECUDA_LAUNCH_CALL_NS: host time a launch call takes before the GPU has the kernel (a real driver's launch
   // call, ~3 us on an H100: an event recorded before it on an idle stream is written that much before the kernel
@@ -289,6 +297,15 @@ CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStre
 
 // Queues the implicit waits of the legacy default stream (it waits for the context's blocking streams and
 // they wait for it). Caller holds the machine lock.
+// Before an operation is queued on stream `index`: the completion time of each event recorded there whose marker has
+// completed is cached. An event's time lives in its stream's ring slot, reused kStreamDepth operations later, and a
+// real GPU keeps an event's timestamp however much is queued after it: an event read only late (a measurement's
+// start, read once its end completes 200 launches on) read as completing when first looked at, hundreds of ms late.
+// Caller holds d.mutex and the machine lock (the machine does not advance meanwhile: events not done now keep their
+// slots until the next advance, so once before the operations queued under one lock is enough).
+void KeepEventEnds(Driver& d, const model::Machine& m, std::uint32_t index);
+// Queues on `target` the waits its stream semantics imply (legacy default stream and blocking streams), after
+// KeepEventEnds: called before every operation queued on a stream.
 void QueueImplicitSync(Driver& d, model::Machine& m, const ResolvedStream& target, std::uint64_t now);
 
 // Blocks until op `seq` of shared stream `index` (generation) completes, sleeping outside every lock.
