@@ -295,8 +295,6 @@ struct ResolvedStream {
 };
 CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStream& out);
 
-// Queues the implicit waits of the legacy default stream (it waits for the context's blocking streams and
-// they wait for it). Caller holds the machine lock.
 // Before an operation is queued on stream `index`: the completion time of each event recorded there whose marker has
 // completed is cached. An event's time lives in its stream's ring slot, reused kStreamDepth operations later, and a
 // real GPU keeps an event's timestamp however much is queued after it: an event read only late (a measurement's
@@ -304,8 +302,9 @@ CUresult ResolveStream(Driver& d, CUstream handle, bool per_thread, ResolvedStre
 // Caller holds d.mutex and the machine lock (the machine does not advance meanwhile: events not done now keep their
 // slots until the next advance, so once before the operations queued under one lock is enough).
 void KeepEventEnds(Driver& d, const model::Machine& m, std::uint32_t index);
-// Queues on `target` the waits its stream semantics imply (legacy default stream and blocking streams), after
-// KeepEventEnds: called before every operation queued on a stream.
+// KeepEventEnds for `target`, then the implicit waits of the legacy default stream (it waits for the context's
+// blocking streams and they wait for it): called before every operation queued on a stream. Caller holds the
+// machine lock.
 void QueueImplicitSync(Driver& d, model::Machine& m, const ResolvedStream& target, std::uint64_t now);
 
 // Blocks until op `seq` of shared stream `index` (generation) completes, sleeping outside every lock.

@@ -44,8 +44,8 @@ struct TurnCaller {
 
 // A launch under time division that got no turn: the container is not in the schedule's plan (its entry taken and
 // none free, a plan that could not be built from the file). It must not go uncapped: the limiter holds the cap until
-// the container takes turns again (it fails closed). Each switch is said at LIBCUDA_LOG_LEVEL=2. One atomic load
-// per launch while nothing changes.
+// the container takes turns again (it fails closed; as under `force`: idle time is not lent meanwhile). Each switch
+// is said at LIBCUDA_LOG_LEVEL=2. One atomic load per launch while nothing changes.
 void HoldByLimiterWhileUnscheduled(DeviceLimiter& d, bool unscheduled) {
   if (d.limiter_holds.load(std::memory_order_relaxed) == unscheduled) return;
   std::lock_guard<std::mutex> guard(d.mutex);
