@@ -303,6 +303,15 @@ void ExpectShares(const Trace& trace, const std::string& tenant, std::int64_t de
   }
 }
 
+// The tenant's mean share of `device` (%) over the 1 s windows after the first (the first settles); -1 without them.
+double MeanShareAfterTheFirstSecond(const Trace& trace, const std::string& tenant, std::int64_t device = 0) {
+  const std::vector<double> shares = trace.Shares(tenant, device, kSecondNs);
+  if (shares.size() < 2) return -1;
+  double sum = 0;
+  for (std::size_t w = 1; w < shares.size(); ++w) sum += shares[w];
+  return sum / static_cast<double>(shares.size() - 1);
+}
+
 // ---- virtual mode ------------------------------------------------------------------------------------------
 
 // The device as calibrated on an H100 (2.1 ms slices, 160 us handovers: the scenario defaults). Caps that leave the
@@ -848,11 +857,8 @@ void ExpectPairHeldByTimeDivision(std::uint32_t a, std::uint32_t b, std::uint64_
   if (!kJudgeShares) return;
   double together = 0;
   for (const auto& [name, cap] : {std::pair<std::string, std::uint32_t>{"a", a}, {"b", b}}) {
-    const std::vector<double> shares = trace.Shares(name, 0, kSecondNs);
-    ASSERT_GT(shares.size(), 1u);
-    double sum = 0;
-    for (std::size_t w = 1; w < shares.size(); ++w) sum += shares[w];
-    const double mean = sum / static_cast<double>(shares.size() - 1);
+    const double mean = MeanShareAfterTheFirstSecond(trace, name);
+    ASSERT_GE(mean, 0) << name;
     std::printf("%u/%u, %llu us kernels: %s %.1f %%\n", a, b, static_cast<unsigned long long>(kernel_ns / 1000),
                 name.c_str(), mean);
     EXPECT_NEAR(mean, cap, 2) << name;
@@ -896,9 +902,8 @@ TEST(RunnerLive, TimeDivisionAContainerOfTwoProcessesHoldsItsShareAndItsNeighbou
   if (!kJudgeShares) return;
   std::map<std::string, double> mean;
   for (const std::string name : {"a", "b"}) {
-    const std::vector<double> shares = trace.Shares(name, 0, kSecondNs);
-    ASSERT_GT(shares.size(), 1u);
-    for (std::size_t w = 1; w < shares.size(); ++w) mean[name] += shares[w] / static_cast<double>(shares.size() - 1);
+    mean[name] = MeanShareAfterTheFirstSecond(trace, name);
+    ASSERT_GE(mean[name], 0) << name;
   }
   std::printf("60 / 40 (two processes): a %.1f %%, b %.1f %%\n", mean["a"], mean["b"]);
   EXPECT_NEAR(mean["a"], 60, 2);
@@ -919,10 +924,8 @@ void ExpectTenTwentyThirtyFortyHeld(const std::string& label, const scenario::Ph
   if (!kJudgeShares) return;
   double together = 0;
   for (const auto& [name, cap] : std::vector<std::pair<std::string, double>>{{"a", 10}, {"b", 20}, {"c", 30}, {"d", 40}}) {
-    const std::vector<double> shares = trace.Shares(name, 0, kSecondNs);
-    ASSERT_GT(shares.size(), 1u);
-    double mean = 0;
-    for (std::size_t w = 1; w < shares.size(); ++w) mean += shares[w] / static_cast<double>(shares.size() - 1);
+    const double mean = MeanShareAfterTheFirstSecond(trace, name);
+    ASSERT_GE(mean, 0) << name;
     std::printf("10/20/30/40 %s (d of two processes): %s %.1f %%\n", label.c_str(), name.c_str(), mean);
     EXPECT_NEAR(mean, cap, 2) << name;
     together += mean;
@@ -955,6 +958,32 @@ TEST(RunnerLive, TimeDivisionTenTwentyThirtyFortyWithMixedSizesOfOneFunction) {
   scenario::Phase phase = Kernels(5 * kMicrosecondNs);
   phase.sizes_ns = {5'000, 50'000, 500'000, 5'000'000, 20'000'000};
   ExpectTenTwentyThirtyFortyHeld("four-mixed", phase, 24);
+}
+
+// FAILS (issue 20; docs/compute-sharing.md, "Charges that follow what kernels run", "Still to build: beside others"):
+// a container whose kernel's run time depends on its data (5 us .. 20 ms under one function: a median of 0.5 ms, a
+// mean of 5.1 ms) at 30 % beside a steady 70 % one (1 ms kernels). Each within 2 points is the goal. Observed
+// (2026-11-28): charged each launch's median when released, a 38.9 / b 59.1 %; charged what its launches measured,
+// a 21.8 and 21.4 / b 62.4 and 61.4 % (its 20 ms launches, projected at 0.5 ms, run into b's windows: the driver
+// time-slices the two, and a's measured spans hold b's time).
+TEST(RunnerLive, DISABLED_TimeDivisionThirtySeventyWithADataDependentKernelBesideSteadyOnes) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = Base("td-data-dependent", 12 * kSecondNs);
+  s.sharing = scenario::Sharing::time_division;
+  scenario::Phase mixed = Kernels(5 * kMicrosecondNs);
+  mixed.sizes_ns = {5'000, 50'000, 500'000, 5'000'000, 20'000'000};
+  s.tenants = {Tenant("a", 30), Tenant("b", 70)};
+  s.tenants[0].processes.push_back(Process(s.duration_ns, {mixed}));
+  s.tenants[1].processes.push_back(Process(s.duration_ns, {Kernels(kMillisecondNs)}));
+  const Trace trace = Parse(MustRunLive(s).trace);
+  ExpectCleanExits(trace, "a");
+  ExpectCleanExits(trace, "b");
+  if (!kJudgeShares) return;
+  const double a = MeanShareAfterTheFirstSecond(trace, "a");
+  const double b = MeanShareAfterTheFirstSecond(trace, "b");
+  std::printf("30/70, a of 5 us .. 20 ms under one function, b of 1 ms: a %.1f %%, b %.1f %%\n", a, b);
+  EXPECT_NEAR(a, 30, 2);
+  EXPECT_NEAR(b, 70, 2);
 }
 
 // `default` under time division: a lone container runs free (at least 97 %); a neighbour that arrives has its share
@@ -1015,10 +1044,7 @@ std::vector<double> RunDdpJob(std::uint32_t cores, Trace& trace,
   trace = Parse(MustRunLive(s).trace);
   std::vector<double> busy;
   for (std::int64_t device = 0; device < 2; ++device) {
-    const std::vector<double> shares = trace.Shares("ddp", device, kSecondNs);
-    double sum = 0;
-    for (std::size_t w = 1; w < shares.size(); ++w) sum += shares[w];
-    busy.push_back(shares.size() > 1 ? sum / static_cast<double>(shares.size() - 1) : 0);
+    busy.push_back(std::max(MeanShareAfterTheFirstSecond(trace, "ddp", device), 0.0));
     std::printf("cap %u %%: device %lld busy %.1f %%\n", cores, static_cast<long long>(device), busy.back());
   }
   return busy;
