@@ -21,6 +21,8 @@
 #   alone-mixed one container alone at 30 %, vgpu-tenant's spin kernel at sizes 5 us .. 20 ms under one function
 #           (VGPU_ALONE_MIXED_SECONDS, default 20): under the limiter and under time division, and, where
 #           VGPU_SHIM_BEFORE names another build's libvgpu.so, under time division with that one too
+#   mixed-beside that container at 30 % beside a steady one at 70 % (vgpu-tenant, one-wave 1 ms kernels), under time
+#           division (VGPU_ALONE_MIXED_SECONDS), and with VGPU_SHIM_BEFORE's build too where it is set
 # Builds the shim and vgpu-tenant (Release) first (VGPU_SHARING_BUILD_DIR: use that build folder as it is). Each case appends one JSON line per process to $OUT/sharing.jsonl
 # ({"case":..,"run":..,"result":{...}}); the log is $OUT/sharing.log. Skips (exit 0) where no GPU answers.
 set -uo pipefail
@@ -172,6 +174,27 @@ tenant_alone_mixed() {
   note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case.0.log" | tr '\n' ' ')"
 }
 
+# tenant_mixed_beside CASE [SHIM]: a at 30 %, sizes 5 us .. 20 ms under one function, beside b at 70 %, 1 ms
+# kernels, both under time division on GPU 0.
+tenant_mixed_beside() {
+  local case=$1 seconds=${VGPU_ALONE_MIXED_SECONDS:-20} a b
+  a=$(container "$case-a" 30 time-division)
+  b=$(container "$case-b" 70 time-division)
+  [[ -n ${2:-} ]] && { a=${a/LD_PRELOAD=$shim/LD_PRELOAD=$2}; b=${b/LD_PRELOAD=$shim/LD_PRELOAD=$2}; }
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((seconds + 60)) env $a "$tenant_bin" --blocks 132 --seconds "$seconds" \
+    --seed 1 --phase 'kernels=5us|50us|500us|5ms|20ms' >"$work/$case.a.log" 2>&1 &
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((seconds + 60)) env $b "$tenant_bin" --blocks 132 --seconds "$seconds" \
+    --kernel-us 1000 >"$work/$case.b.log" 2>&1 &
+  wait
+  for side in a b; do
+    sed -n 's/^{"pid"/RESULT {"pid"/p' "$work/$case.$side.log" >"$work/$case.$side.result"
+    record "$case" "$([[ $side == a ]] && echo 0 || echo 1)" "$work/$case.$side.result"
+  done
+  note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
+}
+
 IFS=, read -r -a wanted <<<"$stages"
 for stage in "${wanted[@]}"; do
   case $stage in
@@ -241,7 +264,11 @@ for stage in "${wanted[@]}"; do
       tenant_alone_mixed tenant-alone-mixed-30-td time-division
       [[ -n ${VGPU_SHIM_BEFORE:-} ]] && tenant_alone_mixed tenant-alone-mixed-30-td-before time-division "$VGPU_SHIM_BEFORE"
       ;;
-    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four, four-mixed, alone-mixed)" ;;
+    mixed-beside)
+      tenant_mixed_beside tenant-mixed-beside-30-70
+      [[ -n ${VGPU_SHIM_BEFORE:-} ]] && tenant_mixed_beside tenant-mixed-beside-30-70-before "$VGPU_SHIM_BEFORE"
+      ;;
+    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four, four-mixed, alone-mixed, mixed-beside)" ;;
   esac
 done
 tar czf "$out/logs.tgz" -C "$work" . 2>/dev/null

@@ -538,18 +538,29 @@ TEST(SiblingTurn, AfterASynchronizeTheTurnsEndGoesBackToTheProjection) {
   EXPECT_EQ(EndAfterBlockingNs(kNow + 3 * kMs, false, kNow), kNow + 3 * kMs + 300'000);
 }
 
-// Only a member alone on the one GPU it spans is charged what ran (its measurements hold no other container's time and
-// wait for no other rank); a neighbour on another GPU does not count.
-TEST(WhatRan, OnlyAMemberAloneOnItsOneGpuIsChargedWhatRan) {
-  EXPECT_TRUE(ChargesWhatRan(Plan({{.id = 1, .share_permille = 300, .gpus = 1}}), 0));
+// A member on one GPU is charged what ran, alone there or not; one spanning GPUs is not (a collective's measured runs
+// hold its wait for the other ranks). Beside others it keeps them off while its work runs, so that its measured spans
+// hold none of their time; alone there, or spanning GPUs, it does not.
+TEST(WhatRan, AMemberOnOneGpuIsChargedWhatRanAndBesideOthersKeepsThemOffWhileItsWorkRuns) {
+  const WindowPlan alone = Plan({{.id = 1, .share_permille = 300, .gpus = 1}});
+  EXPECT_TRUE(ChargesWhatRan(alone, 0));
+  EXPECT_FALSE(KeepsOthersOffWhileUndrained(alone, 0)) << "nobody to keep off";
   const WindowPlan apart = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 2}});
-  EXPECT_TRUE(ChargesWhatRan(apart, 0));
-  EXPECT_TRUE(ChargesWhatRan(apart, 1));
+  for (std::size_t m = 0; m < 2; ++m) {
+    EXPECT_TRUE(ChargesWhatRan(apart, m));
+    EXPECT_FALSE(KeepsOthersOffWhileUndrained(apart, m)) << "a neighbour on another GPU does not count";
+  }
   const WindowPlan beside = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 1}});
-  EXPECT_FALSE(ChargesWhatRan(beside, 0));
-  EXPECT_FALSE(ChargesWhatRan(beside, 1));
-  EXPECT_FALSE(ChargesWhatRan(Plan({{.id = 1, .share_permille = 500, .gpus = 3}}), 0)) << "a job spanning two GPUs";
+  for (std::size_t m = 0; m < 2; ++m) {
+    EXPECT_TRUE(ChargesWhatRan(beside, m));
+    EXPECT_TRUE(KeepsOthersOffWhileUndrained(beside, m));
+  }
+  const WindowPlan job = Plan({{.id = 1, .share_permille = 500, .gpus = 3}, {.id = 2, .share_permille = 500, .gpus = 1}});
+  EXPECT_FALSE(ChargesWhatRan(job, 0)) << "a job spanning two GPUs";
+  EXPECT_FALSE(KeepsOthersOffWhileUndrained(job, 0)) << "a DDP rank waiting for its peers would hold its neighbour off";
+  EXPECT_TRUE(KeepsOthersOffWhileUndrained(job, 1));
   EXPECT_FALSE(ChargesWhatRan(beside, 2)) << "not in the plan";
+  EXPECT_FALSE(KeepsOthersOffWhileUndrained(beside, 2));
 }
 
 // A charge of what ran: what the accounting grew by, with what earlier charges carried; a give-back is carried to the

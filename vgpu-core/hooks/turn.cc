@@ -90,6 +90,9 @@ struct State {
 // load the two unless both are set: a container of one process has nobody to keep out of its turn.
 std::atomic<std::uint64_t> g_undrained{0};
 std::atomic<std::uint64_t> g_siblings{0};
+// Bit i: the container keeps the end the other members see on CUDA ordinal i ahead while its work there runs
+// (policy::KeepsOthersOffWhileUndrained), as the plan last said. A synchronize call then has them to keep off too.
+std::atomic<std::uint64_t> g_beside{0};
 
 State& TheState() {
   static State* state = new State();  // never destroyed: launches may come from threads running past exit
@@ -181,6 +184,11 @@ void FlushCharges(State& s, int ordinal, std::uint64_t now);
 void SetMe(State& s, int me) {
   s.me = me;
   s.in_plan.store(me >= 0, std::memory_order_relaxed);
+  std::uint64_t beside = 0;
+  if (me >= 0 && policy::KeepsOthersOffWhileUndrained(s.plan, static_cast<std::size_t>(me))) {
+    for (int ordinal = 0; ordinal < policy::kMaxDevices; ++ordinal) beside |= s.gpu_of[ordinal] >= 0 ? 1ull << ordinal : 0;
+  }
+  g_beside.store(beside, std::memory_order_release);
   s.charges_what_ran.store(me >= 0 && policy::ChargesWhatRan(s.plan, static_cast<std::size_t>(me)),
                            std::memory_order_relaxed);
 }
@@ -403,12 +411,16 @@ void EndPublishedWork(State& s, int ordinal, std::uint32_t g, std::uint64_t now)
   SetUndrained(ordinal, false);
 }
 
+bool KeepsOthersOff(int ordinal) { return ((g_beside.load(std::memory_order_acquire) >> ordinal) & 1) != 0; }
+
 // Its work has not completed at `now`: the end of the container's turn on the device, if it holds it, is kept ahead
-// of now (policy::UndrainedWorkEndNs), so that its siblings do not release beside work still running. Not the end the
-// other containers see: a DDP rank waiting for its turn while its collective waits for its peers would hold a
-// neighbour off (over fakecuda the neighbour's worst second fell from 42 to 36 % of its 50).
+// of now (policy::UndrainedWorkEndNs), so that its siblings do not release beside work still running; and so is the
+// end the other containers see where it keeps them off (policy::KeepsOthersOffWhileUndrained: a member on one GPU,
+// charged what ran). Not for a member spanning GPUs: a DDP rank waiting for its turn while its collective waits for
+// its peers would hold a neighbour off (over fakecuda the neighbour's worst second fell from 42 to 36 % of its 50).
 // Caller holds s.mutex.
-void KeepTurnAhead(State& s, int ordinal, std::uint64_t now) {
+void KeepTurnAhead(State& s, int ordinal, std::uint32_t g, std::uint64_t now) {
+  if (KeepsOthersOff(ordinal)) RaiseEnd(s, ordinal, g, policy::UndrainedWorkEndNs(s.published_end_ns[ordinal], now));
   if (s.sibling_word[ordinal] == nullptr) return;
   const policy::SiblingTurn turn =
       policy::UnpackSiblingTurn(std::atomic_ref<std::uint64_t>(*s.sibling_word[ordinal]).load());
@@ -534,7 +546,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
       const bool drained = caller.drained(caller.self);
       guard.lock();
       if (drained) EndPublishedWork(s, ordinal, g, now);
-      else KeepTurnAhead(s, ordinal, now);
+      else KeepTurnAhead(s, ordinal, g, now);
       guard.unlock();
       if (drained) continue;
       wake = std::min(wake, now + kDrainPollNs);
@@ -593,8 +605,8 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns, std:
 }
 
 std::uint64_t BeginBlocking() {
-  const std::uint64_t undrained =
-      g_undrained.load(std::memory_order_acquire) & g_siblings.load(std::memory_order_acquire);
+  const std::uint64_t undrained = g_undrained.load(std::memory_order_acquire) &
+                                  (g_siblings.load(std::memory_order_acquire) | g_beside.load(std::memory_order_acquire));
   if (undrained == 0) return 0;
   State& s = TheState();
   std::lock_guard<std::mutex> guard(s.mutex);
@@ -605,10 +617,12 @@ std::uint64_t BeginBlocking() {
     if (((undrained >> ordinal) & 1) == 0 || !Undrained(ordinal) || s.gpu_of[ordinal] < 0) continue;
     ++s.blocked[ordinal];
     devices |= 1ull << ordinal;
-    // Its siblings wait until it returns (a waiter takes the turn after a cycle anyway). Not the other containers
-    // (KeepTurnAhead): holding a neighbour off while a DDP rank waited here for its collective's peers took 10 to 25
-    // points of the neighbour's 50 % over fakecuda.
-    MoveSiblingEnd(s, ordinal, now + s.plan.cycle_ns(), false);
+    // Its siblings wait until it returns (a waiter takes the turn after a cycle anyway), and so do the other members
+    // where it keeps them off (KeepTurnAhead). Not where it spans GPUs: holding a neighbour off while a DDP rank
+    // waited here for its collective's peers took 10 to 25 points of the neighbour's 50 % over fakecuda.
+    const std::uint64_t until = now + s.plan.cycle_ns();
+    if (KeepsOthersOff(ordinal)) RaiseEnd(s, ordinal, static_cast<std::uint32_t>(s.gpu_of[ordinal]), until);
+    else MoveSiblingEnd(s, ordinal, until, false);
   }
   return devices;
 }

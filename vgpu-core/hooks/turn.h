@@ -50,9 +50,11 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns, std:
 // process cannot look at its streams, and the end it published (projected from estimates: a kernel's usual run) may
 // pass while its work still runs, letting a sibling release beside it, which the driver then time-slices with it.
 // So on each device where the process has work it has not seen complete, the end its siblings see is raised a cycle
-// ahead if it holds their turn (the end the other containers see stays the projection). Returns those
-// devices (bit per CUDA ordinal) for EndBlocking; 0, with nothing done (two atomic loads), unless time division holds
-// a device of the process's, it has released work there and it has met a sibling in the container's turn there.
+// ahead if it holds their turn, and so is the end the other containers see where it keeps them off
+// (policy::KeepsOthersOffWhileUndrained: a member on one GPU beside others; for a member spanning GPUs it stays the
+// projection). Returns those devices (bit per CUDA ordinal) for EndBlocking; 0, with nothing done (three atomic
+// loads), unless time division holds a device of the process's, it has released work there, and it has met a sibling
+// in the container's turn there or keeps other members off it.
 std::uint64_t BeginBlocking();
 // The wait returned: on each device of `devices` (once no other thread of the process is still waiting there) the
 // end drops to now if `drained(ordinal)` says the process's streams there are idle, else to what is left projected

@@ -550,13 +550,15 @@ std::uint64_t EndAfterBlockingNs(std::uint64_t queued_end_ns, bool drained, std:
 }
 
 bool ChargesWhatRan(const WindowPlan& plan, std::size_t me) {
-  if (me >= plan.size()) return false;
-  const std::uint64_t gpus = plan.member(me).gpus;
-  if (std::popcount(gpus) != 1) return false;
+  return me < plan.size() && std::popcount(plan.member(me).gpus) == 1;
+}
+
+bool KeepsOthersOffWhileUndrained(const WindowPlan& plan, std::size_t me) {
+  if (!ChargesWhatRan(plan, me)) return false;
   for (std::size_t m = 0; m < plan.size(); ++m) {
-    if (m != me && (plan.member(m).gpus & gpus) != 0) return false;
+    if (m != me && (plan.member(m).gpus & plan.member(me).gpus) != 0) return true;
   }
-  return true;
+  return false;
 }
 
 std::uint64_t WhatRanChargeNs(const WindowPlan& plan, std::int64_t spent_since_ns, std::int64_t& carried_ns) {

@@ -237,14 +237,19 @@ std::uint64_t UndrainedWorkEndNs(std::uint64_t published_end_ns, std::uint64_t n
 std::uint64_t EndAfterBlockingNs(std::uint64_t queued_end_ns, bool drained, std::uint64_t now_ns);
 
 // Whether the member is charged what its launches ran (as its shims measure and settle them: the limiter's
-// accounting, Limiter::spent_ns) rather than each launch's estimate when it is released: only a member alone on the
-// one GPU it spans. The estimate is a kernel's median run, which under-charges a kernel whose run time depends on its
-// data (30 us launches with a 2 ms one in eight took 74.7 % of the GPU at a 30 % cap over fakecuda, 29-35 % charged
-// what ran). Measurements are not used beside other members: a measured span may hold another container's kernel at a
-// handover, and charging the mean of measured runs there cost every sharing case 2-10 points over fakecuda; nor for a
-// member spanning GPUs: a collective's measured runs hold its wait for the other ranks, and charging them brought a
-// 2-GPU job's collapse back. (The simulator charges every member what its kernels ran: it knows.)
+// accounting, Limiter::spent_ns) rather than each launch's estimate when it is released: a member on one GPU, alone
+// there or not. The estimate is a kernel's median run, which under-charges a kernel whose run time depends on its
+// data (30 us launches with a 2 ms one in eight took 74.7 % of the GPU at a 30 % cap over fakecuda alone; 5 us .. 20 ms
+// beside a steady 70 % neighbour 38.9 %, the neighbour 59.1). Beside others a measured span holds no other member's
+// time only if nobody releases beside the member's work while it runs, so such a member keeps the end the others see
+// ahead while its work has not drained (KeepsOthersOffWhileUndrained): charged what ran without that, the same case
+// read 21.8 / 62.4. Not a member spanning GPUs: a collective's measured runs hold its wait for the other ranks, and
+// charging them brought a 2-GPU job's collapse back; nor may it keep the others off while a collective waits.
 bool ChargesWhatRan(const WindowPlan& plan, std::size_t me);
+// Whether the member, while its released work has not drained, keeps the end of its work that the other members on
+// its GPU see ahead of now (as it keeps its own processes' turn ahead): a member charged what ran with another member
+// on its GPU. A stopped or lying member still holds the others a cycle per launch at most (Decide).
+bool KeepsOthersOffWhileUndrained(const WindowPlan& plan, std::size_t me);
 
 // What one charge of a member charged what ran takes from its account: `spent_since_ns`, what the limiter's
 // accounting of the process's launches grew by since its last charge (negative where settlements gave back more than
