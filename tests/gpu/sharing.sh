@@ -174,6 +174,16 @@ tenant_alone_mixed() {
   note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case.0.log" | tr '\n' ' ')"
 }
 
+# record_tenant_pair CASE: vgpu-tenant's results of sides a and b ($work/CASE.{a,b}.log) as runs 0 and 1, then said.
+record_tenant_pair() {
+  local case=$1 side
+  for side in a b; do
+    sed -n 's/^{"pid"/RESULT {"pid"/p' "$work/$case.$side.log" >"$work/$case.$side.result"
+    record "$case" "$([[ $side == a ]] && echo 0 || echo 1)" "$work/$case.$side.result"
+  done
+  note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
+}
+
 # tenant_mixed_beside CASE [SHIM]: a at 30 %, sizes 5 us .. 20 ms under one function, beside b at 70 %, 1 ms
 # kernels, both under time division on GPU 0.
 tenant_mixed_beside() {
@@ -188,11 +198,7 @@ tenant_mixed_beside() {
   CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((seconds + 60)) env $b "$tenant_bin" --blocks 132 --seconds "$seconds" \
     --kernel-us 1000 >"$work/$case.b.log" 2>&1 &
   wait
-  for side in a b; do
-    sed -n 's/^{"pid"/RESULT {"pid"/p' "$work/$case.$side.log" >"$work/$case.$side.result"
-    record "$case" "$([[ $side == a ]] && echo 0 || echo 1)" "$work/$case.$side.result"
-  done
-  note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
+  record_tenant_pair "$case"
 }
 
 IFS=, read -r -a wanted <<<"$stages"
@@ -237,11 +243,7 @@ for stage in "${wanted[@]}"; do
             --blocks 132 --seconds 8 >"$work/$case.$side.log" 2>&1 &
         done
         wait
-        for side in a b; do
-          sed -n 's/^{"pid"/RESULT {"pid"/p' "$work/$case.$side.log" >"$work/$case.$side.result"
-          record "$case" "$([[ $side == a ]] && echo 0 || echo 1)" "$work/$case.$side.result"
-        done
-        note "$case: $(grep -h -o '"busy_fraction":[0-9.]*' "$work/$case".?.log | tr '\n' ' ')"
+        record_tenant_pair "$case"
       done
       ;;
     caps)
