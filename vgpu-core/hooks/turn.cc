@@ -87,7 +87,8 @@ struct State {
 // Bit i: work the process released on CUDA ordinal i and has not yet seen complete (set by Released, cleared when
 // its streams are found drained; written under the turn's mutex, read without it); and whether the process has met
 // a sibling in the container's turn there (another holder, or one waiting), ever. A synchronize call does nothing more than
-// load the two unless both are set: a container of one process has nobody to keep out of its turn.
+// load these and g_beside unless work is undrained where there is somebody to keep off: a container of one process
+// alone on its GPU has nobody to keep out of its turn.
 std::atomic<std::uint64_t> g_undrained{0};
 std::atomic<std::uint64_t> g_siblings{0};
 // Bit i: the container keeps the end the other members see on CUDA ordinal i ahead while its work there runs
