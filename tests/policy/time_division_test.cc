@@ -167,17 +167,17 @@ TEST(WindowPlan, AfterOwnTimeIsTheInverseOfOwnTimeIn) {
 
 // ---- the account ---------------------------------------------------------------------------------------------
 
-TEST(Account, WindowTimeIsCreditRunTimeSpendsItAndCreditIsCappedAtTwoCyclesWindows) {
+TEST(Account, WindowTimeIsCreditRunTimeSpendsItAndCreditIsCappedAtFourCyclesWindows) {
   const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   Account account;
   Accrue(plan, 0, account, 4 * kMs);
   EXPECT_EQ(account.balance_ns, 4 * static_cast<std::int64_t>(kMs));
   EXPECT_EQ(Charge(plan, 0, account, 3 * kMs, 5 * kMs), 0u);  // 5 ms of window, 3 ran: 2 ms credit, no debt
   EXPECT_EQ(account.balance_ns, 2 * static_cast<std::int64_t>(kMs));
-  Accrue(plan, 0, account, 200 * kMs);                          // idle for ten cycles: credit stops at 2 x 6 ms
-  EXPECT_EQ(account.balance_ns, 12 * static_cast<std::int64_t>(kMs));
-  // A 26 ms kernel: 14 ms of debt, repaid by its windows' time: [200, 206) 6, [220, 226) 6, [240, 242) 2.
-  EXPECT_EQ(Charge(plan, 0, account, 26 * kMs, 200 * kMs), 242 * kMs);
+  Accrue(plan, 0, account, 200 * kMs);                          // idle for ten cycles: credit stops at 4 x 6 ms
+  EXPECT_EQ(account.balance_ns, 24 * static_cast<std::int64_t>(kMs));
+  // A 38 ms kernel: 14 ms of debt, repaid by its windows' time: [200, 206) 6, [220, 226) 6, [240, 242) 2.
+  EXPECT_EQ(Charge(plan, 0, account, 38 * kMs, 200 * kMs), 242 * kMs);
   EXPECT_EQ(account.balance_ns, -14 * static_cast<std::int64_t>(kMs));
   Accrue(plan, 0, account, 242 * kMs);
   EXPECT_EQ(account.balance_ns, 0);

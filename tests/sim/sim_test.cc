@@ -521,7 +521,8 @@ TEST(TimeDivision, ALoneTenantHoldsItsCapWithOneKernelSize) {
 }
 
 // With sizes from 5 us to 20 ms a launch's estimate is often far from what runs; window ends left unfilled become
-// credit, spent past later windows' ends (credit holds two cycles' window time: one was not enough at 50 %, 47.7 %).
+// credit, spent past later windows' ends (credit holds policy::kCreditCycles cycles' window time: one was not enough at
+// 50 %, 47.7 %).
 TEST(TimeDivision, ALoneTenantHoldsItsCapWithMixedKernels) {
   for (const std::uint32_t cap : {10u, 30u, 50u, 70u, 90u}) {
     const Result result = RunAndPrint(Divided({OneProcess("a", cap, Mixed())}, 11));

@@ -256,8 +256,8 @@ static std::uint64_t PerCycleOwnTime(const WindowPlan& plan, std::size_t me) {
   return total;
 }
 
-// What the window time of [from_ns, to_ns) adds to a balance: credit capped at two cycles' window time (a balance
-// already above the cap is not lowered).
+// What the window time of [from_ns, to_ns) adds to a balance: credit capped at kCreditCycles cycles' window time (a
+// balance already above the cap is not lowered).
 struct Accrual {
   std::int64_t gained_ns;
   std::int64_t cap_ns;
@@ -265,7 +265,7 @@ struct Accrual {
 };
 static Accrual AccrualOf(const WindowPlan& plan, std::size_t me, std::uint64_t from_ns, std::uint64_t to_ns) {
   return {static_cast<std::int64_t>(plan.OwnTimeIn(me, from_ns, to_ns)),
-          2 * static_cast<std::int64_t>(PerCycleOwnTime(plan, me))};
+          kCreditCycles * static_cast<std::int64_t>(PerCycleOwnTime(plan, me))};
 }
 
 void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t now_ns) {

@@ -89,7 +89,7 @@ struct Published {
 };
 
 // What a member keeps of itself on one GPU (shared by its container's processes, not read by others): its window
-// time so far minus the GPU time it ran. Credit (> 0, at most two cycles' window time) comes from window time it
+// time so far minus the GPU time it ran. Credit (> 0, at most kCreditCycles cycles' window time) comes from window time it
 // could not use (another's overrun held it, its next kernel did not fit); it lets it run past its window's end or
 // in another's window lent while that one repays. Debt (< 0) comes from running past its windows; it is repaid by
 // its next windows' time, which is lent to the others meanwhile. The balance of all members together changes only
@@ -99,8 +99,12 @@ struct Account {
   std::uint64_t as_of_ns = 0;   // the balance counts window time up to here
 };
 
-// Brings the account up to `now_ns`: adds the window time since, credit capped at two cycles' window time
-// (one was too little for mixed kernel sizes: window ends left unfilled are repaid in later windows' overruns).
+// Brings the account up to `now_ns`: adds the window time since, credit capped at kCreditCycles cycles' window time.
+// One cycle was too little for mixed kernel sizes (window ends left unfilled are repaid in later windows' overruns).
+// Two were too little once members on one GPU keep the others off while their work runs (KeepsOthersOffWhileUndrained):
+// a 10 % member waits out the others' 20 ms overruns inside its own windows and needs the credit to take their lent
+// windows later (10/20/30/40 of 5 us .. 20 ms over fakecuda: the 10 % one 8.0-9.4 with two, 9.5-9.6 with four).
+inline constexpr std::int64_t kCreditCycles = 4;
 void Accrue(const WindowPlan& plan, std::size_t me, Account& account, std::uint64_t now_ns);
 // Charges `ran_ns` of GPU time the member's kernel ran (not counting time in an idle window it borrowed for free),
 // found at `now_ns`. Returns what to publish as repaid_until_ns: the instant its window time repays the debt, or 0.
