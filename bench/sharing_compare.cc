@@ -38,12 +38,21 @@ std::vector<Case> Cases() {
   const Workload ms1 = Persistent(kMillisecondNs, 4);
   const Workload ms20 = Persistent(20 * kMillisecondNs);
   const Workload us5 = BackToBack(5 * kMicrosecondNs);
+  const Workload bf16 = Bursts(1'669 * kMicrosecondNs, 4);  // an H200's bf16 8192 matmul, four, then a synchronize
+  Workload bf16_mixed = bf16;  // the same at 1.5 ms, a launch drawn 1.95 ms one time in four (a matmul after a handover)
+  bf16_mixed.kind = WorkloadKind::mixed;
+  bf16_mixed.sizes_ns = {1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'950 * kMicrosecondNs};
+  bf16_mixed.sizes_share_one_kernel = true;
   std::vector<Case> cases;
   cases.push_back({"30/70, 1 ms kernels", {Of("a", 30, ms1), Of("b", 70, ms1)}});
   cases.push_back({"50/50, 1 ms kernels", {Of("a", 50, ms1), Of("b", 50, ms1)}});
   cases.push_back({"30/70, one-wave 20 ms kernels", {Of("a", 30, ms20), Of("b", 70, ms20)}});
   cases.push_back({"50/50, one-wave 20 ms kernels", {Of("a", 50, ms20), Of("b", 50, ms20)}});
   cases.push_back({"30/70, 5 us kernels", {Of("a", 30, us5), Of("b", 70, us5)}});
+  cases.push_back({"30/70, bf16 loops (1.67 ms, four, then a synchronize)", {Of("a", 30, bf16), Of("b", 70, bf16)}});
+  cases.push_back({"50/50, bf16 loops (1.67 ms, four, then a synchronize)", {Of("a", 50, bf16), Of("b", 50, bf16)}});
+  cases.push_back({"30/70, bf16-like loops (1.5 ms or 1.95 ms, four, then a synchronize)",
+                   {Of("a", 30, bf16_mixed), Of("b", 70, bf16_mixed)}});
   cases.push_back({"10/20/30/40, mixed 5 us .. 20 ms, d of two processes",
                    {Of("a", 10, Mixed()), Of("b", 20, Mixed()), Of("c", 30, Mixed()), Of("d", 40, Mixed(), 2)}});
   for (const std::uint32_t cap : {10u, 30u, 50u, 70u, 90u}) {

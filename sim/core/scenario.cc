@@ -34,6 +34,10 @@ std::string ValidateWorkload(const Workload& w, const std::string& where) {
     return Field(where, "queue_depth", w.queue_depth, "1 .. 128, e.g. 4");
   }
   if (w.jitter_permille > 999) return Field(where, "jitter_permille", w.jitter_permille, "0 .. 999, e.g. 50");
+  if (w.drain && w.kind == WorkloadKind::rate) {
+    return where + "drain = true with kind rate; accepted: drain with a closed loop or mixed sizes (a rate loop does not "
+                   "synchronize)";
+  }
   if (w.kind == WorkloadKind::mixed) {
     if (w.sizes_ns.empty()) return where + "sizes_ns is empty; accepted: one or more sizes, e.g. {5000, 20000000}";
     if (w.sizes_ns.size() > 1024) return Field(where, "sizes_ns.size()", w.sizes_ns.size(), "1 .. 1024 sizes");
@@ -105,6 +109,12 @@ Workload Persistent(std::uint64_t kernel_ns, std::uint32_t queue_depth) {
 Workload BackToBack(std::uint64_t kernel_ns, std::uint32_t queue_depth) { return Persistent(kernel_ns, queue_depth); }
 
 Workload SyncLoop(std::uint64_t kernel_ns) { return Persistent(kernel_ns, 1); }
+
+Workload Bursts(std::uint64_t kernel_ns, std::uint32_t burst) {
+  Workload w = Persistent(kernel_ns, burst);
+  w.drain = true;
+  return w;
+}
 
 Workload Mixed(std::uint32_t queue_depth) {
   Workload w;

@@ -643,7 +643,8 @@ class Engine final : public model::TimelineListener {
       plan = &p.plans[next];
     }
     const Workload& w = *plan->workload;
-    if (p.in_flight.size() >= w.queue_depth) {
+    const bool draining = w.drain && p.in_flight.size() > 0 && p.segment_launches % w.queue_depth == 0;
+    if (p.in_flight.size() >= w.queue_depth || draining) {
       SetState(index, HostState::waiting_for_queue);
       return;
     }

@@ -101,6 +101,8 @@ for l in open(sys.argv[1]):
 mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B" [MEASURE_S]]   (no ENV_B: A alone; "" is no shim)
   local case=$1 ea=$2 eb=${3:-} meas=${4:-10} two=$(( $# >= 3 ))
   local start; start=$(python3 -c 'import time; print(round(time.time() + 12, 3))')
+  # VGPU_PAIR_LOG=1: the first container of a pair says each wait (LIBCUDA_LOG_LEVEL=4) in its log (logs.tgz).
+  [[ ${VGPU_PAIR_LOG:-} == 1 && -n $ea ]] && ((two)) && ea="$ea LIBCUDA_LOG_LEVEL=4"
   # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $ea python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 "$meas" \
     >"$work/$case.A.log" 2>&1 &

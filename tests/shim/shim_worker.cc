@@ -9,9 +9,11 @@
 //                                                  random alloc/free in threads; fd 3 started, fd 4 done, fd 5 go;
 //                                                  barrier: after fd 3, wait for EOF on fd 6 before the rounds
 //   observe   limit= [device=]                     (run without the shim) poll NVML until EOF on fd 5
-//   launch    threads= seconds= short_us= long_us= long_every= [own_streams=1]
+//   launch    threads= seconds= short_us= long_us= long_every= [own_streams=1] [sync_every=N]
 //                                                  threads launching one-block spin kernels into the legacy default
 //                                                  stream, long_us one launch in long_every (drawn), short_us else;
+//                                                  sync_every: a thread synchronizes the context after every N (a
+//                                                  training loop's few steps, then torch.cuda.synchronize);
 //                                                  prints launched=, busy_ns= (their run times), elapsed_ns=
 //   hostoom_start  limit=                          the shim's first call (cuInit) with every allocation of the shim
 //                                                  failing; then none failing: a context, and two allocations of
@@ -501,6 +503,7 @@ int Launch() {
   std::atomic<int> failure{CUDA_SUCCESS};
   std::vector<std::thread> threads;
   const bool own_streams = Arg("own_streams", 0) != 0;
+  const std::uint64_t sync_every = Arg("sync_every", 0);
   for (std::uint64_t t = 0; t < Arg("threads", 4); ++t) {
     threads.emplace_back([&, t] {
       if (const CUresult set = cuCtxSetCurrent(context); set != CUDA_SUCCESS) {
@@ -515,6 +518,7 @@ int Launch() {
         }
       }
       std::uint64_t draw = 0x9e3779b97f4a7c15ull * (t + 1);
+      std::uint64_t since_sync = 0;
       while (Clock::now() < deadline && failure.load() == CUDA_SUCCESS) {
         draw ^= draw << 13;
         draw ^= draw >> 7;
@@ -528,6 +532,13 @@ int Launch() {
         }
         ++launched;
         busy_ns += ns;
+        if (sync_every != 0 && ++since_sync == sync_every) {
+          since_sync = 0;
+          if (const CUresult synced = cuCtxSynchronize(); synced != CUDA_SUCCESS) {
+            failure = synced;
+            return;
+          }
+        }
       }
       if (stream != nullptr && cuStreamSynchronize(stream) == CUDA_SUCCESS) cuStreamDestroy(stream);
     });

@@ -32,6 +32,10 @@ struct Workload {
   bool sizes_share_one_kernel = false;
   std::uint32_t jitter_permille = 0;         // each kernel's duration varies uniformly by +/- this much
   std::uint32_t queue_depth = 4;             // 1 .. 128 (the model's stream queue)
+  // closed_loop, mixed: launch `queue_depth` kernels, then wait until all of them complete (a synchronize), then the
+  // next `queue_depth`: a training loop that synchronizes every few steps (tests/gpu/repro/mm_loop.py: four bf16
+  // matmuls, then torch.cuda.synchronize). false: keep `queue_depth` in flight.
+  bool drain = false;
   double launches_per_second = 1000;         // rate
   // A job spanning GPUs (a DDP step's all_reduce): after every `collective_every` kernels, one collective kernel of
   // `collective_ns` among `collective_ranks` processes, one per device, of group `collective_group` (0: the
@@ -46,6 +50,7 @@ struct Workload {
 Workload Persistent(std::uint64_t kernel_ns, std::uint32_t queue_depth = 2);  // one-wave kernels, closed loop
 Workload BackToBack(std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);  // e.g. 5 us kernels
 Workload SyncLoop(std::uint64_t kernel_ns);                                   // launch, wait for it, launch
+Workload Bursts(std::uint64_t kernel_ns, std::uint32_t burst);  // `burst` launches, wait for all of them (drain)
 Workload Mixed(std::uint32_t queue_depth = 4);  // 5 us .. 20 ms in 1-2-5 steps: 12 sizes, log-uniform
 Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);
 
