@@ -6,6 +6,7 @@
 //   build/default/bin/sharing_compare [--cycle-ms N] [--cycle-max-ms N] [--seconds N] [--seed N] [--case NAME]
 // --cycle-max-ms: the cycle doubles from --cycle-ms up to this until every window holds its tenant's longest kernel.
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -152,6 +153,7 @@ struct Arguments {
   std::uint64_t seconds = 6;
   std::uint64_t seed = 1;
   std::string only;  // --case: only the cases whose name holds this
+  std::string trace;  // --trace: the time-division runs' traces, appended to this file (JSON lines)
 };
 
 // The command line, strictly: false (after one line on stderr) for anything else.
@@ -170,13 +172,15 @@ bool ParseArguments(int argc, char** argv, Arguments& a) {
       ok = ParseNumber(argv[++i], a.seed);
     } else if (arg == "--case" && has_value) {
       a.only = argv[++i];
+    } else if (arg == "--trace" && has_value) {
+      a.trace = argv[++i];
     } else {
       ok = false;
     }
     if (!ok) {
       std::fprintf(stderr,
                    "sharing_compare: bad argument '%s'; accepted: --cycle-ms 1..1000, --cycle-max-ms 0..10000, "
-                   "--seconds 2..3600, --seed N, --case <text in a case's name>\n",
+                   "--seconds 2..3600, --seed N, --case <text in a case's name>, --trace FILE\n",
                    arg.c_str());
       return false;
     }
@@ -202,6 +206,15 @@ void PrintRow(const std::string& name, Sharing sharing, const Result& result) {
   std::fflush(stdout);
 }
 
+// Appends `text` to the file at `path`; false (after one line on stderr) where it cannot.
+bool AppendTo(const std::string& path, const std::string& text) {
+  std::FILE* file = std::fopen(path.c_str(), "a");
+  const bool ok = file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  if (file != nullptr && std::fclose(file) != 0) return false;
+  if (!ok) std::fprintf(stderr, "sharing_compare: --trace %s: cannot append: %s\n", path.c_str(), std::strerror(errno));
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,6 +229,7 @@ int main(int argc, char** argv) {
       Scenario scenario = base;
       scenario.sharing = sharing;
       scenario.tenants = c.tenants;
+      scenario.record_trace = !a.trace.empty() && sharing == Sharing::time_division;
       const Result result = Run(scenario);
       if (!result.error.empty()) {
         std::fprintf(stderr, "sharing_compare: %s (%s): %s\n", c.name.c_str(), SharingName(sharing),
@@ -223,6 +237,7 @@ int main(int argc, char** argv) {
         return 1;
       }
       PrintRow(c.name, sharing, result);
+      if (scenario.record_trace && !AppendTo(a.trace, result.trace)) return 1;
     }
   }
   if (a.only.empty() || std::string("ddp").find(a.only) != std::string::npos) return PrintDdp(base);

@@ -710,6 +710,12 @@ class Engine final : public model::TimelineListener {
                                              PeersHeld(tenant, member, p.device));
     if (release.at_ns <= now_ns_) release = TakeSiblingTurn(index, release);
     const bool waiting = p.state == HostState::waiting_for_turn;
+    // A launch that cannot fit the rest of its own window, nothing of the tenant's in flight, declines that rest
+    // (policy::DeclinedUntil, as the shim's turn::Look); a launch that goes takes the declining back.
+    published[member].declined_until_ns =
+        release.at_ns <= now_ns_ ? 0
+                                 : policy::DeclinedUntil(plan_, member, p.device, release,
+                                                         published[member].in_flight == 0, now_ns_);
     if (release.at_ns <= now_ns_) {
       const std::uint64_t waited_ns = waiting ? now_ns_ - p.turn_wait_since_ns : 0;
       if (waiting) {

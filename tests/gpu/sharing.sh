@@ -10,7 +10,8 @@
 #           10), and 50 % under time division beside a second container at 50 % on GPU 0 (a bf16 matmul loop;
 #           VGPU_DDP_BESIDE_RUNS runs, default 3); VGPU_DDP_TD_ONLY=1 leaves the uncapped and limiter runs out
 #   pairs   tests/gpu/repro/mm_loop.py: a bf16 8192 matmul loop alone, then two containers on GPU 0: no shim, 50/50 and
-#           30/70 under time division, 30/70 under the limiter
+#           30/70 under time division, 30/70 under the limiter (VGPU_PAIRS_TD_ONLY=1: the time-division pairs only;
+#           MM_LOOP_PROFILE=1: each loop also says the share of the GPU's time its kernels held, by CUPTI)
 #   tenant  vgpu-tenant pairs under time division: 30/70 with 1 ms kernels, 30/70 and 50/50 with one-wave 20 ms ones
 #   caps    one container's matmul loop at 10, 30, 50, 70, 90 % under time division (VGPU_CAPS: others)
 #   default a `default` container at 40 % under time division alone, then beside a `force` one at 50 %
@@ -228,11 +229,10 @@ for stage in "${wanted[@]}"; do
       note "ddp neighbour: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/ddp-neighbour.log")"
       ;;
     pairs)
-      mm_pair mm-alone ""
-      mm_pair mm-none-none "" ""
+      [[ ${VGPU_PAIRS_TD_ONLY:-} == 1 ]] || { mm_pair mm-alone ""; mm_pair mm-none-none "" ""; }
       mm_pair mm-td-50-50 "$(container td5050a 50 time-division)" "$(container td5050b 50 time-division)"
       mm_pair mm-td-30-70 "$(container td3070a 30 time-division)" "$(container td3070b 70 time-division)"
-      mm_pair mm-limiter-30-70 "$(container l3070a 30 limiter)" "$(container l3070b 70 limiter)"
+      [[ ${VGPU_PAIRS_TD_ONLY:-} == 1 ]] || mm_pair mm-limiter-30-70 "$(container l3070a 30 limiter)" "$(container l3070b 70 limiter)"
       ;;
     tenant)
       for spec in "30 70 1000" "30 70 20000" "50 50 20000"; do

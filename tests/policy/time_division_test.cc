@@ -253,6 +253,75 @@ TEST(Decide, CreditLetsAMemberRunPastItsWindowsEnd) {
   EXPECT_EQ(p.Decide(0, 4 * kMs, 5 * kMs, 2 * kMs).reason, WaitReason::none);
 }
 
+// Credit carries the launch that straddles the window's end, not work queued behind it while the next owner waits:
+// a 70 % loop of four matmuls and a synchronize, holding 50 ms of credit, queued whole bursts at its window's end into
+// the 30 % one's window, several cycles running, and the 30 % one got 27.4-27.8 % over fakecuda (26.7 % of an H200's
+// time; docs/compute-sharing.md, "Loops that synchronize").
+TEST(Decide, CreditDoesNotQueueWorkPastTheWindowsEndWhileTheNextOwnerWaits) {
+  Pair p;  // b's window is [6, 20) ms, a's [0, 6) and [20, 26)
+  p.accounts[1] = Account{50 * static_cast<std::int64_t>(kMs), 19 * kMs};
+  // At 19 ms, 1.5 ms of b's work queued until 20.5 ms: a 1.5 ms kernel would start past its window's end.
+  EXPECT_EQ(p.Decide(1, 20'500 * kUs, 1'500 * kUs, 19 * kMs).reason, WaitReason::none) << "nobody waits next";
+  p.published[0].waiting = 1;
+  const Release r = p.Decide(1, 20'500 * kUs, 1'500 * kUs, 19 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::fit) << "a waits for its window";
+  EXPECT_EQ(r.at_ns, 20 * kMs);
+  // The launch that straddles the end still goes on credit (it starts inside the window) ...
+  EXPECT_EQ(p.Decide(1, 19'500 * kUs, 1'500 * kUs, 19 * kMs).reason, WaitReason::none);
+  // ... and without credit what half a launch past the end allows, as before.
+  p.accounts[1] = Account{0, 19 * kMs};
+  EXPECT_EQ(p.Decide(1, 20'100 * kUs, 1'500 * kUs, 19 * kMs).reason, WaitReason::fit);
+  // A member spanning GPUs keeps its credit's reach (its ranks' windows are aligned for their collectives), and so
+  // does a member whose next neighbour spans GPUs (it wins back what that one's queued work takes).
+  const WindowPlan spanning = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 3}});
+  const std::size_t one = 0, two = 1;  // on GPU 0 only; on GPUs 0 and 1
+  const auto at_end_of = [&](std::size_t me, std::size_t waiter) {
+    std::vector<Published> published(2);
+    published[waiter].waiting = 1;
+    const Interval w = spanning.WindowAt(me, 0);
+    EXPECT_EQ(spanning.OwnerAt(0, w.end_ns), static_cast<int>(waiter));
+    const Account credit{50 * static_cast<std::int64_t>(kMs), w.end_ns - kMs};
+    return policy::Decide(spanning, me, 0, published, credit, p.config, w.end_ns + 500 * kUs, 1'500 * kUs,
+                          w.end_ns - kMs).reason;
+  };
+  EXPECT_EQ(at_end_of(two, one), WaitReason::none) << "the member spanning GPUs";
+  EXPECT_EQ(at_end_of(one, two), WaitReason::none) << "the member whose next neighbour spans GPUs";
+}
+
+// A launch that cannot fit what is left of its own window, nothing of its member's in flight, declines the rest
+// (DeclinedUntil); the other member takes it, charged, instead of leaving the GPU idle.
+TEST(Decide, TheRestOfAWindowItsOwnerDeclinesIsTakenByAnotherCharged) {
+  Pair p;
+  p.accounts[1] = Account{0, 18 * kMs};
+  const Release refused = p.Decide(1, 0, 5 * kMs, 18 * kMs);  // 2 ms left of b's window, a 5 ms kernel, no credit
+  ASSERT_EQ(refused.reason, WaitReason::fit);
+  EXPECT_EQ(DeclinedUntil(p.plan, 1, 0, refused, true, 18 * kMs), 20 * kMs);
+  EXPECT_EQ(DeclinedUntil(p.plan, 1, 0, refused, false, 18 * kMs), 0u) << "its work in flight may still use it";
+  EXPECT_EQ(DeclinedUntil(p.plan, 1, 0, p.Decide(1, 0, kMs, 18 * kMs), true, 18 * kMs), 0u) << "a launch that goes";
+  // a, waiting in b's window, looks again soon while b waits, and takes the declined rest, charged.
+  p.accounts[0] = Account{0, 18 * kMs};
+  Release r = p.Decide(0, 0, kMs, 18 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::window);
+  EXPECT_EQ(r.at_ns, 20 * kMs);
+  p.published[1].waiting = 1;
+  r = p.Decide(0, 0, kMs, 18 * kMs);
+  EXPECT_EQ(r.at_ns, 18 * kMs + kDeclineLookNs) << "b may decline";
+  p.published[1].declined_until_ns = 20 * kMs;
+  EXPECT_EQ(p.Decide(0, 0, kMs, 18 * kMs).reason, WaitReason::fit) << "charged: without credit, a 1 ms kernel there "
+                                                                       "would leave a 1 ms in debt";
+  EXPECT_EQ(p.Decide(0, 0, kMs, 19'500 * kUs).reason, WaitReason::none) << "half of it in a's own window";
+  p.accounts[0] = Account{static_cast<std::int64_t>(kMs), 18 * kMs};
+  r = p.Decide(0, 0, kMs, 18 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none) << "on credit";
+  EXPECT_FALSE(r.free);
+  EXPECT_EQ(r.window.end_ns, 20 * kMs);
+  p.published[1].in_flight = 1;
+  EXPECT_NE(p.Decide(0, 0, kMs, 18 * kMs).reason, WaitReason::none) << "not beside b's work";
+  // Members spanning GPUs neither decline nor take declined rests.
+  const WindowPlan spanning = Plan({{.id = 1, .share_permille = 300, .gpus = 3}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  EXPECT_EQ(DeclinedUntil(spanning, 0, 0, {kNoTime, WaitReason::fit, {0, 6 * kMs}, false}, true, 5 * kMs), 0u);
+}
+
 // A member alone at 30 %: 14 ms of each 20 ms cycle are nobody's. Under `force` it goes there only on credit (window
 // time it held but did not use: a launch-bound process fills a fraction of its windows), charged, as far as the
 // credit lasts; without credit it waits for its window. (Before: never, and x.add_ at 10 % got 2.0 % by NVML on an

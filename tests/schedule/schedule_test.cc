@@ -230,6 +230,21 @@ TEST(PublishedOf, WorkIsInFlightUntilItsExpectedEndAndALaunchWaitsUntilItsLook) 
   EXPECT_EQ(PublishedOf(state, 49).waiting, 1u);
 }
 
+// declined_until_ns was reserved (zero) before 2026-11-29: zero reads as nothing declined, so files written by
+// older shims read right; it is read only for an entry on that one GPU (members spanning GPUs never decline).
+TEST(PublishedOf, TheRestOfAWindowIsDeclinedUntilItsEndForAnEntryOnThatGpuOnly) {
+  Entry entry{};
+  entry.gpus = 1u << 2;
+  EXPECT_EQ(PublishedOf(entry, 2, 60).declined_until_ns, 0u) << "reserved, zero: nothing declined";
+  entry.declined_until_ns = 100;
+  EXPECT_EQ(PublishedOf(entry, 2, 60).declined_until_ns, 100u);
+  EXPECT_EQ(PublishedOf(entry, 2, 100).declined_until_ns, 0u) << "over";
+  entry.gpus = (1u << 2) | 1u;
+  EXPECT_EQ(PublishedOf(entry, 2, 60).declined_until_ns, 0u) << "an entry spanning GPUs";
+  entry.gpu[2].busy_until_ns = 90;
+  EXPECT_EQ(PublishedOf(entry, 2, 60).in_flight, 1u) << "the GPU's own fields as PublishedOf(GpuState)";
+}
+
 TEST(RaiseTo, KeepsTheLargerValue) {
   std::uint64_t field = 10;
   RaiseTo(field, 5);

@@ -13,7 +13,9 @@
 //                                                  threads launching one-block spin kernels into the legacy default
 //                                                  stream, long_us one launch in long_every (drawn), short_us else;
 //                                                  sync_every: a thread synchronizes the context after every N (a
-//                                                  training loop's few steps, then torch.cuda.synchronize);
+//                                                  training loop's few steps, then torch.cuda.synchronize), and
+//                                                  the times from one synchronize's return to the next are printed
+//                                                  as sync_loops=, sync_loop_p90_ns=, _p99_ns=, _max_ns=;
 //                                                  prints launched=, busy_ns= (their run times), elapsed_ns=
 //   hostoom_start  limit=                          the shim's first call (cuInit) with every allocation of the shim
 //                                                  failing; then none failing: a context, and two allocations of
@@ -504,6 +506,8 @@ int Launch() {
   std::vector<std::thread> threads;
   const bool own_streams = Arg("own_streams", 0) != 0;
   const std::uint64_t sync_every = Arg("sync_every", 0);
+  std::mutex loops_mutex;
+  std::vector<std::uint64_t> loops_ns;  // from one synchronize's return to the next, every thread's
   for (std::uint64_t t = 0; t < Arg("threads", 4); ++t) {
     threads.emplace_back([&, t] {
       if (const CUresult set = cuCtxSetCurrent(context); set != CUDA_SUCCESS) {
@@ -519,6 +523,7 @@ int Launch() {
       }
       std::uint64_t draw = 0x9e3779b97f4a7c15ull * (t + 1);
       std::uint64_t since_sync = 0;
+      auto loop_start = Clock::now();
       while (Clock::now() < deadline && failure.load() == CUDA_SUCCESS) {
         draw ^= draw << 13;
         draw ^= draw >> 7;
@@ -538,6 +543,11 @@ int Launch() {
             failure = synced;
             return;
           }
+          const auto now = Clock::now();
+          const std::lock_guard<std::mutex> guard(loops_mutex);
+          loops_ns.push_back(static_cast<std::uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(now - loop_start).count()));
+          loop_start = now;
         }
       }
       if (stream != nullptr && cuStreamSynchronize(stream) == CUDA_SUCCESS) cuStreamDestroy(stream);
@@ -551,6 +561,13 @@ int Launch() {
   }
   Print("launched", launched.load());
   Print("busy_ns", busy_ns.load());
+  if (sync_every != 0) {
+    std::sort(loops_ns.begin(), loops_ns.end());
+    Print("sync_loops", loops_ns.size());
+    Print("sync_loop_p90_ns", loops_ns.empty() ? 0 : loops_ns[loops_ns.size() * 9 / 10]);
+    Print("sync_loop_p99_ns", loops_ns.empty() ? 0 : loops_ns[loops_ns.size() * 99 / 100]);
+    Print("sync_loop_max_ns", loops_ns.empty() ? 0 : loops_ns.back());
+  }
   Print("elapsed_ns", static_cast<std::uint64_t>(
                           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
   return 0;

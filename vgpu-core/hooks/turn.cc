@@ -239,7 +239,7 @@ void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns)
 // Every plan member's published state on GPU `g`. Caller holds s.mutex.
 void ReadPublished(State& s, std::uint32_t g, std::uint64_t now) {
   for (std::size_t m = 0; m < s.plan.size(); ++m) {
-    s.published[m] = schedule::PublishedOf(s.board->entry(static_cast<int>(s.entries[m])).gpu[g], now);
+    s.published[m] = schedule::PublishedOf(s.board->entry(static_cast<int>(s.entries[m])), g, now);
   }
 }
 
@@ -479,10 +479,18 @@ policy::Release Look(State& s, int ordinal, std::uint32_t g, std::uint64_t estim
   policy::Release release{now, policy::WaitReason::none, {now, lease}, false};
   if (!leased) release = DecideNow(s, ordinal, g, estimate_ns, now, w.others_ns >= w.cycle_ns);
   if (release.at_ns <= now) release = SiblingRelease(s, ordinal, estimate_ns, now, w.sibling_ns >= w.cycle_ns, release);
+  // A launch that cannot fit the rest of its own window with nothing of the container's in flight declines that rest
+  // to the others (policy::DeclinedUntil); a launch that goes takes it back.
+  std::uint64_t& declined = s.board->entry(s.entry).declined_until_ns;
   if (release.at_ns > now) {
     s.lease_until_ns[ordinal] = 0;
+    const bool queue_empty = !Undrained(ordinal) && s.published[static_cast<std::size_t>(s.me)].in_flight == 0;
+    const std::uint64_t until =
+        policy::DeclinedUntil(s.plan, static_cast<std::size_t>(s.me), g, release, queue_empty, now);
+    if (until > now) schedule::RaiseTo(declined, until);
     return release;
   }
+  if (schedule::Load(declined) > now) schedule::Store(declined, 0);
   const bool own = leased || (!release.free && s.plan.OwnerAt(g, now) == s.me);
   if (!leased) {  // (the handover into its window was charged with the decision that set the lease)
     const std::uint64_t handover_ns = policy::HandoverCharge(s.plan, static_cast<std::size_t>(s.me), g, s.published,

@@ -329,6 +329,7 @@ struct Candidate {
   Interval window;
   std::uint64_t whole_ns = 0;
   bool free = false;
+  bool lent = false;       // another member's window, taken on credit (lent while it repays, or declined)
   Interval owner_stretch;  // the stretch of the GPU's cycle around now (whoever owns it)
 };
 
@@ -386,7 +387,16 @@ Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, 
   if (owner >= 0 && owner != static_cast<int>(me) && now_ns < published[owner].repaid_until_ns &&
       account.balance_ns > 0) {
     c.found = true;  // on credit
+    c.lent = true;
     c.window = {now_ns, std::min(stretch.end_ns, published[owner].repaid_until_ns)};
+    c.whole_ns = c.window.length();
+    return c;
+  }
+  if (owner >= 0 && owner != static_cast<int>(me) && published[owner].declined_until_ns > now_ns &&
+      published[owner].in_flight == 0 && ChargesWhatRan(plan, me)) {  // (not a member spanning GPUs: not aligned)
+    c.found = true;  // the rest of a window its owner declined, charged (in debt, it lends its windows back)
+    c.lent = true;
+    c.window = {now_ns, std::min(stretch.end_ns, published[owner].declined_until_ns)};
     c.whole_ns = c.window.length();
     return c;
   }
@@ -409,26 +419,52 @@ Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, 
 }
 
 // When a launch that finds no window now should look again: its own next window (after its debt), or the next
-// change of owner on the GPU (a window there may be lent).
-std::uint64_t NextChance(const WindowPlan& plan, std::size_t me, const Published& own, const Candidate& c,
-                         std::uint64_t now_ns) {
-  const std::uint64_t from = std::max(now_ns + 1, own.repaid_until_ns);
+// change of owner on the GPU (a window there may be lent); in the window of an owner that waits too, soon (the owner
+// may decline its rest: DeclinedUntil).
+std::uint64_t NextChance(const WindowPlan& plan, std::size_t me, std::span<const Published> published,
+                         const Candidate& c, int owner, std::uint64_t now_ns) {
+  const std::uint64_t from = std::max(now_ns + 1, published[me].repaid_until_ns);
   const Interval next = plan.WindowAt(me, from);
   const std::uint64_t own_start = next.start_ns == kNoTime ? kNoTime : std::max(next.start_ns, from);
-  return std::min(own_start, std::max(now_ns + 1, c.owner_stretch.end_ns));
+  std::uint64_t again_ns = std::min(own_start, std::max(now_ns + 1, c.owner_stretch.end_ns));
+  if (owner >= 0 && owner != static_cast<int>(me) && published[owner].waiting > 0) {
+    again_ns = std::min(again_ns, now_ns + kDeclineLookNs);
+  }
+  return again_ns;
+}
+
+// Whether the member whose window begins at `t_ns` on `gpu` is on that GPU only and has a launch waiting.
+bool NextOnOneGpuWaits(const WindowPlan& plan, std::uint32_t gpu, std::span<const Published> published,
+                       std::uint64_t t_ns) {
+  const int next = plan.OwnerAt(gpu, t_ns);
+  return next >= 0 && static_cast<std::size_t>(next) < published.size() && published[next].waiting > 0 &&
+         ChargesWhatRan(plan, static_cast<std::size_t>(next));
 }
 
 // Whether the launch may go into the candidate window, by the account (free windows: it must fit).
-bool Affordable(const WindowPlan& plan, std::size_t me, const Candidate& c, const Account& account,
-                std::uint64_t queued_end_ns, std::uint64_t estimate_ns, std::uint64_t now_ns) {
+bool Affordable(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+                const Candidate& c, const Account& account, std::uint64_t queued_end_ns, std::uint64_t estimate_ns,
+                std::uint64_t now_ns) {
   const bool queue_empty = queued_end_ns <= now_ns;
   const std::uint64_t end_ns = std::max(now_ns, queued_end_ns) + estimate_ns;
   if (queue_empty && estimate_ns > c.whole_ns) return true;  // longer than the window: it can only overrun
   if (c.free) return end_ns <= c.window.end_ns;
   // The balance when it ends: window time gained by then, minus its queued work and itself.
-  const auto after = account.balance_ns + static_cast<std::int64_t>(plan.OwnTimeIn(me, now_ns, end_ns)) -
-                     static_cast<std::int64_t>(end_ns - now_ns);
-  return after >= -static_cast<std::int64_t>(estimate_ns / 2);
+  const std::int64_t least = -static_cast<std::int64_t>(estimate_ns / 2);
+  const auto own_after = static_cast<std::int64_t>(plan.OwnTimeIn(me, now_ns, end_ns)) -
+                         static_cast<std::int64_t>(end_ns - now_ns);
+  if (account.balance_ns + own_after < least) return false;
+  // Credit carries the launch that straddles its window's end, not work queued behind it while the member whose
+  // window comes next waits: that one would be kept out of its window by work its own credit cannot win back while
+  // this member stays in credit (a 70 % loop of four matmuls and a synchronize, holding 50 ms of credit, queued a
+  // whole burst at its window's end into the 30 % one's window, three cycles running, over fakecuda).
+  // Between members on one GPU only: a member spanning GPUs keeps its ranks together with a step's work queued at
+  // its window's end (the DDP job beside a neighbour fell to 0.41 of its step rate in the simulator with the rule),
+  // and its neighbour then needs its credit's reach to win back what that work takes (over fakecuda it fell to 37 %
+  // of its 50 in a second without it).
+  const bool by_credit = std::min<std::int64_t>(account.balance_ns, 0) + own_after < least;
+  return !(by_credit && !c.lent && queued_end_ns >= c.window.end_ns && ChargesWhatRan(plan, me) &&
+           NextOnOneGpuWaits(plan, gpu, published, c.window.end_ns));
 }
 
 // What of one handover on `gpu` its members pay: the cycle's handovers (one per member spanning it) less the time
@@ -457,14 +493,15 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
   }
   const Candidate c = FindWindow(plan, me, gpu, published, account, config, now_ns);
   if (!c.found) {
-    const bool in_debt = plan.OwnerAt(gpu, now_ns) == static_cast<int>(me);
-    return {NextChance(plan, me, published[me], c, now_ns), in_debt ? WaitReason::debt : WaitReason::window,
+    const int owner = plan.OwnerAt(gpu, now_ns);
+    const bool in_debt = owner == static_cast<int>(me);
+    return {NextChance(plan, me, published, c, owner, now_ns), in_debt ? WaitReason::debt : WaitReason::window,
             c.window, false};
   }
   if (peers_held || OthersHold(plan, me, gpu, published, plan.cycle_ns(), now_ns)) {
     return {kNoTime, WaitReason::others_work, c.window, c.free};
   }
-  if (Affordable(plan, me, c, account, queued_end_ns, estimate_ns, now_ns)) {
+  if (Affordable(plan, me, gpu, published, c, account, queued_end_ns, estimate_ns, now_ns)) {
     return {now_ns, WaitReason::none, c.window, c.free};
   }
   // It looks again when the window it would have gone into is over. A free borrow slides with the time: it looks
@@ -477,6 +514,14 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
     again_ns = std::min(again_ns, std::max(now_ns + 1, std::min(reach_ns, queued_end_ns)));
   }
   return {again_ns, WaitReason::fit, c.window, c.free};
+}
+
+std::uint64_t DeclinedUntil(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, const Release& release,
+                            bool queue_empty, std::uint64_t now_ns) {
+  if (release.reason != WaitReason::fit || release.free || !queue_empty || !ChargesWhatRan(plan, me)) return 0;
+  if (plan.OwnerAt(gpu, now_ns) != static_cast<int>(me)) return 0;  // (another's window lent on credit: not its own)
+  const std::uint64_t end_ns = plan.WindowAt(me, now_ns).end_ns;
+  return end_ns > now_ns && end_ns != kNoTime ? end_ns : 0;
 }
 
 std::uint64_t HandoverCharge(const WindowPlan& plan, std::size_t me, std::uint32_t gpu,

@@ -153,6 +153,13 @@ policy::Published PublishedOf(const GpuState& state, std::uint64_t now_ns) {
   return p;
 }
 
+policy::Published PublishedOf(const Entry& entry, std::uint32_t g, std::uint64_t now_ns) {
+  policy::Published p = PublishedOf(entry.gpu[g], now_ns);
+  const std::uint64_t declined = Load(entry.declined_until_ns);
+  if (Load(entry.gpus) == (1ull << g) && declined > now_ns) p.declined_until_ns = declined;
+  return p;
+}
+
 // Holds the membership lock for a scope: taken in slices, at most kLockWaitMaxNs; a lock inherited from a dead
 // owner needs no repair (an entry is published by its id, written last), only to be marked consistent.
 class Board::Lock {
@@ -275,6 +282,7 @@ int Board::Join(std::uint64_t id, std::uint32_t share_permille, std::uint64_t gp
     Store(gpu.waiting_until_ns, 0);
     Store(gpu.repaid_until_ns, 0);
   }
+  Store(entry.declined_until_ns, 0);
   Store(entry.heartbeat_ns, now_ns);
   Store(entry.id, id);  // published last
   return free_entry;

@@ -86,6 +86,7 @@ struct Published {
   std::uint32_t waiting = 0;            // launches waiting for a window
   std::uint64_t repaid_until_ns = 0;    // in debt: its window time before this instant is lent to the others
   std::uint64_t released_until_ns = 0;  // the end of the window (its own or lent) its latest work was released into
+  std::uint64_t declined_until_ns = 0;  // the rest of its window up to here is declined (DeclinedUntil); 0: none
 };
 
 // What a member keeps of itself on one GPU (shared by its container's processes, not read by others): its window
@@ -156,13 +157,33 @@ struct TurnConfig {
 //   by a whole cycle (a dead or stopped holder stalls the others one cycle; one of the waiter's windows was too
 //   little: a holder with credit may queue long kernels past its window's end), nor,
 //   for a member that spans GPUs, on its other GPUs (`peers_held`: the caller asks OthersHold there), so that its
-//   ranks start their windows together and their collective kernels meet;
+//   ranks start their windows together and their collective kernels meet; the rest of a window its owner declined
+//   (DeclinedUntil) is taken too, charged, by a member on one GPU;
 // - only if, after it, the account is expected to be at least minus half the launch (what runs past a window is
 //   then repaid, and on average windows are neither overrun nor left unfilled), or nothing of the member's is
-//   queued and the launch could not fit even a whole window (it overruns into debt). A free launch must fit.
+//   queued and the launch could not fit even a whole window (it overruns into debt). A free launch must fit. Credit
+//   carries a member on one GPU past its window's end only with the launch that straddles it, while the member
+//   whose window comes next waits: work queued behind would keep that one out of its window, and its own credit
+//   could not win the time back while this member stays in credit (docs/compute-sharing.md, "Loops that
+//   synchronize").
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
                std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held = false);
+
+// A launch refused because it does not fit what is left of the member's own window (WaitReason::fit), with nothing
+// of the member's in flight (`queue_empty`), cannot go before that window ends: its balance gains the time it leaves
+// as fast as the window's rest shrinks. The member then declines the rest, published as declined_until_ns: another
+// member on one GPU takes it, charged, where it can afford it (with credit, or running on into its own window: its
+// debt, if any, lends its windows back), where the GPU would be idle. A loop
+// that synchronizes every few launches (four bf16 matmuls, then torch.cuda.synchronize) leaves such a rest in most
+// windows: the 30 % one beside a 70 % one read 26.7 % of the GPU's time on an H200 before (docs/compute-sharing.md,
+// "Loops that synchronize"). Returns the window's end, or 0 where the launch does not decline it. Members spanning
+// GPUs do not decline (their windows are aligned across GPUs for their collectives).
+std::uint64_t DeclinedUntil(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, const Release& release,
+                            bool queue_empty, std::uint64_t now_ns);
+// How soon a launch waiting in another member's window while that one waits too looks again: the other may decline
+// its rest when its work drains.
+inline constexpr std::uint64_t kDeclineLookNs = 250'000;
 
 // Whether another member's work is in flight on `gpu` and has not outlived the window it was released into by more
 // than `bound_ns` (Decide: the cycle).

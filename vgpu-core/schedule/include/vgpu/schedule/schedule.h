@@ -41,7 +41,10 @@ struct Entry {
   std::uint64_t heartbeat_ns;    // refreshed by its launching processes
   std::uint64_t longest_ns;      // its longest kernel's expected time (policy::CycleFor)
   std::uint64_t joined_ns;
-  std::uint64_t reserved1[2];
+  // A member on one GPU: the rest of its window up to here is declined (policy::DeclinedUntil). Reserved (0) in
+  // files of shims before 2026-11-29: 0 means none, so a shim that never writes it still reads the file right.
+  std::uint64_t declined_until_ns;
+  std::uint64_t reserved1;
   GpuState gpu[kMaxGpus];
 };
 
@@ -74,6 +77,8 @@ Members ReadMembers(const Header& header, std::uint64_t now_ns);
 // What the policy reads of a member on one GPU: work in flight while `busy_until_ns` is ahead, a launch waiting
 // while `waiting_until_ns` is.
 policy::Published PublishedOf(const GpuState& state, std::uint64_t now_ns);
+// The same for an entry on GPU `g`, with the rest of its window it declines (a member on that GPU only).
+policy::Published PublishedOf(const Entry& entry, std::uint32_t g, std::uint64_t now_ns);
 
 // ---- this process's attachment ----
 
