@@ -491,82 +491,93 @@ bool SetUpSpinKernel(CUcontext& context, CUfunction& function) {
   return true;
 }
 
+// What the `launch` command's threads share: their arguments and what they count.
+struct LaunchRun {
+  CUcontext context = nullptr;
+  CUfunction function = nullptr;
+  std::uint64_t short_ns = 0, long_ns = 0, long_every = 1, sync_every = 0;
+  bool own_streams = false;
+  Clock::time_point deadline;
+  std::atomic<std::uint64_t> launched{0}, busy_ns{0};
+  std::atomic<int> failure{CUDA_SUCCESS};
+  std::mutex loops_mutex;
+  std::vector<std::uint64_t> loops_ns;  // from one synchronize's return to the next, every thread's
+};
+
+// One thread of `launch`: kernels of short_ns, long_ns one in long_every (drawn from the thread's own sequence), until
+// the deadline; with sync_every, a context synchronize after every sync_every launches, each loop's time kept.
+void LaunchThread(LaunchRun& run, std::uint64_t t) {
+  if (const CUresult set = cuCtxSetCurrent(run.context); set != CUDA_SUCCESS) {
+    run.failure = set;
+    return;
+  }
+  CUstream stream = nullptr;
+  if (run.own_streams) {
+    if (const CUresult made = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); made != CUDA_SUCCESS) {
+      run.failure = made;
+      return;
+    }
+  }
+  std::uint64_t draw = 0x9e3779b97f4a7c15ull * (t + 1);
+  std::uint64_t since_sync = 0;
+  auto loop_start = Clock::now();
+  while (Clock::now() < run.deadline && run.failure.load() == CUDA_SUCCESS) {
+    draw ^= draw << 13;
+    draw ^= draw >> 7;
+    draw ^= draw << 17;
+    unsigned long long ns = draw % run.long_every == 0 ? run.long_ns : run.short_ns;
+    void* params[] = {&ns};
+    if (const CUresult launch = cuLaunchKernel(run.function, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr);
+        launch != CUDA_SUCCESS) {
+      run.failure = launch;
+      return;
+    }
+    ++run.launched;
+    run.busy_ns += ns;
+    if (run.sync_every == 0 || ++since_sync < run.sync_every) continue;
+    since_sync = 0;
+    if (const CUresult synced = cuCtxSynchronize(); synced != CUDA_SUCCESS) {
+      run.failure = synced;
+      return;
+    }
+    const auto now = Clock::now();
+    const std::lock_guard<std::mutex> guard(run.loops_mutex);
+    run.loops_ns.push_back(
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - loop_start).count()));
+    loop_start = now;
+  }
+  if (stream != nullptr && cuStreamSynchronize(stream) == CUDA_SUCCESS) cuStreamDestroy(stream);
+}
+
 // Threads launching into one stream (the legacy default one) at once, or each into a stream of its own (own_streams=1):
 // the shim's launch path under concurrency.
 int Launch() {
-  CUcontext context = nullptr;
-  CUfunction function = nullptr;
-  if (!SetUpSpinKernel(context, function)) return 4;
-  const std::uint64_t short_ns = Arg("short_us", 30) * 1000, long_ns = Arg("long_us", 2000) * 1000;
-  const std::uint64_t long_every = std::max<std::uint64_t>(Arg("long_every", 8), 1);
+  LaunchRun run;
+  if (!SetUpSpinKernel(run.context, run.function)) return 4;
+  run.short_ns = Arg("short_us", 30) * 1000;
+  run.long_ns = Arg("long_us", 2000) * 1000;
+  run.long_every = std::max<std::uint64_t>(Arg("long_every", 8), 1);
+  run.sync_every = Arg("sync_every", 0);
+  run.own_streams = Arg("own_streams", 0) != 0;
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::milliseconds(Arg("seconds", 2) * 1000);
-  std::atomic<std::uint64_t> launched{0}, busy_ns{0};
-  std::atomic<int> failure{CUDA_SUCCESS};
+  run.deadline = start + std::chrono::milliseconds(Arg("seconds", 2) * 1000);
   std::vector<std::thread> threads;
-  const bool own_streams = Arg("own_streams", 0) != 0;
-  const std::uint64_t sync_every = Arg("sync_every", 0);
-  std::mutex loops_mutex;
-  std::vector<std::uint64_t> loops_ns;  // from one synchronize's return to the next, every thread's
-  for (std::uint64_t t = 0; t < Arg("threads", 4); ++t) {
-    threads.emplace_back([&, t] {
-      if (const CUresult set = cuCtxSetCurrent(context); set != CUDA_SUCCESS) {
-        failure = set;
-        return;
-      }
-      CUstream stream = nullptr;
-      if (own_streams) {
-        if (const CUresult made = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); made != CUDA_SUCCESS) {
-          failure = made;
-          return;
-        }
-      }
-      std::uint64_t draw = 0x9e3779b97f4a7c15ull * (t + 1);
-      std::uint64_t since_sync = 0;
-      auto loop_start = Clock::now();
-      while (Clock::now() < deadline && failure.load() == CUDA_SUCCESS) {
-        draw ^= draw << 13;
-        draw ^= draw >> 7;
-        draw ^= draw << 17;
-        unsigned long long ns = draw % long_every == 0 ? long_ns : short_ns;
-        void* params[] = {&ns};
-        if (const CUresult launch = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr);
-            launch != CUDA_SUCCESS) {
-          failure = launch;
-          return;
-        }
-        ++launched;
-        busy_ns += ns;
-        if (sync_every != 0 && ++since_sync == sync_every) {
-          since_sync = 0;
-          if (const CUresult synced = cuCtxSynchronize(); synced != CUDA_SUCCESS) {
-            failure = synced;
-            return;
-          }
-          const auto now = Clock::now();
-          const std::lock_guard<std::mutex> guard(loops_mutex);
-          loops_ns.push_back(static_cast<std::uint64_t>(
-              std::chrono::duration_cast<std::chrono::nanoseconds>(now - loop_start).count()));
-          loop_start = now;
-        }
-      }
-      if (stream != nullptr && cuStreamSynchronize(stream) == CUDA_SUCCESS) cuStreamDestroy(stream);
-    });
-  }
+  for (std::uint64_t t = 0; t < Arg("threads", 4); ++t) threads.emplace_back([&run, t] { LaunchThread(run, t); });
   for (auto& thread : threads) thread.join();
   CUresult r = CUDA_SUCCESS;
-  if (failure.load() != CUDA_SUCCESS || (r = cuCtxSynchronize()) != CUDA_SUCCESS) {
-    std::fprintf(stderr, "launch: %d\n", failure.load() != CUDA_SUCCESS ? failure.load() : static_cast<int>(r));
+  if (run.failure.load() != CUDA_SUCCESS || (r = cuCtxSynchronize()) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "launch: %d\n", run.failure.load() != CUDA_SUCCESS ? run.failure.load() : static_cast<int>(r));
     return 4;
   }
-  Print("launched", launched.load());
-  Print("busy_ns", busy_ns.load());
-  if (sync_every != 0) {
-    std::sort(loops_ns.begin(), loops_ns.end());
-    Print("sync_loops", loops_ns.size());
-    Print("sync_loop_p90_ns", loops_ns.empty() ? 0 : loops_ns[loops_ns.size() * 9 / 10]);
-    Print("sync_loop_p99_ns", loops_ns.empty() ? 0 : loops_ns[loops_ns.size() * 99 / 100]);
-    Print("sync_loop_max_ns", loops_ns.empty() ? 0 : loops_ns.back());
+  Print("launched", run.launched.load());
+  Print("busy_ns", run.busy_ns.load());
+  if (run.sync_every != 0) {
+    std::vector<std::uint64_t>& loops = run.loops_ns;
+    std::sort(loops.begin(), loops.end());
+    Print("sync_loops", loops.size());
+    Print("sync_loop_p90_ns", loops.empty() ? 0 : loops[loops.size() * 9 / 10]);
+    Print("sync_loop_p99_ns", loops.empty() ? 0 : loops[loops.size() * 99 / 100]);
+    Print("sync_loop_max_ns", loops.empty() ? 0 : loops.back());
   }
   Print("elapsed_ns", static_cast<std::uint64_t>(
                           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
