@@ -230,7 +230,7 @@ TEST(PublishedOf, WorkIsInFlightUntilItsExpectedEndAndALaunchWaitsUntilItsLook) 
   EXPECT_EQ(PublishedOf(state, 49).waiting, 1u);
 }
 
-// declined_until_ns was reserved (zero) before 2026-11-29: zero reads as nothing declined, so files written by
+// declined_until_ns was reserved (zero) before 63c1e82 (2026-11-28): zero reads as nothing declined, so files written by
 // older shims read right; it is read only for an entry on that one GPU (members spanning GPUs never decline).
 TEST(PublishedOf, TheRestOfAWindowIsDeclinedUntilItsEndForAnEntryOnThatGpuOnly) {
   Entry entry{};

@@ -42,7 +42,7 @@ struct Entry {
   std::uint64_t longest_ns;      // its longest kernel's expected time (policy::CycleFor)
   std::uint64_t joined_ns;
   // A member on one GPU: the rest of its window up to here is declined (policy::DeclinedUntil). Reserved (0) in
-  // files of shims before 2026-11-29: 0 means none, so a shim that never writes it still reads the file right.
+  // files of shims before 63c1e82 (2026-11-28): 0 means none, so a shim that never writes it reads the file right.
   std::uint64_t declined_until_ns;
   std::uint64_t reserved1;
   GpuState gpu[kMaxGpus];
