@@ -1086,9 +1086,13 @@ TEST(RunnerLive, ATwoGpuJobAtHalfItsGpusKeepsItsStepTimeUnderTimeDivision) {
 }
 
 // The same beside a second container at 50 % on one of its GPUs: the job keeps its step time. The neighbour is short
-// of its share by 3 to 8 points (observed: the job 46.4 to 49.7 % on each GPU, the neighbour 42.2 to 47.7 % a
-// window): the handovers on the shared GPU, and the job's all_reduces waiting there for its other rank, come out of
-// the neighbour's time. Asserted: within 10 points, so that a collapse shows (issue 20 stays open for it).
+// of its share by 3 to 8 points on average (observed: the job 46.4 to 49.7 % on each GPU, the neighbour 42.2 to 47.7 %
+// a window): the handovers on the shared GPU, and the job's all_reduces waiting there for its other rank, come out of
+// the neighbour's time. Single seconds spread wider: on 2026-11-28 (this 2-core machine), 16 runs with the shim of
+// b7b3a06 had judged seconds of 37.5 to 48.1 and 12 with the declined rests 33.9 to 50.0, the runs' means 42-45 with
+// either; the per-second bound of 10 points failed about one run in eight with either, and CI once. Asserted: the
+// mean of the judged seconds within 10 points, and no second under 30, so that a collapse shows (the limiter gives
+// it 4 %; issue 20 stays open for the gap).
 TEST(RunnerLive, ATwoGpuJobBesideANeighbourKeepsItsStepTimeUnderTimeDivision) {
   SKIP_WITHOUT_LIVE_PIECES();
   Trace trace;
@@ -1097,7 +1101,8 @@ TEST(RunnerLive, ATwoGpuJobBesideANeighbourKeepsItsStepTimeUnderTimeDivision) {
   ExpectCleanExits(trace, "neighbour");
   if (!kJudgeShares) return;
   for (const double b : busy) EXPECT_GE(b, 45);
-  ExpectShares(trace, "neighbour", 0, 50, 10);
+  ExpectShares(trace, "neighbour", 0, 40, 10);  // every judged second in [30, 50]
+  EXPECT_NEAR(MeanShareAfterTheFirstSecond(trace, "neighbour"), 50, 10);
 }
 
 TEST(RunnerRegression, AnAllIdleRepeatingProcessDoesNotLoopOverEveryCycle) {

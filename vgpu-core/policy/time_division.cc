@@ -419,16 +419,16 @@ Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, 
 }
 
 // When a launch that finds no window now should look again: its own next window (after its debt), or the next
-// change of owner on the GPU (a window there may be lent); in the window of an owner that waits too, soon (the owner
-// may decline its rest: DeclinedUntil).
+// change of owner on the GPU (a window there may be lent); for a member on one GPU in the window of an owner that
+// waits too, soon (the owner may decline its rest: DeclinedUntil).
 std::uint64_t NextChance(const WindowPlan& plan, std::size_t me, std::span<const Published> published,
                          const Candidate& c, int owner, std::uint64_t now_ns) {
   const std::uint64_t from = std::max(now_ns + 1, published[me].repaid_until_ns);
   const Interval next = plan.WindowAt(me, from);
   const std::uint64_t own_start = next.start_ns == kNoTime ? kNoTime : std::max(next.start_ns, from);
   std::uint64_t again_ns = std::min(own_start, std::max(now_ns + 1, c.owner_stretch.end_ns));
-  if (owner >= 0 && owner != static_cast<int>(me) && published[owner].waiting > 0) {
-    again_ns = std::min(again_ns, now_ns + kDeclineLookNs);
+  if (owner >= 0 && owner != static_cast<int>(me) && published[owner].waiting > 0 && ChargesWhatRan(plan, me)) {
+    again_ns = std::min(again_ns, now_ns + kDeclineLookNs);  // (only a member on one GPU takes a declined rest)
   }
   return again_ns;
 }

@@ -181,8 +181,10 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
 // GPUs do not decline (their windows are aligned across GPUs for their collectives).
 std::uint64_t DeclinedUntil(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, const Release& release,
                             bool queue_empty, std::uint64_t now_ns);
-// How soon a launch waiting in another member's window while that one waits too looks again: the other may decline
-// its rest when its work drains.
+// How soon a launch of a member on one GPU, waiting in another member's window while that one waits too, looks again:
+// the other may decline its rest when its work drains. (A member spanning GPUs looking that often caught the
+// windows its neighbour lent while in debt sooner, and the DDP job's neighbour over fakecuda fell to 32-39 % of its
+// 50 in a second, from 40-47.)
 inline constexpr std::uint64_t kDeclineLookNs = 250'000;
 
 // Whether another member's work is in flight on `gpu` and has not outlived the window it was released into by more
