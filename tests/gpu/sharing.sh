@@ -38,6 +38,9 @@ fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 unset LD_PRELOAD
 work=$(mktemp -d /tmp/vgpu-sharing.XXXXXX)
+# VGPU_SCHEDULE_TOOL=PROGRAM VGPU_SCHEDULE_BASE_MS=N: PROGRAM PATH N first makes the containers' schedule file with a
+# base cycle of N ms (an experiment on the cycle's length; the shims otherwise make it with 20 ms).
+if [[ -n ${VGPU_SCHEDULE_TOOL:-} ]]; then "$VGPU_SCHEDULE_TOOL" "$work/vgpu-schedule" "${VGPU_SCHEDULE_BASE_MS:?}" || exit 1; fi
 log=$out/sharing.log
 results=$out/sharing.jsonl
 note() { echo "[$(date -u +%T)] $*" | tee -a "$log"; }
