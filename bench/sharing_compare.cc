@@ -4,6 +4,9 @@
 // GPU's time (the model's exact busy time, NVML's measure) against its cap, and the tenants' sum.
 //
 //   build/default/bin/sharing_compare [--cycle-ms N] [--cycle-max-ms N] [--seconds N] [--seed N] [--case NAME]
+//                                     [--trace FILE] [--measurement event-pair|shim]
+// --measurement shim: kernels measured as the shim measures them (windows, sampled pairs, unmeasured launches at
+// their kernel's mean: sim::Measurement::shim) instead of an event pair around every kernel.
 // --cycle-max-ms: the cycle doubles from --cycle-ms up to this until every window holds its tenant's longest kernel.
 #include <algorithm>
 #include <cerrno>
@@ -128,11 +131,12 @@ int PrintDdp(const Scenario& base) {
 }
 
 // The H100-calibrated device and the run's settings.
-Scenario Calibrated(std::uint64_t seconds, std::uint64_t seed, std::uint64_t cycle_ms, std::uint64_t cycle_max_ms) {
+Scenario Calibrated(std::uint64_t seconds, std::uint64_t seed, std::uint64_t cycle_ms, std::uint64_t cycle_max_ms,
+                    Measurement measurement) {
   Scenario scenario;
   scenario.timeslice_ns = 2'090 * kMicrosecondNs;
   scenario.switch_ns = 160 * kMicrosecondNs;
-  scenario.measurement = Measurement::event_pair;
+  scenario.measurement = measurement;
   scenario.duration_ns = seconds * kSecondNs;
   scenario.seed = seed;
   scenario.cycle_ns = cycle_ms * kMillisecondNs;
@@ -154,6 +158,7 @@ struct Arguments {
   std::uint64_t seed = 1;
   std::string only;  // --case: only the cases whose name holds this
   std::string trace;  // --trace: the time-division runs' traces, appended to this file (JSON lines)
+  Measurement measurement = Measurement::event_pair;
 };
 
 // The command line, strictly: false (after one line on stderr) for anything else.
@@ -174,13 +179,18 @@ bool ParseArguments(int argc, char** argv, Arguments& a) {
       a.only = argv[++i];
     } else if (arg == "--trace" && has_value) {
       a.trace = argv[++i];
+    } else if (arg == "--measurement" && has_value) {
+      const std::string how = argv[++i];
+      ok = how == "event-pair" || how == "shim";
+      a.measurement = how == "shim" ? Measurement::shim : Measurement::event_pair;
     } else {
       ok = false;
     }
     if (!ok) {
       std::fprintf(stderr,
                    "sharing_compare: bad argument '%s'; accepted: --cycle-ms 1..1000, --cycle-max-ms 0..10000, "
-                   "--seconds 2..3600, --seed N, --case <text in a case's name>, --trace FILE\n",
+                   "--seconds 2..3600, --seed N, --case <text in a case's name>, --trace FILE, --measurement "
+                   "event-pair|shim\n",
                    arg.c_str());
       return false;
     }
@@ -220,7 +230,7 @@ bool AppendTo(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   Arguments a;
   if (!ParseArguments(argc, argv, a)) return 2;
-  const Scenario base = Calibrated(a.seconds, a.seed, a.cycle_ms, a.cycle_max_ms);
+  const Scenario base = Calibrated(a.seconds, a.seed, a.cycle_ms, a.cycle_max_ms, a.measurement);
   std::printf("| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points | first tenant's launch "
               "wait p50 / p99 / max, ms |\n|---|---|---|---|---|---|\n");
   for (const Case& c : Cases()) {

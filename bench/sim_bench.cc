@@ -12,9 +12,11 @@ namespace vgpu::sim {
 namespace {
 
 // Eight tenants capped at 12 % each, each one process launching a 100 us kernel every millisecond (10 % of the
-// device), with a seeded phase: the device is 80 % busy and time-sliced between whoever has work.
-Scenario EightTenants(bool record_trace, std::uint64_t seconds) {
+// device), with a seeded phase: the device is 80 % busy and time-sliced between whoever has work. Kernels are measured
+// as the shim measures them (the simulator's default), or, `every_kernel`, each one by its start and end.
+Scenario EightTenants(bool record_trace, std::uint64_t seconds, bool every_kernel) {
   Scenario scenario;
+  scenario.measurement = every_kernel ? Measurement::events : Measurement::shim;
   scenario.duration_ns = seconds * kSecondNs;
   scenario.settle_ns = 0;
   scenario.seed = 8;
@@ -33,7 +35,7 @@ Scenario EightTenants(bool record_trace, std::uint64_t seconds) {
 
 void SimEightTenantsOneKernelPerMs(benchmark::State& state) {
   const auto seconds = static_cast<std::uint64_t>(state.range(1));
-  const Scenario scenario = EightTenants(state.range(0) != 0, seconds);
+  const Scenario scenario = EightTenants(state.range(0) != 0, seconds, state.range(2) != 0);
   std::uint64_t kernels = 0;
   for (auto _ : state) {
     const Result result = Run(scenario);
@@ -53,14 +55,17 @@ void SimEightTenantsOneKernelPerMs(benchmark::State& state) {
 }
 // A simulated minute (the figure to extrapolate from), with and without the trace; a second, which is mostly the
 // fixed cost of a run (zeroing the 27 MB machine); and a whole simulated hour, once, to check the extrapolation.
+// every_kernel:1, the minute with every kernel measured alone (what the simulator did before it ran the shim's
+// measurement decisions).
 BENCHMARK(SimEightTenantsOneKernelPerMs)
-    ->ArgNames({"trace", "seconds"})
-    ->Args({0, 60})
-    ->Args({1, 60})
-    ->Args({0, 1})
+    ->ArgNames({"trace", "seconds", "every_kernel"})
+    ->Args({0, 60, 0})
+    ->Args({1, 60, 0})
+    ->Args({0, 1, 0})
+    ->Args({0, 60, 1})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(SimEightTenantsOneKernelPerMs)->ArgNames({"trace", "seconds"})->Args({0, 3600})->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(SimEightTenantsOneKernelPerMs)->ArgNames({"trace", "seconds", "every_kernel"})->Args({0, 3600, 0})
+    ->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace vgpu::sim

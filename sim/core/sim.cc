@@ -15,6 +15,7 @@
 #include "fakecuda/model/layout.h"
 #include "fakecuda/model/model.h"
 #include "random.h"
+#include "shim_measure.h"
 #include "vgpu/policy/limiter.h"
 #include "vgpu/policy/time_division.h"
 #include "vgpu/sim/sim.h"
@@ -84,6 +85,8 @@ struct InFlight {
   std::uint64_t seq;
   std::uint32_t kind;
   std::uint64_t charged_ns;
+  MeasuredBy how = MeasuredBy::pair;  // Measurement::shim: how the shim measures it (else: every kernel, alone)
+  bool first = false;                 // its kernel's first launch: charged what it measured, not learned from
 };
 
 // The kernels a process has queued and not yet seen complete, oldest first (one stream: they complete in order).
@@ -167,6 +170,9 @@ struct ProcessState {
   std::uint64_t handover_window_ns = policy::kNoTime;  // the own window whose handover it was charged last
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
+  std::uint64_t last_queued_seq = 0;  // the stream's newest kernel (while in_flight holds any)
+  ShimMeasure measure;                // Measurement::shim: the shim's measure and settle stages on its stream
+  MeasuredBy pending_measured_by = MeasuredBy::pair;
 };
 
 // A tenant's busy time at the end of an NVML sample window.
@@ -231,14 +237,21 @@ class Engine final : public model::TimelineListener {
     std::uint64_t measured_ns = op.alone_ns;
     if (scenario_.measurement == Measurement::events) {
       measured_ns = op.end_ns - op.start_ns;
-    } else if (scenario_.measurement == Measurement::event_pair) {
+    } else if (scenario_.measurement == Measurement::event_pair || scenario_.measurement == Measurement::shim) {
       // The shim's start event is queued just before the kernel. Queued behind the previous kernel, it is
       // written when that one ends (its process still holds the device then); queued on an empty stream, it
       // waits for its process's turn (fakecuda and the real GPU write it then), and the kernel starts at once.
       measured_ns = op.end_ns - (op.queued_ns < p.last_end_ns ? p.last_end_ns : op.start_ns);
     }
     p.last_end_ns = op.end_ns;
-    p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
+    if (scenario_.measurement != Measurement::shim) {
+      p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns);
+    } else {
+      if (done.how == MeasuredBy::pair) {
+        p.limiter->Settle(p.kinds[done.kind].key, done.charged_ns, measured_ns, op.end_ns, !done.first);
+      }
+      p.measure.Completed(*p.limiter, op.seq, op.end_ns, op.end_ns);
+    }
     TenantState& tenant = tenants_[p.tenant];
     if (tenant.member >= 0) {
       SettleTurn(tenant, p, op, p.free_windows[done.seq % model::kStreamDepth]);
@@ -247,8 +260,8 @@ class Engine final : public model::TimelineListener {
     ++tenant.result.kernels;
     ++result_.kernels;
     if (scenario_.record_trace) {
-      LineWriter(result_.trace)
-          .Begin("kernel")
+      LineWriter line(result_.trace);
+      line.Begin("kernel")
           .Text("tenant", tenant.spec->name)
           .Number("process", p.index_in_tenant)
           .Number("pid", static_cast<std::uint64_t>(kFirstPid) + process_by_stream_[stream])
@@ -259,8 +272,9 @@ class Engine final : public model::TimelineListener {
           .Number("start_ns", op.start_ns)
           .Number("end_ns", op.end_ns)
           .Number("charged_ns", done.charged_ns)
-          .Number("measured_ns", measured_ns)
-          .End();
+          .Number("measured_ns", measured_ns);
+      if (scenario_.measurement == Measurement::shim) line.Text("measured_by", MeasuredByName(done.how));
+      line.End();
     }
     if (p.state == HostState::waiting_for_queue) {
       if (tenant.member >= 0) ReturnFromBlocking(process_by_stream_[stream], op.end_ns);
@@ -371,6 +385,7 @@ class Engine final : public model::TimelineListener {
       p.tenant = t;
       p.index_in_tenant = i;
       p.random = SplitMix64::Derive(scenario_.seed, index);
+      p.measure.Seed(policy::SamplerSeed(scenario_.seed, index));
       p.limiter = std::make_unique<policy::Limiter>(state.cells[p.device], limiter_config);
       PlanSegments(p, shape_key);
       p.slot = model::ClaimSlot(*machine_, kFirstPid + static_cast<std::int32_t>(index), 0);
@@ -601,6 +616,15 @@ class Engine final : public model::TimelineListener {
     }
   }
 
+  // Measurement::shim: the process is about to wait (for completions, the budget or its turn), and the shim ends its
+  // open window first (the queue it measures is complete until after the wait). Returns whether a window ended.
+  bool CloseShimWindow(ProcessState& p) {
+    if (scenario_.measurement != Measurement::shim) return false;
+    const std::size_t before = p.measure.windows_pending();
+    p.measure.CloseWindow(*p.limiter, now_ns_, false, p.in_flight.size() == 0);
+    return p.measure.windows_pending() < before;
+  }
+
   // Every change of a process's host state goes through here, to keep reacts_ with it.
   void SetState(std::uint32_t index, HostState state) {
     ProcessState& p = processes_[index];
@@ -665,7 +689,10 @@ class Engine final : public model::TimelineListener {
     AdvanceModel();  // its own completions up to now are settled before it asks the limiter anything
     if (p.state == HostState::calling) {
       if (!p.has_pending) Choose(p);
-      const policy::Admission admission = p.limiter->Admit(p.kinds[p.pending_kind].key, now_ns_);
+      policy::Admission admission = p.limiter->Admit(p.kinds[p.pending_kind].key, now_ns_);
+      if (admission.wait_for_completion && CloseShimWindow(p)) {
+        admission = p.limiter->Admit(p.kinds[p.pending_kind].key, now_ns_);  // what its window settled counts
+      }
       if (admission.wait_for_completion) {
         if (p.in_flight.size() == 0) {
           Fail("the limiter asked process " + std::to_string(index) + " to wait for a completion with none pending");
@@ -680,7 +707,8 @@ class Engine final : public model::TimelineListener {
         tenants_[p.tenant].result.launch_waits_ns.push_back(sleep_ns);
       }
       if (admission.ready_at_ns > now_ns_) {
-        // The shim sleeps until ready_at, precisely, then launches.
+        // The shim sleeps until ready_at, precisely, then launches (its open windows end first).
+        CloseShimWindow(p);
         SetState(index, HostState::sleeping);
         Schedule(index, admission.ready_at_ns);
         return;
@@ -734,6 +762,7 @@ class Engine final : public model::TimelineListener {
       ++published[member].waiting;
       ++result_.waits[static_cast<int>(release.reason)];
       p.turn_wait_since_ns = now_ns_;
+      CloseShimWindow(p);
       SetState(index, HostState::waiting_for_turn);
     }
     if (release.at_ns != policy::kNoTime) Schedule(index, release.at_ns);
@@ -911,17 +940,26 @@ class Engine final : public model::TimelineListener {
     std::uint64_t seq = 0;
     TenantState& tenant = tenants_[p.tenant];
 
+    const policy::KernelKey& key = p.kinds[p.pending_kind].key;
+    const bool shim_measures = scenario_.measurement == Measurement::shim;
+    if (shim_measures) {
+      p.pending_measured_by = p.measure.Plan(*p.limiter, key, p.pending_admission, now_ns_, p.in_flight.size() > 0,
+                                             p.last_queued_seq);
+    }
     const model::EnqueueResult queued = model::EnqueueKernel(*machine_, p.stream, launch, now_ns_, &seq);
     if (queued == model::EnqueueResult::bad_group || queued == model::EnqueueResult::no_group) {
       Fail("process " + std::to_string(index) + "'s collective cannot join group " + std::to_string(launch.group) +
            " (ranks " + std::to_string(launch.group_size) + "): one process per device, one size per group");
       return;
     }
-    if (queued != model::EnqueueResult::ok ||
-        !p.in_flight.Push(InFlight{seq, p.pending_kind, p.pending_admission.charged_ns})) {
+    const InFlight item{seq, p.pending_kind, p.pending_admission.charged_ns, p.pending_measured_by,
+                        p.pending_admission.launches == 0};
+    if (queued != model::EnqueueResult::ok || !p.in_flight.Push(item)) {
       Fail("process " + std::to_string(index) + "'s stream queue is full");
       return;
     }
+    p.last_queued_seq = seq;
+    if (shim_measures) p.measure.Queued(*p.limiter, key, p.pending_admission, p.pending_measured_by, seq, now_ns_);
     if (tenant.member >= 0) {
       p.free_windows[seq % model::kStreamDepth] = p.pending_release.free ? p.pending_release.window : policy::Interval{};
       policy::Published& own = published_[p.device][static_cast<std::size_t>(tenant.member)];
@@ -967,6 +1005,8 @@ class Engine final : public model::TimelineListener {
     while (p.in_flight.size() > 0) {
       const InFlight item = p.in_flight.Front();
       p.in_flight.Pop();
+      ++dropped;
+      if (item.how == MeasuredBy::unmeasured && scenario_.measurement == Measurement::shim) continue;  // settled
       const model::Op& op = stream.ring[item.seq % model::kStreamDepth];
       const policy::KernelKey& key = p.kinds[item.kind].key;
       const double left = std::max(0.0, op.remaining_ns);
@@ -975,8 +1015,8 @@ class Engine final : public model::TimelineListener {
                               : 0;
       if (ran_ns > 0) p.limiter->Settle(key, item.charged_ns, ran_ns, now_ns_);
       else p.limiter->Cancel(key, item.charged_ns);
-      ++dropped;
     }
+    p.measure.Drop();
     const bool sleeping = p.state == HostState::sleeping || p.state == HostState::waiting_for_turn;
     if (sleeping) p.limiter->Cancel(p.kinds[p.pending_kind].key, p.pending_admission.charged_ns);
     TenantState& owner = tenants_[p.tenant];

@@ -213,10 +213,10 @@ Outcome RunVirtual(const scenario::Scenario& s, const Options& options, TraceSin
     simulation.window_ns = s.window_ns;
     simulation.seed = s.seed;
     simulation.sample_ns = s.sample_ns;
-    // The simulator's default: each kernel's start..end. Measurement::event_pair (the shim's event pair) would be
-    // closer on paper, but with it a `default` tenant does not give the GPU back when a neighbour arrives
-    // (scenarios/noisy-neighbour-default.yaml: 60/40 instead of 40/60), where live runs over fakecuda do (40/60).
-    simulation.measurement = sim::Measurement::events;
+    // As the shim measures (the simulator's default, sim::Measurement::shim): windows, sampled pairs, unmeasured
+    // launches, decided by the shim's own code (vgpu/policy/measure.h). (Measured each by an event pair, a `default`
+    // tenant did not give the GPU back when a neighbour arrived: scenarios/noisy-neighbour-default.yaml.)
+    simulation.measurement = sim::Measurement::shim;
     if (s.sharing == scenario::Sharing::time_division) {
       // As the shim runs it (vgpu-core/hooks/turn.cc): a 20 ms cycle, doubled up to 640 ms until every window holds
       // its container's longest kernel.

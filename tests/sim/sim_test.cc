@@ -452,6 +452,61 @@ TEST(Segments, AnIdleGapShowsAsNoBusyInTheSamples) {
   EXPECT_LT(at(2100) - at(2000), 80 * kMillisecondNs);
 }
 
+// ---- measured as the shim measures (Measurement::shim, the default; vgpu/policy/measure.h) -----------------------
+
+// How many of the trace's kernels were measured `how` ("pair", "window", "unmeasured").
+std::size_t KernelsMeasuredBy(const Result& result, const std::string& how) {
+  const std::string field = "\"measured_by\":\"" + how + "\"";
+  std::size_t count = 0;
+  for (std::size_t at = result.trace.find(field); at != std::string::npos; at = result.trace.find(field, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// Launches queued back to back share windows (one event between windows); a loop that waits for each kernel never
+// queues one behind another, so its launches get pairs (a 1 ms kernel: every one, MeasuredOneIn) and no window.
+TEST(ShimMeasurement, LaunchesQueuedBackToBackShareWindowsAndASyncLoopGetsAPairEach) {
+  Scenario queued = Of({OneProcess("a", 30, BackToBack(5 * kMicrosecondNs))});
+  queued.duration_ns = 2 * kSecondNs;
+  queued.record_trace = true;
+  const Result many = RunAndPrint(queued);
+  ExpectCapsHeld(many);
+  EXPECT_GE(KernelsMeasuredBy(many, "pair"), 1u);  // its first launch: a kernel of unknown cost gets a pair
+  EXPECT_GT(KernelsMeasuredBy(many, "window"), many.kernels * 9 / 10);
+  EXPECT_EQ(KernelsMeasuredBy(many, "pair") + KernelsMeasuredBy(many, "window") +
+                KernelsMeasuredBy(many, "unmeasured"),
+            many.kernels);
+
+  Scenario loop = Of({OneProcess("a", 30, SyncLoop(kMillisecondNs))});
+  loop.duration_ns = 2 * kSecondNs;
+  loop.record_trace = true;
+  const Result each = RunAndPrint(loop);
+  ExpectCapsHeld(each);
+  EXPECT_EQ(KernelsMeasuredBy(each, "window"), 0u);
+  EXPECT_EQ(KernelsMeasuredBy(each, "pair"), each.kernels);
+}
+
+// A window left open when its process stopped launching ends at the next launch, half a second later: it is charged
+// the work it timed, not the idle gap (policy::WindowMeasuredNs; its idle tail runs from its own last launch). Charged
+// the gap, the uncapped tenant's 1 ms kernels after it waited ~480 ms.
+TEST(ShimMeasurement, AWindowLeftOpenOverAnIdleGapIsChargedItsWorkNotTheGap) {
+  Tenant tenant;
+  tenant.name = "a";
+  tenant.share_percent = 0;
+  Process process;
+  process.segments = {SegmentOf(0, 1 * kSecondNs, BackToBack(5 * kMicrosecondNs)),
+                      SegmentOf(1500 * kMillisecondNs, 3 * kSecondNs, SyncLoop(kMillisecondNs))};
+  tenant.processes = {process};
+  Scenario scenario = Of({tenant});
+  scenario.duration_ns = 3 * kSecondNs;
+  const Result result = RunAndPrint(scenario);
+  ASSERT_EQ(result.tenants.size(), 1u);
+  ASSERT_EQ(result.tenants[0].window_shares.size(), 3u);
+  EXPECT_GT(result.tenants[0].window_shares[1], 0.49);  // busy from 1.5 s on
+  EXPECT_GT(result.tenants[0].window_shares[2], 0.99);
+}
+
 // ---- time division (issue 20, docs/compute-sharing.md) ------------------------------------------------------
 
 // The H100-calibrated device (2.09 ms slices, 160 us handovers, kernels measured by the shim's event pair), the

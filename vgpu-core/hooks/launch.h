@@ -28,6 +28,7 @@
 #include "shim.h"
 #include "turn.h"
 #include "vgpu/policy/limiter.h"
+#include "vgpu/policy/measure.h"
 
 namespace vgpu::hooks::launch {
 
@@ -73,10 +74,9 @@ extern PathCounters g_path_counters;
 inline std::uint64_t NowNs() { return MonotonicNs(); }
 
 // A measurement window (launches queued back to back on one stream, one event between windows) ends after this
-// many launches or this much estimated GPU time, whichever comes first (docs/compute-limit.md): a quarter of what
-// may be queued unmeasured (LimiterConfig::in_flight_max_ns), so that windows settle while more are queued.
-constexpr std::size_t kWindowLaunches = 256;
-constexpr std::uint64_t kWindowNs = 5'000'000;
+// many launches or this much estimated GPU time (policy/measure.h).
+using policy::kWindowLaunches;
+using policy::kWindowNs;
 
 // Each thread keeps kBooks books of launches (launch_books.cc).
 constexpr int kBooks = 4;

@@ -8,12 +8,10 @@
 #include <atomic>
 
 #include "launch.h"
-#include "vgpu/policy/sampling.h"
+#include "vgpu/policy/measure.h"
 
 namespace vgpu::hooks::launch {
 namespace {
-
-constexpr std::uint32_t kAlwaysMeasureFirst = 32;   // then as policy::MeasuredOneIn says
 
 // A measured launch of a kernel shorter than this is gated (gates.h): its pair then times the GPU's part of the launch,
 // not the host's launch call (~3 us on an H100: most of a tiny kernel's pair). A longer kernel's pair is left ungated:
@@ -132,34 +130,29 @@ std::uint64_t ProcessSeed() {
   return seed;
 }
 
-}  // namespace
-
-// Which launches are measured (two event records each, a few microseconds on a real GPU): the first ones of each
-// kernel, then each launch with a probability that follows the kernel's usual run time: a kernel of 250 us or more
-// every time (the events cost ~1 % of it or less, and the budget follows its real sizes launch by launch), a 5 us
-// kernel one launch in fifty, never fewer than one in 64. A draw per launch, not a clock: measuring "the first
+// This thread's draws of which launches are measured (two event records each, a few microseconds on a real GPU).
+// Random, so that a tenant cannot put its heavy work where nothing is measured; unmeasured launches are settled at
+// the mean of the measured ones (Limiter::SettleUnmeasured). A draw per launch, not a clock: measuring "the first
 // launch after a pause" would pick the launches whose event pair also times the host's gap before an idle stream
-// starts them (5 us kernels at a 30 % cap got 27 %). Random, so that a tenant cannot put its heavy work where
-// nothing is measured; unmeasured launches are settled at the mean of the measured ones (Limiter::SettleUnmeasured).
-// How often: policy::MeasuredOneIn (a steady kernel less often); this is one draw (see SampleThisLaunch).
-bool DrawMeasured(std::uint64_t one_in) {
-  // Seeded per thread from a seed the process draws once (getrandom: a tenant cannot tell from outside which of its
-  // launches will be measured) and the thread's order of arrival; never from the clock (policy/sampling.h).
-  // (initial-exec: the shim is loaded with the process, so its thread-locals are read without __tls_get_addr.)
+// starts them (5 us kernels at a 30 % cap got 27 %). Seeded per thread from a seed the process draws once (getrandom:
+// a tenant cannot tell from outside which of its launches will be measured) and the thread's order of arrival
+// (policy/sampling.h). (initial-exec: the shim is loaded with the process, so its thread-locals are read without
+// __tls_get_addr.)
+policy::Sampler& ThreadSampler() {
   static std::atomic<std::uint64_t> threads{0};
   static thread_local policy::Sampler sampler __attribute__((tls_model("initial-exec")));
   if (!sampler.seeded()) {
     const std::uint64_t thread = threads.fetch_add(1, std::memory_order_relaxed);
     sampler.Seed(policy::SamplerSeed(ProcessSeed(), thread));
   }
-  return sampler.Draw(one_in);
+  return sampler;
 }
+
+}  // namespace
+
+bool DrawMeasured(std::uint64_t one_in) { return ThreadSampler().Draw(one_in); }
 
 namespace {
-
-bool SampleThisLaunch(std::uint32_t launches_before, std::uint64_t estimate_ns, bool steady) {
-  return launches_before < kAlwaysMeasureFirst || DrawMeasured(policy::MeasuredOneIn(estimate_ns, steady));
-}
 
 // The state of `stream` made ready for a launch in `context` (a stream handle of another context, reused: the old
 // state dropped). What this needs from the heap comes before it changes anything: if the host is out of memory, the
@@ -218,7 +211,7 @@ Plan JoinWindow(StreamState& state, const policy::KernelKey& key, std::uint64_t 
   state.launches.push_back({key, charged_ns});
   state.estimated_ns += charged_ns;
   state.last_launch_ns = at;
-  plan.close_after = state.launches.size() + state.booked_reserved >= kWindowLaunches || state.estimated_ns >= kWindowNs;
+  plan.close_after = policy::WindowFull(state.launches.size() + state.booked_reserved, state.estimated_ns);
   plan.stream = &state;
   state.launching.fetch_add(1, std::memory_order_acq_rel);
   return plan;
@@ -254,17 +247,18 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
   if (setup != CUDA_SUCCESS) return plan;
   StreamState& state = ReadyState(d, stream, context, at);
   std::uint64_t busy_until = state.busy_until_ns.load(std::memory_order_relaxed);
-  bool queued = !plan.unknown_cost && state.books == 0 && busy_until > at + charged_ns / 2;
+  bool queued = policy::QueuedByEstimate(busy_until, at, charged_ns, plan.unknown_cost, state.books > 0);
   if (queued && state.start == nullptr) queued = OpenWindowIfBusy(d, state, stream, context, setup, at, busy_until);
   const bool busy = busy_until > at;
-  state.busy_until_ns.store(std::max(busy_until, at) + charged_ns, std::memory_order_relaxed);
+  state.busy_until_ns.store(policy::QueueEndAfter(busy_until, at, charged_ns), std::memory_order_relaxed);
   plan.sequence = ++state.planned;
   if (queued) return JoinWindow(state, key, charged_ns, at, plan);
   CloseWindow(d, stream, state, at, !busy);  // by the estimate, the process had stopped launching here a while
   ReturnEvent(d, context, state.mark);
   state.mark = nullptr;
   state.last_launch_ns = at;
-  const bool sampled = plan.unknown_cost || force_sample || SampleThisLaunch(launches_before, charged_ns, steady);
+  const bool sampled =
+      plan.unknown_cost || force_sample || policy::PairThisLaunch(launches_before, charged_ns, steady, ThreadSampler());
   if (sampled) PlanPair(d, state, context, setup, charged_ns, at, plan);
   return plan;
 }

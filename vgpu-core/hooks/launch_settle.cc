@@ -18,21 +18,16 @@ void LogLongMeasurement(const void* function, std::uint64_t charged_ns, const st
       static_cast<unsigned long long>(charged_ns / 1000));
 }
 
-// A window whose end event has completed (or failed): its launches settled at what it measured. A window closed only
-// once its stream had drained also timed the idle time after its last launch: the GPU time up to that launch at
-// least (the stream was busy then), no less than the launches' estimates, never more than the window's span.
+// A window whose end event has completed (or failed): its launches settled at what it measured (policy::WindowMeasuredNs:
+// a window closed once its stream had drained also timed the idle host time after its last launch).
 void SettleWindowDone(DeviceLimiter& d, const Pending& p, CUresult state, std::uint64_t now) {
   std::uint64_t charged = 0;
   for (const auto& launch : p.window) charged += launch.charged_ns;
   std::optional<std::uint64_t> measured;
   float ms = 0;
   if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
-    const auto elapsed = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
-    measured = elapsed;
-    if (p.idle_tail_ns > 0) {
-      const std::uint64_t to_last = elapsed > p.idle_tail_ns ? elapsed - p.idle_tail_ns : 0;
-      measured = std::min(elapsed, std::max(to_last, charged));
-    }
+    measured = policy::WindowMeasuredNs(static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6), p.idle_tail_ns,
+                                        charged);
   }
   LogLongMeasurement(p.window.empty() ? nullptr : p.window.front().key.function, charged, measured);
   d.limiter->SettleWindow(p.window.data(), p.window.size(), measured, now);

@@ -94,6 +94,10 @@ enum class Measurement {
   event_pair,  // what the shim's cuEventRecord pair around the launch reads: from the start event's timestamp (the
                // previous kernel's end if queued behind it, else the process's next turn on the device) to the end
   run_time,    // the GPU time the kernel itself ran: what no CUDA API measures, to tell the limiter's part apart
+  shim,        // as the shim measures, by its own decisions (vgpu/policy/measure.h): a launch queued behind at least
+               // half its charge shares its stream's window (from the end of the work before it to the end of its
+               // last launch); another gets an event pair (event_pair's reading) when drawn, or is settled unmeasured
+               // at its kernel's mean
 };
 
 // What the `default` policy is told others' share of the device is (ObserveOthers), every observe_period_ns.
@@ -126,7 +130,7 @@ struct Scenario {
   std::uint64_t window_ns = kSecondNs;       // the share is measured per window; duration and settle are multiples
   std::uint64_t observe_period_ns = 100 * kMillisecondNs;  // `default` policy: how often NVML is read
   std::uint64_t seed = 1;
-  Measurement measurement = Measurement::events;
+  Measurement measurement = Measurement::shim;
   OthersEstimate others_estimate = OthersEstimate::nvml_minus_cell_busy;
   Sharing sharing = Sharing::budget;
   std::uint64_t cycle_ns = 20 * kMillisecondNs;  // time_division: the cycle the windows are cut from
