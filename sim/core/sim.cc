@@ -87,6 +87,7 @@ struct InFlight {
   std::uint64_t charged_ns;
   MeasuredBy how = MeasuredBy::pair;  // Measurement::shim: how the shim measures it (else: every kernel, alone)
   bool first = false;                 // its kernel's first launch: charged what it measured, not learned from
+  std::uint64_t called_ns = 0;        // its launch call reached the shim (TenantResult::responses_ns)
 };
 
 // The kernels a process has queued and not yet seen complete, oldest first (one stream: they complete in order).
@@ -171,6 +172,7 @@ struct ProcessState {
   std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
   InFlightQueue in_flight;
   std::uint64_t last_queued_seq = 0;  // the stream's newest kernel (while in_flight holds any)
+  std::uint64_t called_ns = 0;        // the pending launch's call reached the shim
   ShimMeasure measure;                // Measurement::shim: the shim's measure and settle stages on its stream
   MeasuredBy pending_measured_by = MeasuredBy::pair;
 };
@@ -259,6 +261,7 @@ class Engine final : public model::TimelineListener {
     }
     ++tenant.result.kernels;
     ++result_.kernels;
+    if (scenario_.record_waits) tenant.result.responses_ns.push_back(op.end_ns - std::min(op.end_ns, done.called_ns));
     if (scenario_.record_trace) {
       LineWriter line(result_.trace);
       line.Begin("kernel")
@@ -688,7 +691,10 @@ class Engine final : public model::TimelineListener {
     ProcessState& p = processes_[index];
     AdvanceModel();  // its own completions up to now are settled before it asks the limiter anything
     if (p.state == HostState::calling) {
-      if (!p.has_pending) Choose(p);
+      if (!p.has_pending) {
+        Choose(p);
+        p.called_ns = now_ns_;
+      }
       policy::Admission admission = p.limiter->Admit(p.kinds[p.pending_kind].key, now_ns_);
       if (admission.wait_for_completion && CloseShimWindow(p)) {
         admission = p.limiter->Admit(p.kinds[p.pending_kind].key, now_ns_);  // what its window settled counts
@@ -953,7 +959,7 @@ class Engine final : public model::TimelineListener {
       return;
     }
     const InFlight item{seq, p.pending_kind, p.pending_admission.charged_ns, p.pending_measured_by,
-                        p.pending_admission.launches == 0};
+                        p.pending_admission.launches == 0, p.called_ns};
     if (queued != model::EnqueueResult::ok || !p.in_flight.Push(item)) {
       Fail("process " + std::to_string(index) + "'s stream queue is full");
       return;

@@ -163,6 +163,9 @@ struct TenantResult {
   // Scenario::record_waits: how long each launch of the tenant waited, in launch order (0: it went at once): for its
   // turn under time division, for the budget under the limiter (not counting waits for completions).
   std::vector<std::uint64_t> launch_waits_ns;
+  // Scenario::record_waits: for each completed kernel, from the launch call's start (after the application's own
+  // overhead) to the kernel's end: what a caller that waits for its result sees (time-slicing included).
+  std::vector<std::uint64_t> responses_ns;
 };
 
 struct Result {
