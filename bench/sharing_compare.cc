@@ -4,9 +4,10 @@
 // GPU's time (the model's exact busy time, NVML's measure) against its cap, and the tenants' sum.
 //
 //   build/default/bin/sharing_compare [--cycle-ms N] [--cycle-max-ms N] [--seconds N] [--seed N] [--case NAME]
-//                                     [--trace FILE] [--measurement event-pair|shim]
+//                                     [--trace FILE] [--measurement event-pair|shim] [--no-prompt-service]
 // --measurement shim: kernels measured as the shim measures them (windows, sampled pairs, unmeasured launches at
-// their kernel's mean: sim::Measurement::shim) instead of an event pair around every kernel.
+// their kernel's mean: sim::Measurement::shim) instead of an event pair around every kernel. --no-prompt-service: time
+// division without policy::TurnConfig::prompt_service (docs/compute-sharing.md, "Prompt service").
 // --cycle-max-ms: the cycle doubles from --cycle-ms up to this until every window holds its tenant's longest kernel.
 #include <algorithm>
 #include <cerrno>
@@ -61,6 +62,8 @@ std::vector<Case> Cases() {
   // 30 %) beside a busy 70 %: how long its launches wait (issue 20, item 7).
   cases.push_back({"light 30 (a 1 ms kernel 47 times a second) beside a busy 70, 1 ms kernels",
                    {Of("a", 30, Rate(47, kMillisecondNs)), Of("b", 70, ms1)}});
+  cases.push_back({"light 30 (a 1 ms kernel 47 times a second) beside a busy 70, 1 ms kernels 64 deep",
+                   {Of("a", 30, Rate(47, kMillisecondNs)), Of("b", 70, Persistent(kMillisecondNs, 64))}});
   cases.push_back({"10/20/30/40, mixed 5 us .. 20 ms, d of two processes",
                    {Of("a", 10, Mixed()), Of("b", 20, Mixed()), Of("c", 30, Mixed()), Of("d", 40, Mixed(), 2)}});
   for (const std::uint32_t cap : {10u, 30u, 50u, 70u, 90u}) {
@@ -163,6 +166,7 @@ struct Arguments {
   std::string only;  // --case: only the cases whose name holds this
   std::string trace;  // --trace: the time-division runs' traces, appended to this file (JSON lines)
   Measurement measurement = Measurement::event_pair;
+  bool prompt_service = true;  // --no-prompt-service: time division without policy::TurnConfig::prompt_service
 };
 
 // The command line, strictly: false (after one line on stderr) for anything else.
@@ -183,6 +187,9 @@ bool ParseArguments(int argc, char** argv, Arguments& a) {
       a.only = argv[++i];
     } else if (arg == "--trace" && has_value) {
       a.trace = argv[++i];
+    } else if (arg == "--no-prompt-service") {
+      a.prompt_service = false;
+      ok = true;
     } else if (arg == "--measurement" && has_value) {
       const std::string how = argv[++i];
       ok = how == "event-pair" || how == "shim";
@@ -194,7 +201,7 @@ bool ParseArguments(int argc, char** argv, Arguments& a) {
       std::fprintf(stderr,
                    "sharing_compare: bad argument '%s'; accepted: --cycle-ms 1..1000, --cycle-max-ms 0..10000, "
                    "--seconds 2..3600, --seed N, --case <text in a case's name>, --trace FILE, --measurement "
-                   "event-pair|shim\n",
+                   "event-pair|shim, --no-prompt-service\n",
                    arg.c_str());
       return false;
     }
@@ -235,7 +242,8 @@ bool AppendTo(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   Arguments a;
   if (!ParseArguments(argc, argv, a)) return 2;
-  const Scenario base = Calibrated(a.seconds, a.seed, a.cycle_ms, a.cycle_max_ms, a.measurement);
+  Scenario base = Calibrated(a.seconds, a.seed, a.cycle_ms, a.cycle_max_ms, a.measurement);
+  base.prompt_service = a.prompt_service;
   std::printf("| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points | first tenant's launch "
               "wait p50 / p99 / max, ms | its call to its kernel's end, p50 / p99 / max, ms |\n"
               "|---|---|---|---|---|---|---|\n");

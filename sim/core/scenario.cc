@@ -292,11 +292,12 @@ std::string Summary(const Result& result) {
   for (const std::uint64_t n : result.waits) waits += n;
   if (waits > 0) {
     std::snprintf(line, sizeof line,
-                  "time division: %llu waits (window %llu, debt %llu, others' work %llu, fit %llu, sibling %llu), "
-                  "%.1f ms in all, longest %.3f ms\n",
+                  "time division: %llu waits (window %llu, debt %llu, others' work %llu, fit %llu, sibling %llu, "
+                  "cut-in %llu, lead %llu), %.1f ms in all, longest %.3f ms\n",
                   static_cast<unsigned long long>(waits), static_cast<unsigned long long>(result.waits[1]),
                   static_cast<unsigned long long>(result.waits[2]), static_cast<unsigned long long>(result.waits[3]),
                   static_cast<unsigned long long>(result.waits[4]), static_cast<unsigned long long>(result.waits[5]),
+                  static_cast<unsigned long long>(result.waits[6]), static_cast<unsigned long long>(result.waits[7]),
                   result.wait_total_ns / 1e6,
                   result.wait_longest_ns / 1e6);
     text += line;

@@ -159,6 +159,7 @@ struct ProcessState {
   policy::Admission pending_admission;
   policy::Release pending_release;     // time division: the window the pending launch goes into
   std::uint64_t turn_wait_since_ns = 0;
+  bool undrained_at_arrival = false;  // time division: its kernels were in flight when the pending launch came
   // Time division: per kernel in flight (by seq), the idle window it borrowed for free (empty: none).
   std::vector<policy::Interval> free_windows;
   // Time division: when its released work is expected to be done. Per process: a tenant's processes slice each
@@ -368,6 +369,7 @@ class Engine final : public model::TimelineListener {
     if (scheduled) state.member = static_cast<int>(t);  // renumbered below
     state.turn.borrow_idle = tenant.policy == Policy::default_policy;
     state.turn.handover_ns = scenario_.switch_ns;
+    state.turn.prompt_service = scenario_.prompt_service;
     if (tenant.burst_ns != 0) limiter_config.burst_ns = tenant.burst_ns;
     if (tenant.in_flight_max_ns != 0) limiter_config.in_flight_max_ns = tenant.in_flight_max_ns;
     for (policy::BudgetCell& cell : state.cells) {
@@ -739,13 +741,20 @@ class Engine final : public model::TimelineListener {
     policy::Account& account = tenant.AccountOn(p.device);
     std::vector<policy::Published>& published = published_[p.device];
     policy::Accrue(plan_, member, account, now_ns_);
-    policy::Release release = policy::Decide(plan_, member, p.device, published, account, tenant.turn,
-                                             p.queued_end_ns, p.pending_admission.charged_ns, now_ns_,
-                                             PeersHeld(tenant, member, p.device));
-    if (release.at_ns <= now_ns_) release = TakeSiblingTurn(index, release);
     const bool waiting = p.state == HostState::waiting_for_turn;
+    if (!waiting) p.undrained_at_arrival = p.in_flight.size() > 0;
+    const std::uint64_t arrived_ns = waiting ? p.turn_wait_since_ns : now_ns_;
+    // (As the shim: work in flight when the launch came may run past its projection; it did not come to an idle
+    // process.)
+    const std::uint64_t queued_end_ns =
+        p.undrained_at_arrival ? std::max(p.queued_end_ns, arrived_ns) : p.queued_end_ns;
+    policy::Release release = policy::Decide(plan_, member, p.device, published, account, tenant.turn, queued_end_ns,
+                                             p.pending_admission.charged_ns, now_ns_,
+                                             PeersHeld(tenant, member, p.device), arrived_ns);
+    if (release.at_ns <= now_ns_) release = TakeSiblingTurn(index, release);
     // A launch that cannot fit the rest of its own window, nothing of the tenant's in flight, declines that rest
     // (policy::DeclinedUntil, as the shim's turn::Look); a launch that goes takes the declining back.
+    published[member].cut_in_until_ns = release.cut_in_until_ns;
     published[member].declined_until_ns =
         release.at_ns <= now_ns_ ? 0
                                  : policy::DeclinedUntil(plan_, member, p.device, release,

@@ -24,6 +24,10 @@
 #           VGPU_SHIM_BEFORE names another build's libvgpu.so, under time division with that one too
 #   mixed-beside that container at 30 % beside a steady one at 70 % (vgpu-tenant, one-wave 1 ms kernels), under time
 #           division (VGPU_ALONE_MIXED_SECONDS), and with VGPU_SHIM_BEFORE's build too where it is set
+#   light   prompt service (docs/compute-sharing.md): a light service at 30 % (mm_loop.py with MM_LOOP_PAUSE_MS=20: one
+#           bf16 8192 matmul, a synchronize, a 10-30 ms pause) alone without the shim, then beside a busy loop at 70 %:
+#           no shim, the limiter, time division, and time division with VGPU_SHIM_BEFORE's build where it is set
+#           (VGPU_LIGHT_SECONDS, default 15)
 # Builds the shim and vgpu-tenant (Release) first (VGPU_SHARING_BUILD_DIR: use that build folder as it is). Each case appends one JSON line per process to $OUT/sharing.jsonl
 # ({"case":..,"run":..,"result":{...}}); the log is $OUT/sharing.log. Skips (exit 0) where no GPU answers.
 set -uo pipefail
@@ -121,6 +125,14 @@ mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B" [MEASURE_S]]   (no ENV_B: A alone; 
   record "$case" 0 "$work/$case.A.log"
   ((two)) && record "$case" 1 "$work/$case.B.log"
   note "$case: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/$case".*.log | tr '\n' ' ')"
+}
+
+# light_pair CASE "ENV_LIGHT" ["ENV_BUSY"|none [SECONDS]]: the light service (ENV_LIGHT sets MM_LOOP_PAUSE_MS) with a
+# busy matmul loop beside it (ENV_BUSY, "" for one without the shim; none: alone, 10 s); each says its result.
+light_pair() {
+  local case=$1 el=$2 eb=${3-none} meas=${4:-15}
+  if [[ $eb == none ]]; then mm_pair "$case" "$el"; else mm_pair "$case" "$el" "$eb" "$meas"; fi
+  note "$case: $(grep -h -o '"request_ms": {[^}]*}' "$work/$case".A.log | tr '\n' ' ')"
 }
 
 # mm_four CASE SHARING: four containers' bf16 loops on GPU 0 at 10/20/30/40 %, the 40 % one of two processes sharing
@@ -271,11 +283,25 @@ for stage in "${wanted[@]}"; do
       tenant_alone_mixed tenant-alone-mixed-30-td time-division
       [[ -n ${VGPU_SHIM_BEFORE:-} ]] && tenant_alone_mixed tenant-alone-mixed-30-td-before time-division "$VGPU_SHIM_BEFORE"
       ;;
+    light)
+      secs=${VGPU_LIGHT_SECONDS:-15}
+      light_pair light-alone "MM_LOOP_PAUSE_MS=20" none
+      light_pair light-noshim-beside "MM_LOOP_PAUSE_MS=20" "" "$secs"
+      light_pair light-limiter-30-70 "$(container light-lim-a 30 limiter) MM_LOOP_PAUSE_MS=20" \
+        "$(container light-lim-b 70 limiter)" "$secs"
+      light_pair light-td-30-70 "$(container light-td-a 30 time-division) MM_LOOP_PAUSE_MS=20" \
+        "$(container light-td-b 70 time-division)" "$secs"
+      if [[ -n ${VGPU_SHIM_BEFORE:-} ]]; then
+        before_a=$(container light-before-a 30 time-division | sed "s|LD_PRELOAD=[^ ]*|LD_PRELOAD=$VGPU_SHIM_BEFORE|")
+        before_b=$(container light-before-b 70 time-division | sed "s|LD_PRELOAD=[^ ]*|LD_PRELOAD=$VGPU_SHIM_BEFORE|")
+        light_pair light-td-before-30-70 "$before_a MM_LOOP_PAUSE_MS=20" "$before_b" "$secs"
+      fi
+      ;;
     mixed-beside)
       tenant_mixed_beside tenant-mixed-beside-30-70
       [[ -n ${VGPU_SHIM_BEFORE:-} ]] && tenant_mixed_beside tenant-mixed-beside-30-70-before "$VGPU_SHIM_BEFORE"
       ;;
-    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four, four-mixed, alone-mixed, mixed-beside)" ;;
+    *) note "unknown stage '$stage' (accepted: ddp, pairs, tenant, caps, default, four, four-mixed, alone-mixed, mixed-beside, light)" ;;
   esac
 done
 tar czf "$out/logs.tgz" -C "$work" . 2>/dev/null

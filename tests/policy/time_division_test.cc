@@ -230,14 +230,18 @@ TEST(Decide, ALaunchGoesIfAtLeastHalfOfItIsExpectedInsideItsWindowElseAtTheNext)
   EXPECT_FALSE(r.free);
   EXPECT_EQ(r.window.end_ns, 6 * kMs);
   // At 0, with queued work until 5.4 ms: a 1 ms kernel ends at 6.4, 0.4 ms past the window: it goes (repaid later).
+  // (With prompt service, beside the idle b it would queue 2 ms ahead at most: PromptService tests.)
   Pair fresh;
+  fresh.config.prompt_service = false;
   r = fresh.Decide(0, 5'400 * kUs, kMs, 0);
   EXPECT_EQ(r.reason, WaitReason::none);
   // Until 5.6 ms: 0.6 ms past, more than half of it: it waits, and looks again when the window is over.
   r = fresh.Decide(0, 5'600 * kUs, kMs, 0);
   EXPECT_EQ(r.reason, WaitReason::fit);
   EXPECT_EQ(r.at_ns, 6 * kMs);
-  // Outside its window it waits for the next.
+  // Outside its window it waits for the next. (With prompt service, credit goes into an idle owner's window:
+  // PromptService.CreditIsSpentInTheWindowOfAnOwnerWithNoWorkCharged.)
+  p.config.prompt_service = false;
   r = p.Decide(0, 0, kMs, 7 * kMs);
   EXPECT_EQ(r.reason, WaitReason::window);
   EXPECT_EQ(r.at_ns, 20 * kMs);
@@ -410,6 +414,7 @@ TEST(Decide, AMemberSpanningGpusWaitsWhileAnotherHoldsOneOfItsOtherGpus) {
 
 TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadForFreeAndForceDoesNot) {
   Pair p;
+  p.config.prompt_service = false;  // (with it, `force` spends credit there, charged: PromptService tests)
   Release r = p.Decide(0, 0, kMs, 10 * kMs);
   EXPECT_EQ(r.reason, WaitReason::window);
   p.config.borrow_idle = true;
@@ -429,6 +434,97 @@ TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadForFreeAndForc
   r = policy::Decide(partial, 0, 0, one, Account{}, p.config, 0, kMs, 10 * kMs);
   EXPECT_TRUE(r.free);
   EXPECT_EQ(r.reason, WaitReason::none);
+}
+
+// ---- prompt service (TurnConfig::prompt_service; docs/compute-sharing.md, "Prompt service") -------------------
+
+// A light member (a 30 % one whose launches come now and then) whose launch arrives in the busy 70 % one's window,
+// having been idle, asks to cut in: it waits for b's work in flight, publishing the ask, and goes as soon as b's
+// work is done, charged. Without prompt service it waited for its own window, up to 14 ms of each 20.
+TEST(PromptService, ALightMemberCutsInAtTheNextBoundaryOfTheOwnersWork) {
+  Pair p;
+  p.accounts[0] = Account{static_cast<std::int64_t>(6 * kMs), 7 * kMs};  // its last window unused: credit
+  p.published[1].in_flight = 1;
+  const auto decide = [&](std::uint64_t queued_end, std::uint64_t now, std::uint64_t arrived) {
+    return policy::Decide(p.plan, 0, 0, p.published, p.accounts[0], p.config, queued_end, kMs, now, false, arrived);
+  };
+  Release r = decide(0, 7 * kMs, 7 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::others_work);
+  EXPECT_EQ(r.cut_in_until_ns, 7 * kMs + kCutInAskNs);
+  p.published[1].in_flight = 0;
+  p.published[1].waiting = 1;  // b's next launch is held by the ask: its queue has drained
+  r = decide(0, 8 * kMs, 7 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_FALSE(r.free) << "charged";
+  EXPECT_EQ(r.cut_in_until_ns, 0u) << "going takes the ask back";
+  // Not a launch that follows its own work at once (a loop that synchronizes), nor one without credit for it.
+  p.published[1].in_flight = 1;
+  EXPECT_EQ(decide(6'500 * kUs, 7 * kMs, 7 * kMs).cut_in_until_ns, 0u);
+  EXPECT_EQ(decide(6'500 * kUs, 7 * kMs, 7 * kMs).reason, WaitReason::window);
+  p.accounts[0].balance_ns = static_cast<std::int64_t>(kMs / 2);
+  EXPECT_EQ(decide(0, 7 * kMs, 7 * kMs).reason, WaitReason::window);
+  // Nor a member spanning GPUs (its windows are aligned for its collectives).
+  const WindowPlan spanning = Plan({{.id = 1, .share_permille = 300, .gpus = 3}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  EXPECT_EQ(policy::Decide(spanning, 0, 0, p.published, Account{static_cast<std::int64_t>(6 * kMs), 7 * kMs},
+                           p.config, 0, kMs, 7 * kMs, false, 7 * kMs).cut_in_until_ns, 0u);
+}
+
+// The owner of the window sees the ask and releases nothing while it lasts, looking again soon; for one cycle of a
+// launch's wait at most, so that a member that asks and never launches (lying, or stopped) holds it as one that
+// publishes work it does not have does.
+TEST(PromptService, AnOwnerReleasesNothingWhileAnotherAsksToCutInForOneCycleOfALaunchAtMost) {
+  Pair p;
+  p.accounts[1] = Account{0, 7 * kMs};
+  p.published[0].cut_in_until_ns = 9 * kMs;
+  const auto decide = [&](std::uint64_t now, std::uint64_t arrived) {
+    return policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, now, false, arrived);
+  };
+  Release r = decide(7 * kMs, 7 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::cut_in);
+  EXPECT_EQ(r.at_ns, 7 * kMs + kCutInLookNs);
+  EXPECT_EQ(decide(9 * kMs, 7 * kMs).reason, WaitReason::none) << "the ask ran out";
+  p.published[0].cut_in_until_ns = 40 * kMs;  // renewed and renewed: a liar
+  EXPECT_EQ(decide(26'900 * kUs, 7 * kMs).reason, WaitReason::cut_in);
+  EXPECT_EQ(decide(27 * kMs, 7 * kMs).reason, WaitReason::none) << "a cycle of this launch's wait";
+  p.config.prompt_service = false;
+  EXPECT_EQ(decide(7 * kMs, 7 * kMs).reason, WaitReason::none);
+}
+
+// Beside a member that may cut in (on one GPU, idle), a member on one GPU queues at most kPromptLeadNs ahead of now,
+// and asks again within that (the shim's lease), so that it sees an ask: with 64 launches queued the busy one kept a
+// light one waiting as long as without prompt service (p99 15 ms in the simulator).
+TEST(PromptService, BesideAnIdleMemberAMemberQueuesAtMostTheLeadAhead) {
+  Pair p;
+  p.accounts[1] = Account{0, 6 * kMs};
+  Release r = p.Decide(1, 9 * kMs, kMs, 6 * kMs);  // 3 ms queued in its own window, a idle
+  EXPECT_EQ(r.reason, WaitReason::lead);
+  EXPECT_EQ(r.at_ns, 9 * kMs - kPromptLeadNs);
+  r = p.Decide(1, 7'500 * kUs, kMs, 6 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_TRUE(r.ask_again_soon);
+  p.published[0].waiting = 1;  // a has work: it waits for its own window, it does not cut in
+  r = p.Decide(1, 9 * kMs, kMs, 6 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_FALSE(r.ask_again_soon);
+}
+
+// Under `force` a member's credit (its window time it could not use) is spent in the window of an owner with no work,
+// charged, up to borrow_ahead_ns ahead: the busy member whose window a light one cut into wins that time back in the
+// light one's idle windows, and nobody runs past its share.
+TEST(PromptService, CreditIsSpentInTheWindowOfAnOwnerWithNoWorkCharged) {
+  Pair p;
+  p.accounts[1] = Account{static_cast<std::int64_t>(kMs), 0};  // b, kept out 1 ms by a cut-in
+  Release r = policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_FALSE(r.free);
+  EXPECT_EQ(r.window.end_ns, 2 * kMs + p.config.borrow_ahead_ns);
+  p.published[0].waiting = 1;
+  EXPECT_EQ(policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs).reason,
+            WaitReason::window) << "a's work came";
+  p.published[0].waiting = 0;
+  p.accounts[1].balance_ns = 0;
+  EXPECT_EQ(policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs).reason,
+            WaitReason::window) << "no credit";
 }
 
 TEST(Decide, DefaultWithNobodyElseWantingTheGpuBorrowsAllOfItEvenItsOwnWindowInDebt) {

@@ -245,6 +245,19 @@ TEST(PublishedOf, TheRestOfAWindowIsDeclinedUntilItsEndForAnEntryOnThatGpuOnly) 
   EXPECT_EQ(PublishedOf(entry, 2, 60).in_flight, 1u) << "the GPU's own fields as PublishedOf(GpuState)";
 }
 
+// Prompt service: a member on one GPU asking to cut in (Entry::cut_in_until_ns, reserved and zero in files of shims
+// before it) is seen by the others on that GPU until the ask runs out; an entry spanning GPUs never cuts in.
+TEST(PublishedOf, AnAskToCutInIsSeenUntilItRunsOutForAnEntryOnThatGpuOnly) {
+  Entry entry{};
+  entry.gpus = 1u << 2;
+  EXPECT_EQ(PublishedOf(entry, 2, 60).cut_in_until_ns, 0u) << "reserved, zero: no ask";
+  entry.cut_in_until_ns = 100;
+  EXPECT_EQ(PublishedOf(entry, 2, 60).cut_in_until_ns, 100u);
+  EXPECT_EQ(PublishedOf(entry, 2, 100).cut_in_until_ns, 0u) << "run out";
+  entry.gpus = (1u << 2) | 1u;
+  EXPECT_EQ(PublishedOf(entry, 2, 60).cut_in_until_ns, 0u) << "an entry spanning GPUs";
+}
+
 TEST(RaiseTo, KeepsTheLargerValue) {
   std::uint64_t field = 10;
   RaiseTo(field, 5);

@@ -9,13 +9,16 @@
 //                                                  random alloc/free in threads; fd 3 started, fd 4 done, fd 5 go;
 //                                                  barrier: after fd 3, wait for EOF on fd 6 before the rounds
 //   observe   limit= [device=]                     (run without the shim) poll NVML until EOF on fd 5
-//   launch    threads= seconds= short_us= long_us= long_every= [own_streams=1] [sync_every=N]
+//   launch    threads= seconds= short_us= long_us= long_every= [own_streams=1] [sync_every=N] [pause_us=N]
 //                                                  threads launching one-block spin kernels into the legacy default
 //                                                  stream, long_us one launch in long_every (drawn), short_us else;
 //                                                  sync_every: a thread synchronizes the context after every N (a
 //                                                  training loop's few steps, then torch.cuda.synchronize), and
 //                                                  the times from one synchronize's return to the next are printed
 //                                                  as sync_loops=, sync_loop_p90_ns=, _p99_ns=, _max_ns=;
+//                                                  pause_us: after each synchronize the thread sleeps a drawn
+//                                                  pause_us/2 .. 3*pause_us/2 (a light service's requests), and a
+//                                                  loop's time runs from the end of its pause;
 //                                                  prints launched=, busy_ns= (their run times), elapsed_ns=
 //   hostoom_start  limit=                          the shim's first call (cuInit) with every allocation of the shim
 //                                                  failing; then none failing: a context, and two allocations of
@@ -495,7 +498,7 @@ bool SetUpSpinKernel(CUcontext& context, CUfunction& function) {
 struct LaunchRun {
   CUcontext context = nullptr;
   CUfunction function = nullptr;
-  std::uint64_t short_ns = 0, long_ns = 0, long_every = 1, sync_every = 0;
+  std::uint64_t short_ns = 0, long_ns = 0, long_every = 1, sync_every = 0, pause_ns = 0;
   bool own_streams = false;
   Clock::time_point deadline;
   std::atomic<std::uint64_t> launched{0}, busy_ns{0};
@@ -541,10 +544,17 @@ void LaunchThread(LaunchRun& run, std::uint64_t t) {
       return;
     }
     const auto now = Clock::now();
-    const std::lock_guard<std::mutex> guard(run.loops_mutex);
-    run.loops_ns.push_back(
-        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - loop_start).count()));
+    {
+      const std::lock_guard<std::mutex> guard(run.loops_mutex);
+      run.loops_ns.push_back(
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - loop_start).count()));
+    }
     loop_start = now;
+    if (run.pause_ns != 0) {
+      const std::uint64_t pause_ns = run.pause_ns / 2 + (draw >> 11) % (run.pause_ns + 1);
+      std::this_thread::sleep_for(std::chrono::nanoseconds(pause_ns));
+      loop_start = Clock::now();
+    }
   }
   if (stream != nullptr && cuStreamSynchronize(stream) == CUDA_SUCCESS) cuStreamDestroy(stream);
 }
@@ -558,6 +568,7 @@ int Launch() {
   run.long_ns = Arg("long_us", 2000) * 1000;
   run.long_every = std::max<std::uint64_t>(Arg("long_every", 8), 1);
   run.sync_every = Arg("sync_every", 0);
+  run.pause_ns = Arg("pause_us", 0) * 1000;
   run.own_streams = Arg("own_streams", 0) != 0;
   const auto start = Clock::now();
   run.deadline = start + std::chrono::milliseconds(Arg("seconds", 2) * 1000);

@@ -302,7 +302,7 @@ void FlushCharges(State& s, int ordinal, std::uint64_t now) {
 // `past_holders`: the launch has waited a whole cycle for other members' work; what they publish in flight is no
 // longer waited for (a stopped holder, or a liar, stalls the others one cycle per launch at most).
 policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t estimate_ns, std::uint64_t now,
-                          bool past_holders) {
+                          bool past_holders, std::uint64_t arrived, bool undrained_at_arrival) {
   const auto me = static_cast<std::size_t>(s.me);
   ReadPublished(s, g, now);
   if (past_holders) {
@@ -312,7 +312,10 @@ policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t 
   }
   FlushCharges(s, ordinal, now);
   policy::Account account = policy::AccrueShared(s.plan, me, s.cell->account, now);
-  const std::uint64_t queued_end = s.queued_end_ns[ordinal];
+  // (Work not seen drained when the launch came may run past its projection, a rogue process time-slicing it: the
+  // launch did not come to an idle process, and must not cut in. Only that reads the projection before `now`.)
+  const std::uint64_t queued_end =
+      undrained_at_arrival ? std::max(s.queued_end_ns[ordinal], arrived) : s.queued_end_ns[ordinal];
   account.balance_ns = Effective(s, ordinal, account.balance_ns, now);
   s.decided_balance_ns = account.balance_ns;
   // The debt the others see is the one this decision sees: repaid already, the windows are no longer lent.
@@ -321,7 +324,7 @@ policy::Release DecideNow(State& s, int ordinal, std::uint32_t g, std::uint64_t 
     if (schedule::Load(own.repaid_until_ns) > now) PublishRepaid(s, 0);
   }
   return policy::Decide(s.plan, me, g, s.published, account, s.turn, queued_end, estimate_ns, now,
-                        !past_holders && PeersHeld(s, g, now));
+                        !past_holders && PeersHeld(s, g, now), arrived);
 }
 
 // ---- turns inside the container (policy::DecideSibling; docs/compute-sharing.md, "Turns inside a container") ----
@@ -456,6 +459,7 @@ struct Wait {
   std::uint64_t cycle_ns = 0;
   std::int64_t first_balance_ns = 0;  // the account's balance when it first waited
   bool first_wait = true;
+  bool undrained = false;  // the process's work on the device had not been seen drained when the launch came
 
   // A look at `now` found it must wait for `reason`: the time since the previous look is counted against what that
   // one waited for.
@@ -468,6 +472,14 @@ struct Wait {
   }
 };
 
+// Prompt service: a launch waiting to cut in at the next boundary of the window owner's work asks the others on the
+// GPU to release nothing meanwhile (renewed at each look); any other outcome takes the ask back.
+void PublishCutIn(State& s, const policy::Release& release, std::uint64_t now) {
+  std::uint64_t& cut_in = s.board->entry(s.entry).cut_in_until_ns;
+  if (release.cut_in_until_ns > now) schedule::RaiseTo(cut_in, release.cut_in_until_ns);
+  else if (schedule::Load(cut_in) > now) schedule::Store(cut_in, 0);
+}
+
 // One look at whether the launch may go now: inside the turn already decided (the lease), else by Decide; then only
 // with the container's turn on the device (SiblingRelease). Going: `ticket` is set (and the lease), and the release
 // returned is at `now`. Caller holds s.mutex.
@@ -477,8 +489,9 @@ policy::Release Look(State& s, int ordinal, std::uint32_t g, std::uint64_t estim
   const std::uint64_t lease = s.lease_until_ns[ordinal];
   const bool leased = std::max(now, s.queued_end_ns[ordinal]) + estimate_ns <= lease;
   policy::Release release{now, policy::WaitReason::none, {now, lease}, false};
-  if (!leased) release = DecideNow(s, ordinal, g, estimate_ns, now, w.others_ns >= w.cycle_ns);
+  if (!leased) release = DecideNow(s, ordinal, g, estimate_ns, now, w.others_ns >= w.cycle_ns, w.started, w.undrained);
   if (release.at_ns <= now) release = SiblingRelease(s, ordinal, estimate_ns, now, w.sibling_ns >= w.cycle_ns, release);
+  PublishCutIn(s, release, now);
   // A launch that cannot fit the rest of its own window with nothing of the container's in flight declines that rest
   // to the others (policy::DeclinedUntil); a launch that goes takes it back.
   std::uint64_t& declined = s.board->entry(s.entry).declined_until_ns;
@@ -498,7 +511,9 @@ policy::Release Look(State& s, int ordinal, std::uint32_t g, std::uint64_t estim
                                                              s.turn.handover_ns, now);
     s.unflushed_ns += handover_ns / static_cast<std::uint64_t>(std::popcount(s.gpus));
   }
-  ticket = {true, release.window, release.free, now - w.started, own ? release.window.end_ns : 0};
+  std::uint64_t turn_until = own ? release.window.end_ns : 0;
+  if (release.ask_again_soon) turn_until = std::min(turn_until, now + policy::kPromptLeadNs);  // (prompt service)
+  ticket = {true, release.window, release.free, now - w.started, turn_until};
   s.lease_until_ns[ordinal] = ticket.turn_until_ns;
   return release;
 }
@@ -534,6 +549,7 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
   const auto g = static_cast<std::uint32_t>(s.gpu_of[ordinal]);
   Wait w;
   w.started = w.last = MonotonicNs();
+  w.undrained = Undrained(ordinal);
   Ticket ticket;
   std::unique_lock<std::mutex> guard(s.mutex, std::defer_lock);
   for (;;) {

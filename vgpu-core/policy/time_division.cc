@@ -221,6 +221,8 @@ const char* WaitReasonName(WaitReason reason) {
     case WaitReason::others_work: return "others_work";
     case WaitReason::fit: return "fit";
     case WaitReason::sibling: return "sibling";
+    case WaitReason::cut_in: return "cut_in";
+    case WaitReason::lead: return "lead";
   }
   return "?";
 }
@@ -330,6 +332,7 @@ struct Candidate {
   std::uint64_t whole_ns = 0;
   bool free = false;
   bool lent = false;       // another member's window, taken on credit (lent while it repays, or declined)
+  bool cut_in = false;     // prompt service: another's window, at the next boundary of its owner's work
   Interval owner_stretch;  // the stretch of the GPU's cycle around now (whoever owns it)
 };
 
@@ -364,8 +367,60 @@ bool OthersIdle(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::
   return true;
 }
 
+// Prompt service (TurnConfig::prompt_service), for a member on one GPU in the window of another member on one GPU:
+// credit spent in that window while its owner has no work (up to borrow_ahead_ns ahead: the owner, when work comes,
+// waits at most that), or, with credit for the whole launch and nothing of its own in flight, a cut-in at the next
+// boundary of the owner's work, for a launch that `woke` it (it had been idle kCutInIdleNs). Either is charged: the
+// owner, kept out, gains the credit to win the time back.
+bool FindPromptWindow(const WindowPlan& plan, std::size_t me, std::span<const Published> published,
+                      const Account& account, const TurnConfig& config, int owner, std::uint64_t estimate_ns,
+                      bool woke, std::uint64_t now_ns, Candidate& c) {
+  if (owner < 0 || owner == static_cast<int>(me) || !ChargesWhatRan(plan, me) ||
+      !ChargesWhatRan(plan, static_cast<std::size_t>(owner)) || account.balance_ns <= 0) {
+    return false;
+  }
+  const Interval stretch = c.owner_stretch;
+  if (Idle(published[owner])) {
+    c.found = c.lent = true;
+    c.window = {now_ns, std::min(stretch.end_ns, now_ns + config.borrow_ahead_ns)};
+    c.whole_ns = c.window.length();
+    return true;
+  }
+  if (!woke || published[me].in_flight > 0 || account.balance_ns < static_cast<std::int64_t>(estimate_ns)) {
+    return false;
+  }
+  for (std::size_t o = 0; o < plan.size(); ++o) {  // one cut-in at a time: the lowest member asking goes first
+    if (o < me && o != static_cast<std::size_t>(owner) && published[o].cut_in_until_ns > now_ns) return false;
+  }
+  c.found = c.lent = c.cut_in = true;
+  c.window = {now_ns, std::max(stretch.end_ns, now_ns + estimate_ns)};
+  c.whole_ns = c.window.length();
+  return true;
+}
+
+// Prompt service: whether another member on one GPU is idle on `gpu` (it may cut in when work comes).
+bool OtherMayCutIn(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published) {
+  for (std::size_t o = 0; o < plan.size(); ++o) {
+    if (o != me && Spans(plan.member(o), gpu) && ChargesWhatRan(plan, o) && Idle(published[o])) return true;
+  }
+  return false;
+}
+
+// Prompt service: whether a launch of `me` (on one GPU) that first asked at `arrived_ns` waits because another member
+// on `gpu` asks to cut in. At most a cycle per launch: a member that asks and never launches (lying, or stopped)
+// holds the others as one that publishes work it does not have does (docs/threat-model.md).
+bool YieldsToACutIn(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+                    std::uint64_t now_ns, std::uint64_t arrived_ns) {
+  if (arrived_ns == kNoTime || now_ns >= arrived_ns + plan.cycle_ns() || !ChargesWhatRan(plan, me)) return false;
+  for (std::size_t o = 0; o < plan.size(); ++o) {
+    if (o != me && Spans(plan.member(o), gpu) && published[o].cut_in_until_ns > now_ns) return true;
+  }
+  return false;
+}
+
 Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-                     const Account& account, const TurnConfig& config, std::uint64_t now_ns) {
+                     const Account& account, const TurnConfig& config, std::uint64_t estimate_ns, bool woke,
+                     std::uint64_t now_ns) {
   Candidate c;
   const int owner = plan.OwnerAt(gpu, now_ns, &c.owner_stretch);
   const Interval stretch = c.owner_stretch;
@@ -398,6 +453,10 @@ Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, 
     c.lent = true;
     c.window = {now_ns, std::min(stretch.end_ns, published[owner].declined_until_ns)};
     c.whole_ns = c.window.length();
+    return c;
+  }
+  if (config.prompt_service &&
+      FindPromptWindow(plan, me, published, account, config, owner, estimate_ns, woke, now_ns, c)) {
     return c;
   }
   if (owner < 0 && account.balance_ns > 0 && !config.borrow_idle) {
@@ -487,11 +546,16 @@ std::uint64_t UnabsorbedHandoverNs(const WindowPlan& plan, std::uint32_t gpu, st
 
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
                const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
-               std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held) {
+               std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held, std::uint64_t arrived_ns) {
   if (me >= plan.size() || !Spans(plan.member(me), gpu) || published.size() < plan.size()) {
     return {now_ns, WaitReason::none, {now_ns, kNoTime}, false};  // not scheduled here: the driver's time-slicing
   }
-  const Candidate c = FindWindow(plan, me, gpu, published, account, config, now_ns);
+  if (config.prompt_service && YieldsToACutIn(plan, me, gpu, published, now_ns, arrived_ns)) {
+    // (It looks again at the cutter's completion too.)
+    return {std::min(now_ns + kCutInLookNs, arrived_ns + plan.cycle_ns()), WaitReason::cut_in, {now_ns, now_ns}, false};
+  }
+  const bool woke = arrived_ns != kNoTime && queued_end_ns <= arrived_ns && arrived_ns - queued_end_ns >= kCutInIdleNs;
+  const Candidate c = FindWindow(plan, me, gpu, published, account, config, estimate_ns, woke, now_ns);
   if (!c.found) {
     const int owner = plan.OwnerAt(gpu, now_ns);
     const bool in_debt = owner == static_cast<int>(me);
@@ -499,10 +563,15 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
             c.window, false};
   }
   if (peers_held || OthersHold(plan, me, gpu, published, plan.cycle_ns(), now_ns)) {
-    return {kNoTime, WaitReason::others_work, c.window, c.free};
+    return {kNoTime, WaitReason::others_work, c.window, c.free, c.cut_in ? now_ns + kCutInAskNs : 0};
+  }
+  if (c.cut_in) return {now_ns, WaitReason::none, c.window, false};  // (credit for all of it: FindPromptWindow)
+  const bool may_be_cut = config.prompt_service && ChargesWhatRan(plan, me) && OtherMayCutIn(plan, me, gpu, published);
+  if (may_be_cut && queued_end_ns > now_ns + kPromptLeadNs) {
+    return {queued_end_ns - kPromptLeadNs, WaitReason::lead, c.window, c.free};
   }
   if (Affordable(plan, me, gpu, published, c, account, queued_end_ns, estimate_ns, now_ns)) {
-    return {now_ns, WaitReason::none, c.window, c.free};
+    return {now_ns, WaitReason::none, c.window, c.free, 0, may_be_cut};
   }
   // It looks again when the window it would have gone into is over. A free borrow slides with the time: it looks
   // again as soon as the borrow would reach the launch's expected end, or, for a launch longer than a borrow, when

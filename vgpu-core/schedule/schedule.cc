@@ -155,8 +155,11 @@ policy::Published PublishedOf(const GpuState& state, std::uint64_t now_ns) {
 
 policy::Published PublishedOf(const Entry& entry, std::uint32_t g, std::uint64_t now_ns) {
   policy::Published p = PublishedOf(entry.gpu[g], now_ns);
+  if (Load(entry.gpus) != (1ull << g)) return p;  // (only a member on one GPU declines or cuts in)
   const std::uint64_t declined = Load(entry.declined_until_ns);
-  if (Load(entry.gpus) == (1ull << g) && declined > now_ns) p.declined_until_ns = declined;
+  if (declined > now_ns) p.declined_until_ns = declined;
+  const std::uint64_t cut_in = Load(entry.cut_in_until_ns);
+  if (cut_in > now_ns) p.cut_in_until_ns = cut_in;
   return p;
 }
 
@@ -283,6 +286,7 @@ int Board::Join(std::uint64_t id, std::uint32_t share_permille, std::uint64_t gp
     Store(gpu.repaid_until_ns, 0);
   }
   Store(entry.declined_until_ns, 0);
+  Store(entry.cut_in_until_ns, 0);
   Store(entry.heartbeat_ns, now_ns);
   Store(entry.id, id);  // published last
   return free_entry;

@@ -137,6 +137,9 @@ struct Scenario {
   // time_division: if not 0, the cycle doubles (up to this) until every tenant's window holds its longest kernel
   // (policy::CycleFor, from what the tenants' limiters have measured).
   std::uint64_t cycle_max_ns = 0;
+  // time_division: policy::TurnConfig::prompt_service (as the shim runs it): a light tenant cuts in at the next
+  // boundary of a busy one's work instead of waiting for its own window. False: for comparisons.
+  bool prompt_service = true;
   std::vector<Tenant> tenants;
   bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
   bool record_waits = false;                 // fills TenantResult::launch_waits_ns
@@ -177,9 +180,10 @@ struct Result {
   std::uint64_t kernels = 0;
   std::uint64_t loop_steps = 0;              // iterations of the event loop
   std::uint64_t late_reactions = 0;          // a process acting later than it should have: must be 0
-  // time_division: launches that waited, by reason (policy::WaitReason: window, debt, others_work, fit, sibling),
+  // time_division: launches that waited, by reason (policy::WaitReason: window, debt, others_work, fit, sibling,
+  // cut_in, lead),
   // and the waits' total and longest time.
-  std::uint64_t waits[6] = {};
+  std::uint64_t waits[8] = {};
   std::uint64_t wait_total_ns = 0;
   std::uint64_t wait_longest_ns = 0;
 };

@@ -44,7 +44,10 @@ struct Entry {
   // A member on one GPU: the rest of its window up to here is declined (policy::DeclinedUntil). Reserved (0) in
   // files of shims before 63c1e82 (2026-11-28): 0 means none, so a shim that never writes it reads the file right.
   std::uint64_t declined_until_ns;
-  std::uint64_t reserved1;
+  // A member on one GPU: a launch of it waits to cut in at the next boundary of the window owner's work; the others
+  // on that GPU release nothing until here (policy::Published::cut_in_until_ns, prompt service). Reserved (0) in files
+  // of earlier shims: 0 means none.
+  std::uint64_t cut_in_until_ns;
   GpuState gpu[kMaxGpus];
 };
 
