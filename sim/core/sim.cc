@@ -876,6 +876,7 @@ class Engine final : public model::TimelineListener {
     const auto member = static_cast<std::size_t>(tenant.member);
     policy::Published& own = published_[p.device][member];
     --own.in_flight;
+    own.work_end_ns = op.end_ns;
     std::uint64_t& charged_until_ns = tenant.charged_until_ns[p.device];
     const std::uint64_t from = std::max(TenantBusySince(tenant, p.device, op.start_ns), charged_until_ns);
     charged_until_ns = std::max(charged_until_ns, op.end_ns);

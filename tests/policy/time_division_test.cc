@@ -502,6 +502,12 @@ TEST(PromptService, BesideAnIdleMemberAMemberQueuesAtMostTheLeadAhead) {
   r = p.Decide(1, 7'500 * kUs, kMs, 6 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);
   EXPECT_TRUE(r.ask_again_soon);
+  p.published[0].work_end_ns = 5 * kMs;  // a's work ended 1 ms ago: a loop that synchronizes, between its bursts
+  r = p.Decide(1, 9 * kMs, kMs, 6 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_FALSE(r.ask_again_soon);
+  p.published[0].work_end_ns = 4 * kMs;  // 2 ms ago
+  EXPECT_EQ(p.Decide(1, 9 * kMs, kMs, 6 * kMs).reason, WaitReason::lead);
   p.published[0].waiting = 1;  // a has work: it waits for its own window, it does not cut in
   r = p.Decide(1, 9 * kMs, kMs, 6 * kMs);
   EXPECT_EQ(r.reason, WaitReason::none);

@@ -243,6 +243,7 @@ TEST(PublishedOf, TheRestOfAWindowIsDeclinedUntilItsEndForAnEntryOnThatGpuOnly) 
   EXPECT_EQ(PublishedOf(entry, 2, 60).declined_until_ns, 0u) << "an entry spanning GPUs";
   entry.gpu[2].busy_until_ns = 90;
   EXPECT_EQ(PublishedOf(entry, 2, 60).in_flight, 1u) << "the GPU's own fields as PublishedOf(GpuState)";
+  EXPECT_EQ(PublishedOf(entry, 2, 60).work_end_ns, 90u) << "prompt service: how long it has been idle";
 }
 
 // Prompt service: a member on one GPU asking to cut in (Entry::cut_in_until_ns, reserved and zero in files of shims

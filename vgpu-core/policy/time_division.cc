@@ -398,10 +398,13 @@ bool FindPromptWindow(const WindowPlan& plan, std::size_t me, std::span<const Pu
   return true;
 }
 
-// Prompt service: whether another member on one GPU is idle on `gpu` (it may cut in when work comes).
-bool OtherMayCutIn(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published) {
+// Prompt service: whether another member on one GPU has been idle on `gpu` for kCutInIdleNs (its next launch may cut
+// in).
+bool OtherMayCutIn(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
+                   std::uint64_t now_ns) {
   for (std::size_t o = 0; o < plan.size(); ++o) {
-    if (o != me && Spans(plan.member(o), gpu) && ChargesWhatRan(plan, o) && Idle(published[o])) return true;
+    if (o == me || !Spans(plan.member(o), gpu) || !ChargesWhatRan(plan, o) || !Idle(published[o])) continue;
+    if (published[o].work_end_ns <= now_ns && now_ns - published[o].work_end_ns >= kCutInIdleNs) return true;
   }
   return false;
 }
@@ -566,7 +569,8 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
     return {kNoTime, WaitReason::others_work, c.window, c.free, c.cut_in ? now_ns + kCutInAskNs : 0};
   }
   if (c.cut_in) return {now_ns, WaitReason::none, c.window, false};  // (credit for all of it: FindPromptWindow)
-  const bool may_be_cut = config.prompt_service && ChargesWhatRan(plan, me) && OtherMayCutIn(plan, me, gpu, published);
+  const bool may_be_cut =
+      config.prompt_service && ChargesWhatRan(plan, me) && OtherMayCutIn(plan, me, gpu, published, now_ns);
   if (may_be_cut && queued_end_ns > now_ns + kPromptLeadNs) {
     return {queued_end_ns - kPromptLeadNs, WaitReason::lead, c.window, c.free};
   }

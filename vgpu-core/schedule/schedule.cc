@@ -150,6 +150,7 @@ policy::Published PublishedOf(const GpuState& state, std::uint64_t now_ns) {
   p.waiting = Load(state.waiting_until_ns) > now_ns ? 1 : 0;
   p.repaid_until_ns = Load(state.repaid_until_ns);
   p.released_until_ns = Load(state.released_until_ns);
+  p.work_end_ns = Load(state.busy_until_ns);  // (its expected end with a margin, lowered to now when seen drained)
   return p;
 }
 

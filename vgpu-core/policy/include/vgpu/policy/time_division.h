@@ -90,6 +90,8 @@ struct Published {
   // Prompt service (TurnConfig::prompt_service): a launch of this member waits to cut in at the next boundary of the
   // work of the window's owner, which releases nothing more until here (kCutInAskNs ahead, renewed while it waits).
   std::uint64_t cut_in_until_ns = 0;
+  // When its work last ended, as it published it (0: never): idle since then, once nothing is in flight or waiting.
+  std::uint64_t work_end_ns = 0;
 };
 
 // What a member keeps of itself on one GPU (shared by its container's processes, not read by others): its window
@@ -168,9 +170,11 @@ struct TurnConfig {
 inline constexpr std::uint64_t kCutInAskNs = 2'000'000;
 inline constexpr std::uint64_t kCutInLookNs = 250'000;
 inline constexpr std::uint64_t kCutInIdleNs = 2'000'000;
-// Prompt service: beside an idle member on one GPU (one that may cut in), a member on one GPU queues at most this much
-// work ahead of now (a longer kernel goes alone): a cut-in waits for the queue to drain, and a busy member with
-// 64 launches queued kept the light one waiting as long as without prompt service (p99 15 ms in the simulator).
+// Prompt service: beside a member on one GPU idle for kCutInIdleNs (one whose next launch may cut in), a member on one
+// GPU queues at most this much work ahead of now (a longer kernel goes alone): a cut-in waits for the queue to drain,
+// and a busy member with 64 launches queued kept the light one waiting as long as without prompt service (p99 15 ms
+// in the simulator). Not beside a member idle for less: a loop that synchronizes is idle between its bursts, and
+// the busy member queueing 2 ms at a time beside it lost about a point of its share on an H200.
 inline constexpr std::uint64_t kPromptLeadNs = 2'000'000;
 
 // Decides a launch of member `me` on `gpu` expected to take `estimate_ns`, with the member's own released work
