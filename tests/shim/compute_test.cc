@@ -115,6 +115,19 @@ TEST(Compute, AContainerThatLosesItsTurnsToAFullScheduleIsHeldByTheLimiter) {
   EXPECT_GE(share, 0.15) << "the kernels held the device " << 100 * share << " % of the time";
 }
 
+// A worker of container `name` capped at `cap` % (`force`) under time division, on the fake machine and the
+// schedule file of `node` (the containers of one test share both).
+Child TimeDivisionWorker(const std::string& name, const char* cap, const std::string& node,
+                         const std::vector<std::string>& args) {
+  auto env = ShimEnv(name, "");
+  env["FAKECUDA_STATE"] = TestFolder() + "/" + node + ".state";
+  env["CUDA_DEVICE_SM_LIMIT"] = cap;
+  env["GPU_CORE_UTILIZATION_POLICY"] = "force";
+  env["VGPU_COMPUTE_SHARING"] = "time-division";
+  env["VGPU_SCHEDULE_FILE"] = TestFolder() + "/" + node + ".schedule";
+  return Child::Worker(args, env);
+}
+
 // Two containers on one GPU under time division at 30 and 70 %, each a loop of four launches and a synchronize, as
 // tests/gpu/repro/mm_loop.py (four bf16 8192 matmuls, then torch.cuda.synchronize): 1.5 ms kernels, one in four
 // 1.95 ms (a matmul after a handover ran ~0.3 ms longer on an H200). The 70 % one, holding tens of ms of credit,
@@ -127,15 +140,9 @@ TEST(Compute, AContainerThatLosesItsTurnsToAFullScheduleIsHeldByTheLimiter) {
 // and a half.
 TEST(Compute, LoopsThatSynchronizeEveryFourLaunchesKeepTheirSharesBesideEachOtherUnderTimeDivision) {
   const auto container = [](const char* name, const char* cap) {
-    auto env = ShimEnv(name, "");
-    env["FAKECUDA_STATE"] = TestFolder() + "/sync_loops.state";
-    env["CUDA_DEVICE_SM_LIMIT"] = cap;
-    env["GPU_CORE_UTILIZATION_POLICY"] = "force";
-    env["VGPU_COMPUTE_SHARING"] = "time-division";
-    env["VGPU_SCHEDULE_FILE"] = TestFolder() + "/sync_loops.schedule";
-    return Child::Worker({"launch", "threads=1", "seconds=12", "short_us=1500", "long_us=1950", "long_every=4",
-                          "sync_every=4"},
-                         env);
+    return TimeDivisionWorker(name, cap, "sync_loops",
+                              {"launch", "threads=1", "seconds=12", "short_us=1500", "long_us=1950", "long_every=4",
+                               "sync_every=4"});
   };
   Child a = container("sync_loops_a", "30");
   Child b = container("sync_loops_b", "70");
@@ -166,19 +173,11 @@ TEST(Compute, LoopsThatSynchronizeEveryFourLaunchesKeepTheirSharesBesideEachOthe
 // off), its request took up to a cycle's other windows: p99 14-15 ms in the simulator. The busy one keeps its 70:
 // it wins the time back in the light one's idle windows.
 TEST(Compute, ALightServiceBesideABusyOneUnderTimeDivisionWaitsForTheBusyOnesQueueNotItsWindow) {
-  const auto container = [](const char* name, const char* cap, std::vector<std::string> args) {
-    auto env = ShimEnv(name, "");
-    env["FAKECUDA_STATE"] = TestFolder() + "/light.state";
-    env["CUDA_DEVICE_SM_LIMIT"] = cap;
-    env["GPU_CORE_UTILIZATION_POLICY"] = "force";
-    env["VGPU_COMPUTE_SHARING"] = "time-division";
-    env["VGPU_SCHEDULE_FILE"] = TestFolder() + "/light.schedule";
-    return Child::Worker(args, env);
-  };
-  Child light = container("light_a", "30", {"launch", "threads=1", "seconds=8", "short_us=1000", "long_us=1000",
-                                            "long_every=1", "sync_every=1", "pause_us=20000"});
-  Child busy = container("light_b", "70", {"launch", "threads=1", "seconds=8", "short_us=1000", "long_us=1000",
-                                           "long_every=1"});
+  Child light = TimeDivisionWorker("light_a", "30", "light", {"launch", "threads=1", "seconds=8", "short_us=1000",
+                                                              "long_us=1000", "long_every=1", "sync_every=1",
+                                                              "pause_us=20000"});
+  Child busy = TimeDivisionWorker("light_b", "70", "light", {"launch", "threads=1", "seconds=8", "short_us=1000",
+                                                             "long_us=1000", "long_every=1"});
   std::map<std::string, std::string> values[2];
   Child* workers[2] = {&light, &busy};
   for (int i = 0; i < 2; ++i) {
