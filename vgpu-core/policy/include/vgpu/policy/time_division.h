@@ -195,7 +195,12 @@ inline constexpr std::uint64_t kPromptLeadNs = 2'000'000;
 //   carries a member on one GPU past its window's end only with the launch that straddles it, while the member
 //   whose window comes next waits: work queued behind would keep that one out of its window, and its own credit
 //   could not win the time back while this member stays in credit (docs/compute-sharing.md, "Loops that
-//   synchronize").
+//   synchronize");
+// - with prompt service (config.prompt_service; docs/compute-sharing.md, "Prompt service"), between members on one
+//   GPU: a launch that came (`arrived_ns`) after its member had been idle kCutInIdleNs cuts in at the next boundary of
+//   the window owner's work (asking: Release::cut_in_until_ns), the others yield to an ask (WaitReason::cut_in), a
+//   member beside one that may cut in queues at most kPromptLeadNs ahead (WaitReason::lead), and credit is spent in
+//   the window of a member with no work.
 // `arrived_ns`: when the launch first asked (prompt service: a member cuts in only with a launch that came after it
 // had been idle for kCutInIdleNs; kNoTime: never).
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
