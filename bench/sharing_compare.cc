@@ -44,10 +44,7 @@ std::vector<Case> Cases() {
   const Workload ms20 = Persistent(20 * kMillisecondNs);
   const Workload us5 = BackToBack(5 * kMicrosecondNs);
   const Workload bf16 = Bursts(1'669 * kMicrosecondNs, 4);  // an H200's bf16 8192 matmul, four, then a synchronize
-  Workload bf16_mixed = bf16;  // the same at 1.5 ms, a launch drawn 1.95 ms one time in four (a matmul after a handover)
-  bf16_mixed.kind = WorkloadKind::mixed;
-  bf16_mixed.sizes_ns = {1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'950 * kMicrosecondNs};
-  bf16_mixed.sizes_share_one_kernel = true;
+  const Workload bf16_mixed = MatmulLikeBursts();  // 1.5 ms, one launch in four 1.95 ms (a matmul after a handover)
   std::vector<Case> cases;
   cases.push_back({"30/70, 1 ms kernels", {Of("a", 30, ms1), Of("b", 70, ms1)}});
   cases.push_back({"50/50, 1 ms kernels", {Of("a", 50, ms1), Of("b", 50, ms1)}});

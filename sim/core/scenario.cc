@@ -116,6 +116,14 @@ Workload Bursts(std::uint64_t kernel_ns, std::uint32_t burst) {
   return w;
 }
 
+Workload MatmulLikeBursts() {
+  Workload w = Bursts(1'500 * kMicrosecondNs, 4);
+  w.kind = WorkloadKind::mixed;
+  w.sizes_ns = {1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'950 * kMicrosecondNs};
+  w.sizes_share_one_kernel = true;
+  return w;
+}
+
 Workload Mixed(std::uint32_t queue_depth) {
   Workload w;
   w.kind = WorkloadKind::mixed;

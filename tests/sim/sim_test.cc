@@ -601,10 +601,7 @@ INSTANTIATE_TEST_SUITE_P(Caps, TimeDivisionPair,
 // 26.7-28 %: docs/compute-sharing.md, "Loops that synchronize"; the simulator does not run the shim's charges.)
 TEST(TimeDivision, LoopsThatSynchronizeEveryFourLaunchesHoldTheirShares) {
   const Workload matmuls = Bursts(1'669 * kMicrosecondNs, 4);
-  Workload varied = matmuls;  // one launch in four, drawn, 1.95 ms: the first matmul after a handover runs slower
-  varied.kind = WorkloadKind::mixed;
-  varied.sizes_ns = {1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'500 * kMicrosecondNs, 1'950 * kMicrosecondNs};
-  varied.sizes_share_one_kernel = true;
+  const Workload varied = MatmulLikeBursts();  // the first matmul after a handover runs slower
   for (const auto& [a_share, workload] : {std::pair{30u, matmuls}, std::pair{50u, matmuls}, std::pair{30u, varied}}) {
     const Result result = RunAndPrint(Divided({OneProcess("a", a_share, workload),
                                                OneProcess("b", 100 - a_share, workload)}, 11));

@@ -331,7 +331,7 @@ struct Candidate {
   Interval window;
   std::uint64_t whole_ns = 0;
   bool free = false;
-  bool lent = false;       // another member's window, taken on credit (lent while it repays, or declined)
+  bool lent = false;       // another member's window, charged: lent while it repays, declined, idle, or cut into
   bool cut_in = false;     // prompt service: another's window, at the next boundary of its owner's work
   Interval owner_stretch;  // the stretch of the GPU's cycle around now (whoever owns it)
 };

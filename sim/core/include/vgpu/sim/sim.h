@@ -51,6 +51,9 @@ Workload Persistent(std::uint64_t kernel_ns, std::uint32_t queue_depth = 2);  //
 Workload BackToBack(std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);  // e.g. 5 us kernels
 Workload SyncLoop(std::uint64_t kernel_ns);                                   // launch, wait for it, launch
 Workload Bursts(std::uint64_t kernel_ns, std::uint32_t burst);  // `burst` launches, wait for all of them (drain)
+// Bursts of four launches of one kernel, 1.5 ms each, one in four drawn at 1.95 ms (an H200's bf16 8192 matmul, slower
+// when it is the first after a handover), then a synchronize: the loop whose lost windows fakecuda reproduced.
+Workload MatmulLikeBursts();
 Workload Mixed(std::uint32_t queue_depth = 4);  // 5 us .. 20 ms in 1-2-5 steps: 12 sizes, log-uniform
 Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t queue_depth = 8);
 
