@@ -528,6 +528,11 @@ TEST(PromptService, CreditIsSpentInTheWindowOfAnOwnerWithNoWorkCharged) {
   EXPECT_EQ(policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs).reason,
             WaitReason::window) << "a's work came";
   p.published[0].waiting = 0;
+  p.config.borrow_idle = true;  // `default`: that window is borrowed for free, its credit kept
+  r = policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs);
+  EXPECT_EQ(r.reason, WaitReason::none);
+  EXPECT_TRUE(r.free);
+  p.config.borrow_idle = false;
   p.accounts[1].balance_ns = 0;
   EXPECT_EQ(policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs).reason,
             WaitReason::window) << "no credit";

@@ -381,6 +381,7 @@ bool FindPromptWindow(const WindowPlan& plan, std::size_t me, std::span<const Pu
   }
   const Interval stretch = c.owner_stretch;
   if (Idle(published[owner])) {
+    if (config.borrow_idle) return false;  // (`default` borrows that window for free: FindWindow, below)
     c.found = c.lent = true;
     c.window = {now_ns, std::min(stretch.end_ns, now_ns + config.borrow_ahead_ns)};
     c.whole_ns = c.window.length();
