@@ -11,7 +11,8 @@
 #           VGPU_DDP_BESIDE_RUNS runs, default 3); VGPU_DDP_TD_ONLY=1 leaves the uncapped and limiter runs out
 #   pairs   tests/gpu/repro/mm_loop.py: a bf16 8192 matmul loop alone, then two containers on GPU 0: no shim, 50/50 and
 #           30/70 under time division, 30/70 under the limiter (VGPU_PAIRS_TD_ONLY=1: the time-division pairs only;
-#           MM_LOOP_PROFILE=1: each loop also says the share of the GPU's time its kernels held, by CUPTI)
+#           MM_LOOP_PROFILE=1: each loop also says the share of the GPU's time its kernels held, by CUPTI; and with
+#           VGPU_INTERVALS=1 the pair's timeline: where the time nobody ran falls, tests/gpu/handovers.py)
 #   tenant  vgpu-tenant pairs under time division: 30/70 with 1 ms kernels, 30/70 and 50/50 with one-wave 20 ms ones
 #   caps    one container's matmul loop at 10, 30, 50, 70, 90 % under time division (VGPU_CAPS: others)
 #   default a `default` container at 40 % under time division alone, then beside a `force` one at 50 %
@@ -111,20 +112,32 @@ mm_pair() {  # mm_pair CASE "ENV_A" ["ENV_B" [MEASURE_S]]   (no ENV_B: A alone; 
   local start; start=$(python3 -c 'import time; print(round(time.time() + 12, 3))')
   # VGPU_PAIR_LOG=1: the first container of a pair says each wait (LIBCUDA_LOG_LEVEL=4) in its log (logs.tgz).
   [[ ${VGPU_PAIR_LOG:-} == 1 && -n $ea ]] && ((two)) && ea="$ea LIBCUDA_LOG_LEVEL=4"
+  # VGPU_INTERVALS=1 (with MM_LOOP_PROFILE=1): each loop writes its kernels' intervals on CUPTI's clock, and the pair's
+  # timeline (tests/gpu/handovers.py: handover gaps, time run together) is recorded as case "$case-timeline".
+  local ka=() kb=()
+  if [[ ${VGPU_INTERVALS:-} == 1 ]] && ((two)); then
+    ka=(MM_LOOP_INTERVALS="$work/$case.A.kernels"); kb=(MM_LOOP_INTERVALS="$work/$case.B.kernels")
+  fi
   # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $ea python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 "$meas" \
-    >"$work/$case.A.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $ea "${ka[@]}" python3 "$repo/tests/gpu/repro/mm_loop.py" \
+    "$start" 2 "$meas" >"$work/$case.A.log" 2>&1 &
   local pa=$!
   if ((two)); then
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $eb python3 "$repo/tests/gpu/repro/mm_loop.py" "$start" 2 \
-      "$meas" >"$work/$case.B.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((meas + 40)) env $eb "${kb[@]}" python3 "$repo/tests/gpu/repro/mm_loop.py" \
+      "$start" 2 "$meas" >"$work/$case.B.log" 2>&1 &
     wait $!
   fi
   wait $pa
   record "$case" 0 "$work/$case.A.log"
   ((two)) && record "$case" 1 "$work/$case.B.log"
   note "$case: $(grep -h -o '"TFLOPs": [0-9.]*' "$work/$case".*.log | tr '\n' ' ')"
+  if ((${#ka[@]})) && [[ -s $work/$case.A.kernels && -s $work/$case.B.kernels ]]; then
+    { printf 'RESULT '; python3 "$repo/tests/gpu/handovers.py" "$work/$case.A.kernels" "$work/$case.B.kernels"; } \
+      >"$work/$case.timeline" 2>&1
+    record "$case-timeline" 0 "$work/$case.timeline"
+    note "$case timeline: $(cat "$work/$case.timeline")"
+  fi
 }
 
 # light_pair CASE "ENV_LIGHT" ["ENV_BUSY"|none [SECONDS]]: the light service (ENV_LIGHT sets MM_LOOP_PAUSE_MS) with a
