@@ -412,27 +412,6 @@ TEST(Decide, AMemberSpanningGpusWaitsWhileAnotherHoldsOneOfItsOtherGpus) {
   EXPECT_EQ(r.at_ns, kNoTime);
 }
 
-// Prompt handovers: on an H200 the GPU sat idle 0.30 ms (p50) at each handover while the next owner waited for the
-// last one's work to be seen drained (tests/gpu/handovers.py); with a lead, it queues behind work about to drain.
-TEST(Decide, ALaunchQueuesBehindAnothersWorkExpectedToDrainWithinTheHandoverLead) {
-  Pair p;
-  p.published[1].in_flight = 1;
-  p.published[1].released_until_ns = 20 * kMs;
-  p.published[1].work_end_ns = 20 * kMs + 300 * kUs;  // b's projection with its margin: 0.3 ms from now
-  Release r = p.Decide(0, 0, kMs, 20 * kMs);
-  EXPECT_EQ(r.reason, WaitReason::others_work) << "no lead: held until b's work is seen drained";
-  p.config.handover_lead_ns = kHandoverLeadNs;
-  r = p.Decide(0, 0, kMs, 20 * kMs);
-  EXPECT_EQ(r.reason, WaitReason::none);
-  EXPECT_FALSE(OthersHold(p.plan, 0, 0, p.published, 20 * kMs, 20 * kMs, kHandoverLeadNs));
-  // Work expected to run on (a longer queue, or work past its projection, whose end its process keeps ahead: at
-  // least kUndrainedLeadNs / 2) still holds.
-  p.published[1].work_end_ns = 20 * kMs + kUndrainedLeadNs / 2;
-  r = p.Decide(0, 0, kMs, 20 * kMs);
-  EXPECT_EQ(r.reason, WaitReason::others_work);
-  EXPECT_TRUE(OthersHold(p.plan, 0, 0, p.published, 20 * kMs, 20 * kMs, kHandoverLeadNs));
-}
-
 TEST(Decide, DefaultBorrowsAnIdleOwnersWindowAFewMillisecondsAheadForFreeAndForceDoesNot) {
   Pair p;
   p.config.prompt_service = false;  // (with it, `force` spends credit there, charged: PromptService tests)

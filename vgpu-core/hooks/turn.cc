@@ -174,7 +174,6 @@ bool SetUp(State& s) {
     return false;
   }
   s.turn.borrow_idle = shim.config.policy == policy::ComputePolicy::standard;
-  s.turn.handover_lead_ns = policy::kHandoverLeadNs;
   return true;
 }
 
@@ -254,13 +253,13 @@ bool PeersHeld(State& s, std::uint32_t g, std::uint64_t now) {
     for (std::size_t m = 0; m < s.plan.size(); ++m) {
       s.there[m] = schedule::PublishedOf(s.board->entry(static_cast<int>(s.entries[m])).gpu[other], now);
     }
-    if (policy::OthersHold(s.plan, me, other, s.there, bound, now, s.turn.handover_lead_ns)) return true;
+    if (policy::OthersHold(s.plan, me, other, s.there, bound, now)) return true;
   }
   return false;
 }
 
-// When a launch held by another member's work looks again: when the first holder's expected end (less the handover
-// lead) or its bound passes, within [kPollLeastNs, kPollMostNs].
+// When a launch held by another member's work looks again: when the first holder's expected end or its bound
+// passes, within [kPollLeastNs, kPollMostNs].
 std::uint64_t NextLook(State& s, std::uint32_t g, std::uint64_t now) {
   std::uint64_t next = now + kPollMostNs;
   const std::uint64_t bound = s.plan.cycle_ns();
@@ -268,9 +267,7 @@ std::uint64_t NextLook(State& s, std::uint32_t g, std::uint64_t now) {
     if (static_cast<int>(m) == s.me || s.published[m].in_flight == 0) continue;
     const schedule::GpuState& held = s.board->entry(static_cast<int>(s.entries[m])).gpu[g];
     const std::uint64_t until = s.published[m].released_until_ns;
-    const std::uint64_t end = schedule::Load(held.busy_until_ns);
-    next = std::min({next, end - std::min(end, s.turn.handover_lead_ns),
-                     until > policy::kNoTime - bound ? next : until + bound});
+    next = std::min({next, schedule::Load(held.busy_until_ns), until > policy::kNoTime - bound ? next : until + bound});
   }
   return std::max(next, now + kPollLeastNs);
 }

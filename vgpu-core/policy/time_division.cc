@@ -312,10 +312,9 @@ std::uint64_t RepaidUntil(const WindowPlan& plan, std::size_t me, std::int64_t b
 }
 
 bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-                std::uint64_t bound_ns, std::uint64_t now_ns, std::uint64_t lead_ns) {
+                std::uint64_t bound_ns, std::uint64_t now_ns) {
   for (std::size_t o = 0; o < plan.size() && o < published.size(); ++o) {
     if (o == me || !Spans(plan.member(o), gpu) || published[o].in_flight == 0) continue;
-    if (lead_ns > 0 && published[o].work_end_ns <= now_ns + lead_ns) continue;  // (about to drain: queue behind it)
     // (Saturating: a released_until near the clock's end, a liar's, must not wrap round to "long ago".)
     const std::uint64_t until = published[o].released_until_ns;
     if (now_ns < (until > kNoTime - bound_ns ? kNoTime : until + bound_ns)) return true;
@@ -567,7 +566,7 @@ Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::s
     return {NextChance(plan, me, published, c, owner, now_ns), in_debt ? WaitReason::debt : WaitReason::window,
             c.window, false};
   }
-  if (peers_held || OthersHold(plan, me, gpu, published, plan.cycle_ns(), now_ns, config.handover_lead_ns)) {
+  if (peers_held || OthersHold(plan, me, gpu, published, plan.cycle_ns(), now_ns)) {
     return {kNoTime, WaitReason::others_work, c.window, c.free, c.cut_in ? now_ns + kCutInAskNs : 0};
   }
   if (c.cut_in) return {now_ns, WaitReason::none, c.window, false};  // (credit for all of it: FindPromptWindow)

@@ -160,18 +160,7 @@ struct TurnConfig {
   // ahead, charged. A light service beside a busy member then waits for the busy one's queued work, not for its own
   // next window; the busy one wins the time back in the light one's idle windows.
   bool prompt_service = true;
-  // Prompt handovers (docs/compute-sharing.md, "Handovers"): another member's work in flight holds a launch only
-  // until its published end (Published::work_end_ns, its projection with a margin) comes within this much of now; the
-  // launch then goes and waits in the driver's queue, so the GPU passes to it as the other's work drains, not after
-  // both processes have seen the drain (on an H200 the GPU sat idle 0.30 ms (p50) at each handover that way: 3.3 % of
-  // its time at a 20 ms cycle). 0: held until the other's work is seen drained (the simulator, which releases at the
-  // instant of the drain: it has no host latency to hide).
-  std::uint64_t handover_lead_ns = 0;
 };
-// The shim's handover lead: the other's published end carries a margin of at least 200 us (WorkEndWithMarginNs), so a
-// launch goes when the other's work is expected to drain within ~150 us, about what the waiter's look (20 us and the
-// sleep's slack) and its launch take to reach the GPU.
-inline constexpr std::uint64_t kHandoverLeadNs = 350'000;
 
 // Prompt service: how far ahead a cut-in's ask holds the others (renewed at each look while it waits), and how soon
 // a launch held by it looks again. And how long a member must have been idle when a launch comes for that launch to
@@ -237,10 +226,9 @@ std::uint64_t DeclinedUntil(const WindowPlan& plan, std::size_t me, std::uint32_
 inline constexpr std::uint64_t kDeclineLookNs = 250'000;
 
 // Whether another member's work is in flight on `gpu` and has not outlived the window it was released into by more
-// than `bound_ns` (Decide: the cycle), nor is expected to end within `lead_ns` (TurnConfig::handover_lead_ns; 0: any
-// work in flight holds).
+// than `bound_ns` (Decide: the cycle).
 bool OthersHold(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-                std::uint64_t bound_ns, std::uint64_t now_ns, std::uint64_t lead_ns = 0);
+                std::uint64_t bound_ns, std::uint64_t now_ns);
 
 // The GPU's handover to a member (an H100 loses ~160 us in which nobody runs each time it goes from one context's
 // work to another's: docs/results-gpu.md) is charged to that member, once per window of its own, as far as the time
