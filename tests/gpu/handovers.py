@@ -6,8 +6,9 @@ GPU, on one clock, as one timeline.
 Says, as one JSON object over the span all the processes ran in: each process's share of the time (the union of its
 kernels), the time two or more ran at once (the driver time-slicing them: under time division it should be ~0), the
 time nobody ran, split into the gaps at a handover (the GPU passing from one process to another) and the gaps inside
-one process's run (its own synchronizes, the rest of a window it could not fill), with the handover gaps' p50 / p90 /
-mean; and per process how long its first kernel after a handover ran against its others. Kernel intervals from
+one process's run (its own synchronizes), with the handover gaps' p50 / p90 / mean; per process its runs (from the
+first start after a handover to the last end before the next; under time division, about its windows) and how long
+its first kernel after a handover ran against its others. Kernel intervals from
 several processes line up only on one clock: mm_loop.py writes CUPTI's (MM_LOOP_INTERVALS). Standard library only:
 it runs on the GPU machine."""
 
@@ -45,6 +46,8 @@ class Sweep:
     idle_handover: list[int] = field(default_factory=list)  # gaps between different processes' runs
     idle_own: dict[int, list[int]] = field(default_factory=dict)  # gaps inside one process's run
     handovers: int = 0
+    runs: dict[int, list[int]] = field(default_factory=dict)  # each process: its runs' lengths (first start to last
+    # end of a stretch no other process ran in)
 
 
 def sweep(unions: list[list[tuple[int, int]]], span: tuple[int, int]) -> Sweep:
@@ -54,7 +57,10 @@ def sweep(unions: list[list[tuple[int, int]]], span: tuple[int, int]) -> Sweep:
             if start < span[1] and end > span[0]:
                 events += [(max(start, span[0]), 1, p), (min(end, span[1]), -1, p)]
     events.sort()
-    out = Sweep(busy_ns={p: 0 for p in range(len(unions))}, idle_own={p: [] for p in range(len(unions))})
+    out = Sweep(busy_ns={p: 0 for p in range(len(unions))}, idle_own={p: [] for p in range(len(unions))},
+                runs={p: [] for p in range(len(unions))})
+    run_start: int | None = None  # when the last process to run alone began its run
+    last_end = span[0]
     active: set[int] = set()
     last_alone: int | None = None  # the process that last ran alone
     idle_from: int | None = None
@@ -68,6 +74,7 @@ def sweep(unions: list[list[tuple[int, int]]], span: tuple[int, int]) -> Sweep:
             at = t
         if kind == -1:
             active.discard(p)
+            last_end = t
             if not active:
                 idle_from = t
         else:
@@ -79,6 +86,10 @@ def sweep(unions: list[list[tuple[int, int]]], span: tuple[int, int]) -> Sweep:
             (alone,) = active
             if last_alone is not None and alone != last_alone:
                 out.handovers += 1
+                if out.handovers > 1:  # (the first run began before the span: cut off)
+                    out.runs[last_alone].append(last_end - run_start)
+            if alone != last_alone:
+                run_start = t
             last_alone = alone
     return out
 
@@ -125,6 +136,9 @@ def analyse(kernels: list[list[tuple[int, int]]]) -> dict:
                             "mean": ms(sum(s.idle_handover) / len(s.idle_handover)) if s.idle_handover else None,
                             "count": len(s.idle_handover)},
         "own_gap_ms_mean": [ms(sum(g) / len(g)) if g else None for g in s.idle_own.values()],
+        # Each process's runs, handover to handover (the span's first and last, cut off by it, left out):
+        "run_ms": [{"p10": ms(percentile(r, 0.1)), "p50": ms(percentile(r, 0.5)), "p90": ms(percentile(r, 0.9)),
+                    "mean": ms(sum(r) / len(r)) if r else None, "count": len(r)} for r in s.runs.values()],
         "kernel_ms": [],
     }
     for p in range(len(kernels)):

@@ -35,6 +35,9 @@ def test_the_time_nobody_ran_is_split_into_handover_gaps_and_gaps_inside_a_run(h
     assert r["own_gap_ms_mean"] == [None, 0.1]
     assert r["idle"] == pytest.approx(0.6 / 7.6, abs=1e-4)
     assert r["handovers_per_s"] == pytest.approx(2 / 0.0076, rel=1e-2)
+    # Runs, handover to handover: B's first (from 3.4, the span's start) is left out as cut off; A's 6.8 .. 10 counts.
+    assert r["run_ms"][0] == {"p10": 3.2, "p50": 3.2, "p90": 3.2, "mean": 3.2, "count": 1}
+    assert r["run_ms"][1]["count"] == 0
 
 
 def test_two_processes_running_at_once_is_counted_once_as_busy_and_as_together(h):
