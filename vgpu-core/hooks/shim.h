@@ -96,8 +96,10 @@ Shim& TheShim();
 // schedule file's times, the verdict's stamps). A container in a time namespace reads its own clock moved by the
 // namespace's offset; the offset is taken out (/proc/self/timens_offsets).
 std::uint64_t MonotonicNs();
-// Sleeps until the host's CLOCK_MONOTONIC (MonotonicNs) reads `deadline` (ns), through signals.
+// Sleeps until the host's CLOCK_MONOTONIC (MonotonicNs) reads `deadline` (ns), through signals, with the thread's
+// timer slack at most kSleepSlackNs meanwhile (its own put back after).
 void SleepUntilNs(std::uint64_t deadline);
+inline constexpr unsigned long kSleepSlackNs = 1'000;
 
 // Initializes on first use (configuration, region, real functions). Returns the mode.
 Mode Initialize();
