@@ -27,7 +27,8 @@ def shim(build_dir: Path) -> Path:
 
 
 @pytest.mark.parametrize("line", ["std::exit(1);", "exit(3);", "::abort();", "_exit(0);", "quick_exit(2);",
-                                  "kill(pid, SIGTERM);", "kill(holder, 9);"])
+                                  "kill(pid, SIGTERM);", "kill(holder, 9);", "prctl(PR_SET_NAME, name, 0, 0, 0);",
+                                  "prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);"])
 def test_a_call_that_ends_or_signals_a_process_fails_the_check(shim, tmp_path, line):
     (tmp_path / "bad.cc").write_text(f"void f(int pid, int holder) {{\n  {line}\n}}\n")
     result = run_check(shim, tmp_path)
@@ -36,7 +37,8 @@ def test_a_call_that_ends_or_signals_a_process_fails_the_check(shim, tmp_path, l
 
 
 @pytest.mark.parametrize("line", ["kill(pid, 0);", "// exit(1) in a comment", "worker.exit(1);", "p->abort();",
-                                  "Limiter::exit(1);"])
+                                  "Limiter::exit(1);", "prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0);",
+                                  "prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);"])
 def test_what_changes_nothing_passes_the_check(shim, tmp_path, line):
     (tmp_path / "fine.cc").write_text(f"void f(int pid) {{\n  {line}\n}}\n")
     result = run_check(shim, tmp_path)

@@ -5,7 +5,9 @@ environment, identity), and its own sources call neither abort() nor exit().
 
 `abort` is imported, by the statically linked C++ runtime (std::terminate, reached only if an exception left a hook:
 every hook catches, docs/shim.md "Out of host memory"); `kill` is imported for kill(pid, 0), a liveness probe that
-sends nothing (vgpu-core/region/region.cc), and is checked to be called with 0 only.
+sends nothing (vgpu-core/region/region.cc), and is checked to be called with 0 only; `prctl` is imported for the
+calling thread's timer slack (SleepUntilNs: tightened while the shim sleeps, the thread's own put back), and is checked
+to be called with PR_GET_TIMERSLACK or PR_SET_TIMERSLACK only.
 
 usage: check_imports.py LIBVGPU_SO VGPU_CORE_FOLDER
 """
@@ -22,7 +24,7 @@ FORBIDDEN = {
     "pthread_kill", "tgkill", "killpg",
     # process-wide state
     "umask", "setrlimit", "prlimit", "prlimit64", "chdir", "fchdir", "chroot", "setenv", "putenv", "unsetenv",
-    "clearenv", "prctl", "setsid", "setpgid", "setpriority", "nice",
+    "clearenv", "setsid", "setpgid", "setpriority", "nice",
     "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
     # new processes
     "fork", "vfork", "system", "popen", "execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle",
@@ -35,7 +37,7 @@ imported = {line.split()[-1].split("@")[0] for line in output.splitlines() if li
 problems = [f"imports {name}" for name in sorted(imported & FORBIDDEN)]
 
 # A call of the C function, plain or std:: or ::, not a member or another namespace's function of the same name.
-call = re.compile(r"(?<![\w.>:])(?:(?:std)?::)?(abort|exit|_exit|_Exit|quick_exit|kill)\s*\(([^)]*)\)")
+call = re.compile(r"(?<![\w.>:])(?:(?:std)?::)?(abort|exit|_exit|_Exit|quick_exit|kill|prctl)\s*\(([^)]*)\)")
 # vgpu-core/monitor is vgpu-monitor, a program of its own on the host (it exits, and kills by design): not linked
 # into libvgpu.so, so not read here (nm above would show what of it the library took).
 MONITOR = sources / "monitor"
@@ -48,6 +50,8 @@ for path in sorted(sources.rglob("*.cc")) + sorted(sources.rglob("*.h")):
             name, arguments = match.group(1), match.group(2)
             if name == "kill" and re.fullmatch(r"\s*\w+\s*,\s*0\s*", arguments):
                 continue  # kill(pid, 0): a liveness probe
+            if name == "prctl" and re.match(r"\s*PR_(GET|SET)_TIMERSLACK\s*,", arguments):
+                continue  # the calling thread's timer slack
             problems.append(f"{path}:{number}: calls {name}({arguments})")
 
 for problem in problems:
