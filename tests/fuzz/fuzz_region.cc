@@ -3,7 +3,9 @@
 // sampler, `vgpu smi`, the Python binding).
 //
 // An input is   flags (1 byte) | size (1 byte) | payload (the rest)
-// and becomes one thing at a fresh path in a private folder:
+// and becomes one thing at a fresh path in a private folder. A file there is HAMi-core's part as the real code makes
+// it (docs/hami-cache.md: kRegionOffset bytes) followed by the region image the input describes (below); a file of
+// at most 31 bytes is the first bytes of HAMi-core's part alone:
 //   flags bits 0-1  the file's bytes beyond the payload: 0 or 3 a valid region made by the real code at start-up
 //                   (Attachment::Open on a new path), 1 zeros, 2 0xff bytes;
 //   flags bit 2     the robust lock left locked by a dead owner (its word FUTEX_OWNER_DIED), so that attaching
@@ -78,7 +80,8 @@ constexpr std::size_t kLockBytes = sizeof(Region::lock_storage);
 constexpr int kOwnerDied = 0x40000000;  // glibc's FUTEX_OWNER_DIED in a robust mutex's lock word
 
 std::string g_folder;
-std::vector<unsigned char> g_template;  // a region file as the real code makes it
+std::vector<unsigned char> g_prefix;    // HAMi-core's part of a file as the real code makes it (kRegionOffset bytes)
+std::vector<unsigned char> g_template;  // the region after it
 bool g_owner_died_works = false;
 
 enum class Kind { regular, fifo, folder, symlink, dangling };
@@ -132,11 +135,13 @@ void CheckRefusal(const std::string& error, const std::string& path) {
 
 // The bytes as a Region (zeros past a short file's end), in one of two buffers kept between inputs: big fresh
 // allocations cost more page faults than the code under test.
-const Region& RegionOf(const std::vector<unsigned char>& image, int buffer) {
+const Region& RegionOf(const std::vector<unsigned char>& image, int buffer, std::size_t offset = 0) {
   static Region* const regions = new Region[2];
   Region& region = regions[buffer];
   std::memset(static_cast<void*>(&region), 0, sizeof region);
-  if (!image.empty()) std::memcpy(static_cast<void*>(&region), image.data(), std::min(image.size(), kRegionBytes));
+  if (image.size() > offset) {
+    std::memcpy(static_cast<void*>(&region), image.data() + offset, std::min(image.size() - offset, kRegionBytes));
+  }
   return region;
 }
 
@@ -272,8 +277,9 @@ void Attached(Attachment& attachment, const std::string& path, const Region& wri
     const std::uint64_t tamper = Word(data, size, 40, bytes / 2);
     const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
     CHECK(fd >= 0);
-    const off_t at = static_cast<off_t>(offsetof(Region, slots) + static_cast<std::size_t>(mine) * sizeof(Slot) +
-                                        offsetof(Slot, used_bytes) + static_cast<std::size_t>(device) * 8);
+    const off_t at = static_cast<off_t>(vgpu::region::kRegionOffset + offsetof(Region, slots) +
+                                        static_cast<std::size_t>(mine) * sizeof(Slot) + offsetof(Slot, used_bytes) +
+                                        static_cast<std::size_t>(device) * 8);
     CHECK(pwrite(fd, &tamper, sizeof tamper, at) == static_cast<ssize_t>(sizeof tamper));
     close(fd);
     if (tamper != bytes) {
@@ -335,6 +341,12 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
     std::memcpy(image.data() + kLockOffset, &kOwnerDied, sizeof(int));
   }
 
+  static std::vector<unsigned char> contents;  // the file: HAMi-core's part, then the image (a tiny file: the part's start)
+  const bool tiny = (size_code & 7) >= 6;
+  contents.assign(g_prefix.begin(), g_prefix.begin() + static_cast<long>(tiny ? std::min(length, g_prefix.size())
+                                                                                : g_prefix.size()));
+  if (!tiny) contents.insert(contents.end(), image.begin(), image.end());
+
   const std::string path = g_folder + "/region";
   const std::string target = g_folder + "/target";
   const std::string& file = kind == Kind::symlink ? target : path;
@@ -354,7 +366,7 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
     case Kind::regular: {
       const int fd = open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       if (fd < 0) Fail("cannot create the fuzzed file", Describe(errno));
-      WriteAll(fd, image.data(), image.size());
+      WriteAll(fd, contents.data(), contents.size());
       close(fd);
       break;
     }
@@ -362,7 +374,7 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
   const std::vector<std::string> entries_before = FolderEntries();
 
   const bool is_file = kind == Kind::regular || kind == Kind::symlink;
-  bool valid = is_file && length >= kRegionBytes;
+  bool valid = is_file && !tiny && length >= kRegionBytes;
   if (valid) {
     std::uint64_t magic = 0;
     std::uint32_t version = 0, region_bytes = 0;
@@ -403,7 +415,7 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
       // Refused means untouched: the same bytes, and nothing new in the folder (no temporary left behind).
       if (is_file) {
         static std::vector<unsigned char> after;
-        CHECK(ReadAll(file, after) && after == image, "a refused file was changed");
+        CHECK(ReadAll(file, after) && after == contents, "a refused file was changed");
       }
       CHECK(FolderEntries() == entries_before, "a refused attach left files behind");
     } else {
@@ -411,8 +423,9 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
       const int mine = attachment->slot();
       delete attachment;
       static std::vector<unsigned char> after;
-      CHECK(ReadAll(file, after) && after.size() == image.size());
-      CHECK(RegionOf(after, 1).slots[mine].state == SlotState::free, "detaching did not free the slot");
+      CHECK(ReadAll(file, after) && after.size() == contents.size());
+      CHECK(RegionOf(after, 1, vgpu::region::kRegionOffset).slots[mine].state == SlotState::free,
+            "detaching did not free the slot");
       Snapshot snapshot;
       std::string snapshot_error;
       CHECK(vgpu::region::ReadSnapshot(path, snapshot, snapshot_error) && snapshot.live.empty(), snapshot_error);
@@ -541,7 +554,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   Attachment* attachment = Attachment::Open(path, error);
   if (attachment == nullptr) Fail("cannot make the template region", error);
   delete attachment;
-  if (!ReadAll(path, g_template) || g_template.size() != kRegionBytes) Fail("cannot read the template region");
+  if (!ReadAll(path, g_template) || g_template.size() != vgpu::region::kFileBytes) {
+    Fail("cannot read the template region");
+  }
+  g_prefix.assign(g_template.begin(), g_template.begin() + static_cast<long>(vgpu::region::kRegionOffset));
+  g_template.erase(g_template.begin(), g_template.begin() + static_cast<long>(vgpu::region::kRegionOffset));
   unlink(path.c_str());
 
   // A robust mutex whose word says "owner died" must lock with EOWNERDEAD (glibc's layout: the word comes first).

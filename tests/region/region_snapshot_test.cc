@@ -199,10 +199,11 @@ TEST(RegionSnapshot, RefusesATruncatedFile) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
   MustOpen(path).reset();
-  ASSERT_EQ(truncate(path.c_str(), sizeof(Region) / 2), 0);
+  ASSERT_EQ(truncate(path.c_str(), kFileBytes - sizeof(Region) / 2), 0);
   const std::string error = SnapshotError(path);
-  EXPECT_NE(error.find("truncated (" + std::to_string(sizeof(Region) / 2) + " bytes"), std::string::npos) << error;
-  EXPECT_EQ(std::filesystem::file_size(path), sizeof(Region) / 2) << "a reader never re-grows a file";
+  EXPECT_NE(error.find("truncated (" + std::to_string(kFileBytes - sizeof(Region) / 2) + " bytes"), std::string::npos)
+      << error;
+  EXPECT_EQ(std::filesystem::file_size(path), kFileBytes - sizeof(Region) / 2) << "a reader never re-grows a file";
 }
 
 TEST(RegionSnapshot, RefusesAnotherLayoutVersionNamingBoth) {
@@ -212,7 +213,8 @@ TEST(RegionSnapshot, RefusesAnotherLayoutVersionNamingBoth) {
   const std::uint32_t other = kRegionVersion + 1;
   const int fd = open(path.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(pwrite(fd, &other, sizeof other, offsetof(Region, version)), static_cast<ssize_t>(sizeof other));
+  ASSERT_EQ(pwrite(fd, &other, sizeof other, kRegionOffset + offsetof(Region, version)),
+            static_cast<ssize_t>(sizeof other));
   close(fd);
   const std::string error = SnapshotError(path);
   EXPECT_NE(error.find("layout version " + std::to_string(other)), std::string::npos) << error;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -65,7 +66,7 @@ TEST(RegionOpen, CreatesACompleteRegionReadableByEveryUser) {
   ASSERT_NE(attachment, nullptr);
   struct stat st {};
   ASSERT_EQ(stat(path.c_str(), &st), 0);
-  EXPECT_EQ(static_cast<std::size_t>(st.st_size), sizeof(Region));
+  EXPECT_EQ(static_cast<std::size_t>(st.st_size), kFileBytes);
   EXPECT_EQ(st.st_mode & 0777, 0666u) << "the mode must not depend on the umask";
   const Region& region = attachment->region();
   EXPECT_EQ(region.magic, kRegionMagic);
@@ -149,12 +150,113 @@ TEST(RegionOpen, RefusesAFileWithAnotherMagicAndLeavesItAlone) {
   EXPECT_EQ(ReadAll(path), before) << "a foreign file must never be repaired";
 }
 
+// HAMi-core's part of the file, read at HAMi's offsets written out here (../shared/HAMI-CONTRACT.md), not through
+// our hami_v1.h: what HAMi's vGPU monitor would find (docs/hami-cache.md).
+template <typename T>
+T At(const std::string& bytes, std::size_t offset) {
+  T value{};
+  std::memcpy(&value, bytes.data() + offset, sizeof value);
+  return value;
+}
+constexpr std::size_t kProcs = 1856, kProcBytes = 1960, kProcStatus = 1928, kUsedTotal = 8 + 32;
+
+TEST(RegionHami, TheFileBeginsWithHamiCoresPartFilledAsItsMonitorReadsIt) {
+  test::TempFolder folder;
+  const std::string path = folder.File("region");
+  auto attachment = MustOpen(path);
+  ASSERT_NE(attachment, nullptr);
+  const int device = attachment->DeviceIndex(kUuid);
+  ASSERT_EQ(device, 0);
+  attachment->SetLimitForMonitoring(device, 4ull << 30);
+  ASSERT_TRUE(attachment->Reserve(device, 3ull << 20, kNoLimit));
+  const std::size_t slot = static_cast<std::size_t>(attachment->slot());
+  const std::size_t proc = kProcs + slot * kProcBytes;
+  std::string bytes = ReadAll(path);
+  ASSERT_GE(bytes.size(), 2'008'952u) << "HAMi's monitor refuses a v1 file shorter than this";
+  EXPECT_EQ(At<std::int32_t>(bytes, 0), 19920718) << "HAMi-core's magic";
+  EXPECT_EQ(At<std::uint32_t>(bytes, 4), 1u) << "major version";
+  EXPECT_EQ(At<std::uint64_t>(bytes, 56), 1u) << "device count";
+  const std::string uuid(bytes.data() + 64, 40);
+  EXPECT_EQ(uuid.substr(0, 4), "GPU-") << uuid;
+  EXPECT_EQ(uuid[12], '-') << uuid;
+  EXPECT_EQ(bytes[64 + 40], '\0');
+  EXPECT_EQ(At<std::uint64_t>(bytes, 1600), 4ull << 30) << "limit[0]";
+  EXPECT_GE(At<std::int32_t>(bytes, 2'008'896), static_cast<std::int32_t>(slot) + 1) << "proc_num";
+  EXPECT_EQ(At<std::int32_t>(bytes, proc), getpid()) << "the slot's pid";
+  EXPECT_NE(At<std::int32_t>(bytes, proc + kProcStatus), 0) << "a live slot's status";
+  EXPECT_EQ(At<std::uint64_t>(bytes, proc + kUsedTotal), 3ull << 20) << "used[0].total";
+  attachment->Release(device, 1ull << 20);
+  bytes = ReadAll(path);
+  EXPECT_EQ(At<std::uint64_t>(bytes, proc + kUsedTotal), 2ull << 20) << "used[0].total after a release";
+
+  // A process that dies without detaching: counted until it is reaped, then its slot's status goes to 0.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string error;
+    Attachment* mine = Attachment::Open(path, error);
+    const int d = mine != nullptr ? mine->DeviceIndex(kUuid) : -1;
+    _exit(d == 0 && mine->Reserve(d, 5ull << 20, kNoLimit) ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  bytes = ReadAll(path);
+  std::size_t dead = 0;
+  for (std::size_t s = 0; s < 1024; ++s) {
+    if (At<std::int32_t>(bytes, kProcs + s * kProcBytes) == child) dead = kProcs + s * kProcBytes;
+  }
+  ASSERT_NE(dead, 0u) << "the child's slot in HAMi's part";
+  EXPECT_EQ(At<std::uint64_t>(bytes, dead + kUsedTotal), 5ull << 20);
+  EXPECT_EQ(attachment->ReapDead(true), 1u);
+  bytes = ReadAll(path);
+  EXPECT_EQ(At<std::int32_t>(bytes, dead + kProcStatus), 0) << "a reaped slot still counts for HAMi's monitor";
+  EXPECT_EQ(At<std::uint64_t>(bytes, dead + kUsedTotal), 0u);
+  attachment.reset();
+  bytes = ReadAll(path);
+  EXPECT_EQ(At<std::int32_t>(bytes, proc + kProcStatus), 0) << "a detached slot still counts for HAMi's monitor";
+}
+
+TEST(RegionOpen, RefusesHamiCoresOwnCacheFileNamingItAndLeavesItAlone) {
+  test::TempFolder folder;
+  const std::string path = folder.File("region");
+  {
+    std::string file(2'008'952, '\0');
+    const std::int32_t magic = 19920718;
+    const std::uint32_t major = 1, minor = 2;
+    std::memcpy(file.data(), &magic, 4);
+    std::memcpy(file.data() + 4, &major, 4);
+    std::memcpy(file.data() + 8, &minor, 4);
+    std::ofstream(path, std::ios::binary) << file;
+  }
+  const std::string before = ReadAll(path);
+  const std::string error = OpenError(path);
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_NE(error.find("a HAMi-core cache file (v1.2, 2008952 bytes), not libvgpu's"), std::string::npos) << error;
+  EXPECT_EQ(ReadAll(path), before);
+}
+
+TEST(RegionOpen, RefusesAnOlderVgpuRegionNamingItsVersion) {
+  test::TempFolder folder;
+  const std::string path = folder.File("region");
+  {
+    std::string file(1'000'000, '\0');
+    const std::uint32_t version = 4;
+    std::memcpy(file.data(), "VGPUREGN", 8);
+    std::memcpy(file.data() + 8, &version, 4);
+    std::ofstream(path, std::ios::binary) << file;
+  }
+  const std::string error = OpenError(path);
+  EXPECT_NE(error.find("an older vgpu region (layout version 4)"), std::string::npos) << error;
+  EXPECT_NE(error.find("reads version " + std::to_string(kRegionVersion)), std::string::npos) << error;
+}
+
 TEST(RegionOpen, RefusesAnotherLayoutVersionNamingBoth) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
   MakeRegion(path);
   const std::uint32_t other = kRegionVersion + 1;
-  Patch(path, offsetof(Region, version), &other, sizeof other);
+  Patch(path, kRegionOffset + offsetof(Region, version), &other, sizeof other);
   const std::string error = OpenError(path);
   EXPECT_NE(error.find(path), std::string::npos) << error;
   EXPECT_NE(error.find("layout version " + std::to_string(other)), std::string::npos) << error;
@@ -166,7 +268,7 @@ TEST(RegionOpen, RefusesAnotherDeclaredSize) {
   const std::string path = folder.File("region");
   MakeRegion(path);
   const std::uint32_t other = sizeof(Region) - 64;
-  Patch(path, offsetof(Region, region_bytes), &other, sizeof other);
+  Patch(path, kRegionOffset + offsetof(Region, region_bytes), &other, sizeof other);
   const std::string error = OpenError(path);
   EXPECT_NE(error.find("declares " + std::to_string(other) + " bytes"), std::string::npos) << error;
   EXPECT_NE(error.find(std::to_string(sizeof(Region))), std::string::npos) << error;
@@ -176,11 +278,12 @@ TEST(RegionOpen, RefusesATruncatedFile) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
   MakeRegion(path);
-  ASSERT_EQ(truncate(path.c_str(), sizeof(Region) / 2), 0);
+  ASSERT_EQ(truncate(path.c_str(), kFileBytes - sizeof(Region) / 2), 0);
   const std::string error = OpenError(path);
   EXPECT_NE(error.find(path), std::string::npos) << error;
-  EXPECT_NE(error.find("truncated (" + std::to_string(sizeof(Region) / 2) + " bytes"), std::string::npos) << error;
-  EXPECT_EQ(std::filesystem::file_size(path), sizeof(Region) / 2) << "refused, not re-grown";
+  EXPECT_NE(error.find("truncated (" + std::to_string(kFileBytes - sizeof(Region) / 2) + " bytes"), std::string::npos)
+      << error;
+  EXPECT_EQ(std::filesystem::file_size(path), kFileBytes - sizeof(Region) / 2) << "refused, not re-grown";
 }
 
 TEST(RegionOpen, RefusesAnEmptyFile) {
@@ -473,12 +576,12 @@ TEST(RegionReap, AFullSlotTableFailsClosedWithAMessage) {
   struct flock all {};
   all.l_type = F_WRLCK;
   all.l_whence = SEEK_SET;
-  all.l_start = static_cast<off_t>(sizeof(Region));
+  all.l_start = static_cast<off_t>(kLivenessBase);
   all.l_len = kMaxSlots;
   ASSERT_EQ(fcntl(holder, F_OFD_SETLK, &all), 0);
-  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, holder, 0);
+  void* mapped = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, holder, 0);
   ASSERT_NE(mapped, MAP_FAILED);
-  auto* region = static_cast<Region*>(mapped);
+  auto* region = reinterpret_cast<Region*>(static_cast<char*>(mapped) + kRegionOffset);
   for (Slot& slot : region->slots) {
     slot.state = SlotState::live;
     slot.pid = 1;
@@ -487,7 +590,7 @@ TEST(RegionReap, AFullSlotTableFailsClosedWithAMessage) {
   EXPECT_NE(error.find(path), std::string::npos) << error;
   EXPECT_NE(error.find("all 1024 process slots"), std::string::npos) << error;
   // When those processes are gone, the next attach reaps them all and gets a slot.
-  munmap(mapped, sizeof(Region));
+  munmap(mapped, kFileBytes);
   close(holder);
   auto attachment = MustOpen(path);
   ASSERT_NE(attachment, nullptr);

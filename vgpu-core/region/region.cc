@@ -1,6 +1,7 @@
 // The container region's OS side: atomic creation, validation, the robust lock and its repair, OFD-lock
 // liveness, reaping, and reserve/release accounting (docs/region.md).
 #include "vgpu/region/region.h"
+#include "vgpu/region/hami_v1.h"
 #include "vgpu/region/shared_file.h"
 
 #include <errno.h>
@@ -78,10 +79,10 @@ std::uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
 
 bool ValidDevice(int device) { return device >= 0 && device < static_cast<int>(kMaxDevices); }
 
-// Liveness: one byte per slot just past the region. OFD locks past the end of a file are allowed, never
-// change its size, and belong to the open file description, so the kernel drops them when the process dies
-// whatever pid namespace it lived in.
-off_t LivenessByte(int slot) { return static_cast<off_t>(sizeof(Region)) + slot; }
+// Liveness: one byte per slot far past the file's end (kLivenessBase, the same in every version from 5 on). OFD locks
+// past the end of a file are allowed, never change its size, and belong to the open file description, so the kernel
+// drops them when the process dies whatever pid namespace it lived in.
+off_t LivenessByte(int slot) { return static_cast<off_t>(kLivenessBase) + slot; }
 
 int LockByte(int fd, int slot, short type) {
   struct flock lock {};
@@ -130,7 +131,20 @@ void ClearSlot(Slot& slot) {
 // Runs with the lock just inherited from a dead owner (EOWNERDEAD). The slots are the truth: a slot in
 // `claiming` was the dead owner's unfinished claim; every device total is recomputed from the live slots, so a
 // reservation cut off between its slot write and its device write counts fully, or not at all.
-void RepairAfterOwnerDeath(Region& region) {
+// HAMi's part written again from the slots (docs/hami-cache.md: the repair's truth is the slots).
+void MirrorSlots(hami::SharedRegion& mirror, const Region& region) {
+  for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+    const Slot& slot = region.slots[i];
+    if (slot.state != SlotState::live || slot.pid <= 0) {
+      hami::MirrorSlotFree(mirror, i);
+      continue;
+    }
+    hami::MirrorSlotLive(mirror, i, slot.pid);
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) hami::MirrorUsed(mirror, i, d, slot.used_bytes[d]);
+  }
+}
+
+void RepairAfterOwnerDeath(Region& region, hami::SharedRegion& mirror) {
   if (region.device_count > kMaxDevices) region.device_count = kMaxDevices;
   std::uint64_t sums[kMaxDevices] = {};
   for (Slot& slot : region.slots) {
@@ -142,6 +156,7 @@ void RepairAfterOwnerDeath(Region& region) {
     }
   }
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) Store(region.devices[d].used_bytes, sums[d]);
+  MirrorSlots(mirror, region);
 }
 
 std::string Quoted(const std::string& path) { return "region file '" + path + "'"; }
@@ -166,9 +181,11 @@ bool DefaultPath(std::string& path, std::string& error) {
   return true;
 }
 
-// A fresh region in a new file's zeroed mapping: every slot free, no device.
-bool InitializeRegion(void* mapped, const void* /*context*/, std::string& error) {
-  auto* region = static_cast<Region*>(mapped);
+// A new file's zeroed mapping made a fresh file: HAMi-core's part first (hami_v1.h), then the region at
+// kRegionOffset, every slot free, no device.
+bool InitializeFile(void* mapped, const void* /*context*/, std::string& error) {
+  hami::Initialize(*static_cast<hami::SharedRegion*>(mapped));
+  auto* region = reinterpret_cast<Region*>(static_cast<char*>(mapped) + kRegionOffset);
   if (const int r = InitRobustMutex(region->lock_storage); r != 0) {
     error = std::string("cannot initialise its lock: ") + std::strerror(r);
     return false;
@@ -182,7 +199,7 @@ bool InitializeRegion(void* mapped, const void* /*context*/, std::string& error)
 
 // Returns the fd of the complete region now at `path` (ours, or the winner's of a creation race), or -1.
 int CreateOrOpen(const std::string& path, std::string& error) {
-  return CreateOrOpenShared(path, sizeof(Region), InitializeRegion, nullptr, "region file", kPathVariable, error);
+  return CreateOrOpenShared(path, kFileBytes, InitializeFile, nullptr, "region file", kPathVariable, error);
 }
 
 // Reads the header through pread before anything is mapped: a short or foreign file is refused without ever
@@ -196,42 +213,67 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
     error = Quoted(path) + " is not a regular file" + Remedy();
     return false;
   }
-  const std::string expected_size = "a version " + std::to_string(kRegionVersion) + " region is " +
-                                    std::to_string(sizeof(Region)) + " bytes";
-  unsigned char prefix[kPrefixBytes];
-  if (st.st_size < static_cast<off_t>(kPrefixBytes) ||
-      pread(fd, prefix, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
-    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" +
-            Remedy();
+  const std::string expected_size = "a version " + std::to_string(kRegionVersion) + " region file is " +
+                                    std::to_string(kFileBytes) + " bytes";
+  const auto truncated = [&] {
+    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" + Remedy();
+    return false;
+  };
+  // HAMi-core's part first: its magic, its major version (docs/hami-cache.md).
+  unsigned char head[kPrefixBytes];
+  if (st.st_size < static_cast<off_t>(kPrefixBytes) || pread(fd, head, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
+    return truncated();
+  }
+  std::uint64_t word = 0;
+  std::int32_t hami_magic = 0;
+  std::uint32_t hami_major = 0, hami_minor = 0;
+  std::memcpy(&word, head, sizeof word);
+  std::memcpy(&hami_magic, head + offsetof(hami::SharedRegion, initialized_flag), sizeof hami_magic);
+  std::memcpy(&hami_major, head + offsetof(hami::SharedRegion, major_version), sizeof hami_major);
+  std::memcpy(&hami_minor, head + offsetof(hami::SharedRegion, minor_version), sizeof hami_minor);
+  if (word == kRegionMagic) {
+    std::uint32_t old_version = 0;
+    std::memcpy(&old_version, head + offsetof(Region, version), sizeof old_version);
+    error = Quoted(path) + " is an older vgpu region (layout version " + std::to_string(old_version) +
+            "); this library reads version " + std::to_string(kRegionVersion) +
+            ", which begins with HAMi-core's part; every process of a container must use one vgpu build" + Remedy();
     return false;
   }
+  if (hami_magic != hami::kMagic || hami_major != hami::kMajorVersion) {
+    char found[64];
+    std::snprintf(found, sizeof found, "0x%016" PRIx64, word);
+    error = Quoted(path) + " is not a vgpu region (it begins " + found + ", expected HAMi-core's magic " +
+            std::to_string(hami::kMagic) + " and major version 1, then \"VGPUREGN\" at byte " +
+            std::to_string(kRegionOffset) + ")" + Remedy();
+    return false;
+  }
+  unsigned char prefix[kPrefixBytes] = {};
+  const bool has_region = st.st_size >= static_cast<off_t>(kRegionOffset + kPrefixBytes) &&
+                          pread(fd, prefix, kPrefixBytes, static_cast<off_t>(kRegionOffset)) ==
+                              static_cast<ssize_t>(kPrefixBytes);
   std::uint64_t magic = 0;
+  std::memcpy(&magic, prefix + offsetof(Region, magic), sizeof magic);
+  if (!has_region || magic != kRegionMagic) {
+    error = Quoted(path) + " is a HAMi-core cache file (v" + std::to_string(hami_major) + "." +
+            std::to_string(hami_minor) + ", " + std::to_string(st.st_size) + " bytes), not libvgpu's (no \"VGPUREGN\" at byte " +
+            std::to_string(kRegionOffset) + "; " + expected_size + ")" + Remedy();
+    return false;
+  }
   std::uint32_t version = 0;
   std::uint32_t region_bytes = 0;
-  std::memcpy(&magic, prefix + offsetof(Region, magic), sizeof magic);
   std::memcpy(&version, prefix + offsetof(Region, version), sizeof version);
   std::memcpy(&region_bytes, prefix + offsetof(Region, region_bytes), sizeof region_bytes);
-  if (magic != kRegionMagic) {
-    char found[64];
-    std::snprintf(found, sizeof found, "0x%016" PRIx64, magic);
-    error = Quoted(path) + " is not a vgpu region (magic " + found + ", expected \"VGPUREGN\")" + Remedy();
-    return false;
-  }
   if (version != kRegionVersion) {
     error = Quoted(path) + " has layout version " + std::to_string(version) + ", this library reads version " +
             std::to_string(kRegionVersion) + "; every process of a container must use one vgpu build" + Remedy();
     return false;
   }
   if (region_bytes != sizeof(Region)) {
-    error = Quoted(path) + " declares " + std::to_string(region_bytes) + " bytes, but " + expected_size +
-            "; it was written by an incompatible build" + Remedy();
+    error = Quoted(path) + " declares " + std::to_string(region_bytes) + " bytes of region, but this build's is " +
+            std::to_string(sizeof(Region)) + "; it was written by an incompatible build" + Remedy();
     return false;
   }
-  if (st.st_size < static_cast<off_t>(sizeof(Region))) {
-    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" +
-            Remedy();
-    return false;
-  }
+  if (st.st_size < static_cast<off_t>(kFileBytes)) return truncated();
   return true;
 }
 
@@ -269,7 +311,7 @@ bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
   auto* bytes = reinterpret_cast<char*>(copy.get());
   std::size_t have = 0;
   while (have < sizeof(Region)) {
-    const ssize_t got = pread(fd, bytes + have, sizeof(Region) - have, static_cast<off_t>(have));
+    const ssize_t got = pread(fd, bytes + have, sizeof(Region) - have, static_cast<off_t>(kRegionOffset + have));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       error = "cannot read " + Quoted(path) + ": " + (got < 0 ? std::string(std::strerror(errno))
@@ -354,7 +396,7 @@ class Attachment::Lock {
       std::atomic_ref<std::uint32_t> repairs(attachment_.region_->lock_repairs);
       repairs.store(repairs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       // If we die here too, the next owner gets EOWNERDEAD again and repeats: the repair is idempotent.
-      RepairAfterOwnerDeath(*attachment_.region_);
+      RepairAfterOwnerDeath(*attachment_.region_, *attachment_.hami_);
       // EOWNERDEAD means we hold the lock: whatever consistent() says (it can only fail on a lock that is not
       // inconsistent, i.e. usable), we own it now and must unlock it later.
       pthread_mutex_consistent(mutex);
@@ -415,7 +457,7 @@ Attachment* Attachment::Open(const std::string& requested_path, std::string& err
     close(fd);
     return nullptr;
   }
-  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* mapped = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mapped == MAP_FAILED) {
     error = "cannot map " + Quoted(path) + ": " + std::strerror(errno);
     close(fd);
@@ -432,7 +474,7 @@ Attachment* Attachment::Open(const std::string& requested_path, std::string& err
     error = "cannot open " + Quoted(path) + " a second time" +
             (liveness_fd < 0 ? std::string(": ") + std::strerror(errno) : std::string(": it was replaced meanwhile"));
     if (liveness_fd >= 0) close(liveness_fd);
-    munmap(mapped, sizeof(Region));
+    munmap(mapped, kFileBytes);
     close(fd);
     return nullptr;
   }
@@ -440,11 +482,13 @@ Attachment* Attachment::Open(const std::string& requested_path, std::string& err
   auto* attachment = new (std::nothrow) Attachment();
   if (attachment == nullptr) {
     error = "out of host memory attaching to " + Quoted(path);
-    munmap(mapped, sizeof(Region));
+    munmap(mapped, kFileBytes);
     close(liveness_fd);
     return nullptr;
   }
-  attachment->region_ = static_cast<Region*>(mapped);
+  attachment->mapped_ = mapped;
+  attachment->hami_ = static_cast<hami::SharedRegion*>(mapped);
+  attachment->region_ = reinterpret_cast<Region*>(static_cast<char*>(mapped) + kRegionOffset);
   attachment->fd_ = liveness_fd;
   attachment->file_device_ = static_cast<std::uint64_t>(st.st_dev);
   attachment->file_inode_ = static_cast<std::uint64_t>(st.st_ino);
@@ -483,6 +527,7 @@ Attachment::~Attachment() {
         const std::uint64_t used = Load(region_->devices[d].used_bytes);
         Store(region_->devices[d].used_bytes, used - std::min(used, own));
       }
+      hami::MirrorSlotFree(*hami_, static_cast<std::uint32_t>(mine));
       ClearSlot(slot);
       // Let the byte go before the slot is free, so the next claimant does not find it still held.
       LockByte(fd_, mine, F_UNLCK);
@@ -491,7 +536,7 @@ Attachment::~Attachment() {
     }
   }
   if (fd_ >= 0) close(fd_);
-  munmap(region_, sizeof(Region));
+  munmap(mapped_, kFileBytes);
 }
 
 bool Attachment::SlotIsOursLocked() const {
@@ -510,6 +555,8 @@ void Attachment::RestoreOwnLocked(int device) {
   if (written == own_[device]) return;
   ++tampered_;
   Store(slot.used_bytes[device], own_[device]);
+  hami::MirrorUsed(*hami_, static_cast<std::uint32_t>(slot_.load(std::memory_order_relaxed)),
+                   static_cast<std::uint32_t>(device), own_[device]);
   Device& totals = region_->devices[device];
   const std::uint64_t total = Load(totals.used_bytes);
   Store(totals.used_bytes, own_[device] >= written ? SaturatingAdd(total, own_[device] - written)
@@ -564,6 +611,7 @@ bool Attachment::ClaimLocked(std::string* error) {
     if (test_hook_ != nullptr) test_hook_(TestPoint::claiming);
     const int lock_error = LockByte(fd_, found, F_WRLCK);
     if (lock_error == 0) {
+      hami::MirrorSlotLive(*hami_, static_cast<std::uint32_t>(found), slot.pid);
       slot.state = SlotState::live;
       generation_ = slot.generation;
       slot_.store(found, std::memory_order_release);
@@ -616,6 +664,7 @@ std::uint32_t Attachment::ReapLocked(std::uint64_t now_ns, bool force) {
       }
     }
     if (test_hook_ != nullptr) test_hook_(TestPoint::reap_between_writes);
+    hami::MirrorSlotFree(*hami_, static_cast<std::uint32_t>(i));
     ClearSlot(slot);
     slot.state = SlotState::free;
     ++reaped;
@@ -646,6 +695,7 @@ int Attachment::DeviceIndex(const std::uint8_t uuid[16]) {
   Store(device.context_bytes, 0);
   Store(device.limit_bytes, 0);
   device.in_use = 1;
+  hami::MirrorDevice(*hami_, count, uuid, count + 1);
   // Last, with release order: the entry is complete before anyone who reads the count with acquire finds it.
   std::atomic_ref<std::uint32_t>(region.device_count).store(count + 1, std::memory_order_release);
   return static_cast<int>(count);
@@ -673,6 +723,8 @@ bool Attachment::Reserve(int device, std::uint64_t bytes, std::uint64_t limit_by
   // Slot first: it is the truth the repair recomputes the total from, so a death between the two writes
   // leaves a reservation that counts fully (and is reaped with its dead owner).
   Store(slot.used_bytes[device], own);
+  hami::MirrorUsed(*hami_, static_cast<std::uint32_t>(slot_.load(std::memory_order_relaxed)),
+                   static_cast<std::uint32_t>(device), own);
   if (test_hook_ != nullptr) test_hook_(TestPoint::reserve_between_writes);
   Store(totals.used_bytes, Load(totals.used_bytes) + bytes);
   if (own > Load(slot.peak_bytes[device])) Store(slot.peak_bytes[device], own);
@@ -691,6 +743,8 @@ void Attachment::Release(int device, std::uint64_t bytes) {
   if (returned == 0) return;
   own_[device] = own - returned;
   Store(slot.used_bytes[device], own - returned);
+  hami::MirrorUsed(*hami_, static_cast<std::uint32_t>(slot_.load(std::memory_order_relaxed)),
+                   static_cast<std::uint32_t>(device), own - returned);
   if (test_hook_ != nullptr) test_hook_(TestPoint::release_between_writes);
   Device& totals = region_->devices[device];
   const std::uint64_t used = Load(totals.used_bytes);
@@ -716,7 +770,9 @@ void Attachment::SetContextBytes(int device, std::uint64_t bytes) {
 }
 
 void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
-  if (ValidDevice(device)) Store(region_->devices[device].limit_bytes, bytes);
+  if (!ValidDevice(device)) return;
+  Store(region_->devices[device].limit_bytes, bytes);
+  hami::MirrorLimit(*hami_, static_cast<std::uint32_t>(device), bytes);
 }
 
 void* Attachment::ComputeArea(int device) {

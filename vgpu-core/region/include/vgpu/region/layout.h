@@ -11,9 +11,15 @@
 namespace vgpu::region {
 
 inline constexpr std::uint64_t kRegionMagic = 0x4e47455255504756ULL;  // "VGPUREGN" little-endian
-inline constexpr std::uint32_t kRegionVersion = 4;  // 2: the compute budget in Device::compute; 3: its busy
+inline constexpr std::uint32_t kRegionVersion = 5;  // 2: the compute budget in Device::compute; 3: its busy
                                                     // time in 10 ms buckets (576 bytes); 4: time division's
-                                                    // turn cell after the budget (the container's id, its account)
+                                                    // turn cell after the budget (the container's id, its account);
+                                                    // 5: after HAMi-core's part, at kRegionOffset
+// The file (docs/hami-cache.md): HAMi-core's v1 part first (hami_v1.h: what HAMi's monitor reads), the region at
+// kRegionOffset (491 pages: HAMi's 2,008,952 bytes rounded up), and past both, never written, one liveness byte per
+// slot at kLivenessBase + slot, the same in every version from 5 on.
+inline constexpr std::size_t kRegionOffset = 2'011'136;
+inline constexpr std::uint64_t kLivenessBase = 1ull << 40;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 
@@ -62,5 +68,6 @@ static_assert(std::is_trivially_copyable_v<Region>);
 static_assert(offsetof(Region, devices) % 8 == 0 && sizeof(Device) % 8 == 0);
 static_assert(offsetof(Region, slots) % 8 == 0 && sizeof(Slot) % 8 == 0 && offsetof(Slot, used_bytes) % 8 == 0);
 static_assert(std::is_standard_layout_v<Region>);
+inline constexpr std::size_t kFileBytes = kRegionOffset + sizeof(Region);
 
 }  // namespace vgpu::region

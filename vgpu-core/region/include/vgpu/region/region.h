@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "vgpu/region/hami_v1.h"
 #include "vgpu/region/layout.h"
 
 namespace vgpu::region {
@@ -84,6 +85,8 @@ class Attachment {
   std::uint32_t ReapLocked(std::uint64_t now_ns, bool force);
   bool ReopenLocked(std::string* error);
 
+  void* mapped_ = nullptr;           // the whole file (kFileBytes): HAMi-core's part, then the region
+  hami::SharedRegion* hami_ = nullptr;
   Region* region_ = nullptr;
   int fd_ = -1;                     // our own open file description, never the mapped one: it holds our liveness lock
   std::atomic<int> slot_{-1};       // read without the lock by OwnUsed and slot()

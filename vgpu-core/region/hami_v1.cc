@@ -1,0 +1,72 @@
+// The mirror of the region into HAMi-core's v1 part (hami_v1.h, docs/hami-cache.md).
+#include "vgpu/region/hami_v1.h"
+
+#include <atomic>
+#include <cstdio>
+
+namespace vgpu::region::hami {
+namespace {
+
+template <typename T>
+void Store(T& field, T value) {
+  std::atomic_ref<T>(field).store(value, std::memory_order_release);
+}
+
+}  // namespace
+
+void Initialize(SharedRegion& hami) {
+  hami.major_version = kMajorVersion;
+  hami.minor_version = kMinorVersion;
+  hami.priority = 1;  // HAMi-core's default (CUDA_TASK_PRIORITY unset)
+  Store(hami.initialized_flag, kMagic);
+}
+
+void FormatUuid(const std::uint8_t uuid[16], char out[41]) {
+  std::snprintf(out, 41, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", uuid[0], uuid[1],
+                uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9], uuid[10], uuid[11], uuid[12],
+                uuid[13], uuid[14], uuid[15]);
+}
+
+void MirrorDevice(SharedRegion& hami, std::uint32_t index, const std::uint8_t uuid[16], std::uint32_t count) {
+  if (index >= kMaxDevices || count > kMaxDevices) return;
+  char text[41];
+  FormatUuid(uuid, text);
+  char* row = hami.uuids[index];
+  for (std::size_t i = 0; i < kUuidBytes; ++i) row[i] = i < sizeof text ? text[i] : '\0';
+  Store(hami.device_num, static_cast<std::uint64_t>(count));
+}
+
+void MirrorLimit(SharedRegion& hami, std::uint32_t device, std::uint64_t bytes) {
+  if (device < kMaxDevices) Store(hami.limit[device], bytes == UINT64_MAX ? 0 : bytes);
+}
+
+void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t bytes) {
+  if (slot >= kMaxProcs || device >= kMaxDevices) return;
+  DeviceMemory& used = hami.procs[slot].used[device];
+  Store(used.data, bytes);
+  Store(used.total, bytes);
+}
+
+void MirrorSlotLive(SharedRegion& hami, std::uint32_t slot, std::int32_t pid) {
+  if (slot >= kMaxProcs) return;
+  ProcSlot& proc = hami.procs[slot];
+  Store(proc.status, 0);
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) MirrorUsed(hami, slot, d, 0);
+  Store(proc.pid, pid);
+  Store(proc.hostpid, 0);
+  Store(proc.status, 1);
+  std::atomic_ref<std::int32_t> count(hami.proc_num);
+  if (count.load(std::memory_order_relaxed) < static_cast<std::int32_t>(slot) + 1) {
+    count.store(static_cast<std::int32_t>(slot) + 1, std::memory_order_release);
+  }
+}
+
+void MirrorSlotFree(SharedRegion& hami, std::uint32_t slot) {
+  if (slot >= kMaxProcs) return;
+  ProcSlot& proc = hami.procs[slot];
+  Store(proc.status, 0);
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) MirrorUsed(hami, slot, d, 0);
+  Store(proc.pid, 0);
+}
+
+}  // namespace vgpu::region::hami
