@@ -27,6 +27,14 @@ std::atomic<Shim*> g_shim{nullptr};
 std::atomic<int> g_create_lock{0};
 thread_local bool t_initializing = false;
 
+// At the process's exit (a library destructor, run by exit() or a return from main; not at a kill): its slot in
+// HAMi-core's part of the region file stops counting for HAMi's monitor, as HAMi-core's exit handler frees its own
+// (docs/hami-cache.md). The region's slot waits for the reaper, as before.
+__attribute__((destructor)) void LeaveHamiMirrorAtExit() {
+  Shim* shim = g_shim.load(std::memory_order_acquire);
+  if (shim != nullptr && shim->region != nullptr) shim->region->LeaveMirror();
+}
+
 void AfterForkInChild() {
   // The child runs one thread. Its CUDA state is its own: the parent's allocations and contexts stay the
   // parent's, and the child takes its own region slot at its next charge.

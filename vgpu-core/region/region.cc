@@ -779,6 +779,11 @@ void* Attachment::ComputeArea(int device) {
   return ValidDevice(device) ? static_cast<void*>(region_->devices[device].compute) : nullptr;
 }
 
+void Attachment::LeaveMirror() {
+  const int mine = slot_.load(std::memory_order_acquire);
+  if (mine >= 0) hami::MirrorSlotFree(*hami_, static_cast<std::uint32_t>(mine));
+}
+
 void Attachment::ForgetAfterFork() {
   // One thread, in a fork child: no locks (their owners may be gone with the parent), no allocation, only
   // async-signal-safe calls. The shared mapping stays valid (MAP_SHARED is inherited) and holds no lock: Open

@@ -42,6 +42,12 @@ class Attachment {
   // Gives back what Reserve took (clamped at what this process holds: never wraps).
   void Release(int device, std::uint64_t bytes);
 
+  // HAMi-core's part of the file says this process's slot is free (status 0, no usage), the region's own slot left
+  // as it is, for the reaper: for the process's exit, so that HAMi's monitor stops counting a process that ended
+  // (docs/hami-cache.md). Lock-free (atomic stores); another thread's Reserve meanwhile only writes a figure that no
+  // longer counts.
+  void LeaveMirror();
+
   // Times this process found its slot rewritten by someone else and put it back (docs/threat-model.md).
   std::uint64_t TamperedCount() const { return tampered_; }
   // The container's usage on `device` (lock-free read) and this process's own.
