@@ -30,6 +30,7 @@ class HamiView:
     uuid: str
     memory_bytes: int
     limit_bytes: int
+    sm_limit: int
     pids: list[int]
 
 
@@ -46,6 +47,7 @@ def read_as_hami_monitor(path) -> list[HamiView]:
     for i in range(num):
         row = data[OFF_UUIDS + 96 * i: OFF_UUIDS + 96 * i + 40]
         (limit,) = struct.unpack_from("<Q", data, OFF_LIMIT + 8 * i)
+        (sm_limit,) = struct.unpack_from("<Q", data, OFF_SM_LIMIT + 8 * i)
         total, pids = 0, []
         for s in range(procnum):
             slot = OFF_PROCS + PROC_BYTES * s
@@ -56,15 +58,16 @@ def read_as_hami_monitor(path) -> list[HamiView]:
             (used,) = struct.unpack_from("<Q", data, slot + PROC_USED + USED_BYTES * i + USED_TOTAL)
             total += used
             pids.append(pid)
-        views.append(HamiView(row.decode("ascii", "replace"), total, limit, pids))
+        views.append(HamiView(row.decode("ascii", "replace"), total, limit, sm_limit, pids))
     return views
 
 
 @pytest.fixture
 def container(fake_gpu, shim_path):
-    """The next processes of `fake_gpu` are one container under the shim, with a 4 GiB memory limit."""
+    """The next processes of `fake_gpu` are one container under the shim: 4 GiB of memory, 40 % of the GPU."""
     cache = fake_gpu.work_dir / "container.cache"
     fake_gpu.env.update({"LD_PRELOAD": str(shim_path), "CUDA_DEVICE_MEMORY_LIMIT": "4096m",
+                         "CUDA_DEVICE_SM_LIMIT": "40", "GPU_CORE_UTILIZATION_POLICY": "force",
                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache)})
     return cache
 
@@ -78,6 +81,7 @@ def test_hamis_monitor_reads_a_live_containers_memory_limit_uuid_and_processes(f
     view = views[0]
     assert view.uuid.startswith("GPU-") and len(view.uuid) == 40 and view.uuid[12] == "-", view.uuid
     assert view.limit_bytes == 4 * GIB
+    assert view.sm_limit == 40
     assert sorted(view.pids) == sorted(h["pid"] for h in held), "a container pid namespace is the host's here"
     # What the shim counts (its region, read by our own reader): the allocations and each process's context.
     region = vgpu.scenario.read_region(container)

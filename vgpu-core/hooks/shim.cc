@@ -311,6 +311,7 @@ int RegionDeviceOfUuid(int ordinal, const std::uint8_t uuid[16]) {
   if (index >= 0) {
     const std::uint64_t limit = MemoryLimit(ordinal);
     if (limit != 0) shim.region->SetLimitForMonitoring(index, limit);
+    shim.region->SetSmLimitForMonitoring(index, shim.config.sm_limit_percent[static_cast<std::size_t>(ordinal)]);
     const std::string text = verdict::UuidText(uuid);
     std::lock_guard<std::mutex> guard(shim.mutex);
     shim.region_device[ordinal] = index;

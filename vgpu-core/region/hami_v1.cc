@@ -40,6 +40,10 @@ void MirrorLimit(SharedRegion& hami, std::uint32_t device, std::uint64_t bytes) 
   if (device < kMaxDevices) Store(hami.limit[device], bytes == UINT64_MAX ? 0 : bytes);
 }
 
+void MirrorSmLimit(SharedRegion& hami, std::uint32_t device, std::uint32_t percent) {
+  if (device < kMaxDevices) Store(hami.sm_limit[device], static_cast<std::uint64_t>(percent));
+}
+
 void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t bytes) {
   if (slot >= kMaxProcs || device >= kMaxDevices) return;
   DeviceMemory& used = hami.procs[slot].used[device];

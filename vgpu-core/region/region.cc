@@ -775,6 +775,10 @@ void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
   hami::MirrorLimit(*hami_, static_cast<std::uint32_t>(device), bytes);
 }
 
+void Attachment::SetSmLimitForMonitoring(int device, std::uint32_t percent) {
+  if (ValidDevice(device)) hami::MirrorSmLimit(*hami_, static_cast<std::uint32_t>(device), percent);
+}
+
 void* Attachment::ComputeArea(int device) {
   return ValidDevice(device) ? static_cast<void*>(region_->devices[device].compute) : nullptr;
 }

@@ -83,6 +83,7 @@ void Initialize(SharedRegion& hami);
 // Device `index` has this 16-byte UUID and the table now holds `count` devices (the UUID first, the count after).
 void MirrorDevice(SharedRegion& hami, std::uint32_t index, const std::uint8_t uuid[16], std::uint32_t count);
 void MirrorLimit(SharedRegion& hami, std::uint32_t device, std::uint64_t bytes);
+void MirrorSmLimit(SharedRegion& hami, std::uint32_t device, std::uint32_t percent);
 // Slot `slot` is live for `pid` (its usage zero first, `status` last), or free (`status` first, then zeroed).
 void MirrorSlotLive(SharedRegion& hami, std::uint32_t slot, std::int32_t pid);
 void MirrorSlotFree(SharedRegion& hami, std::uint32_t slot);
