@@ -6,6 +6,7 @@ match what the shim counts and what the process holds."""
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -93,3 +94,25 @@ def test_hamis_monitor_reads_a_live_containers_memory_limit_uuid_and_processes(f
         assert holder.finish(timeout=30).returncode == 0
     after = read_as_hami_monitor(container)[0]
     assert after.memory_bytes == 0 and after.pids == [], after
+
+
+def test_a_launching_container_reads_as_active_and_a_block_written_by_hamis_monitor_is_kept(fake_gpu, container,
+                                                                                          tenant_available):
+    """recent_kernel: the shim sets 2 while the container launches (HAMi's monitor decrements it every 5 s and counts
+    the container active while above 0), and last_kernel_time to the launch's unix second; a -1 the monitor wrote (a
+    higher-priority container is active) is never overwritten."""
+    started = int(time.time())
+    result = fake_gpu.tenant("--kernel-us", "1000", "--seconds", "1", timeout=60)
+    assert result.returncode == 0, result.describe()
+    data = container.read_bytes()
+    (recent,) = struct.unpack_from("<i", data, OFF_RECENT_KERNEL)
+    (last,) = struct.unpack_from("<q", data, OFF_LAST_KERNEL_TIME)
+    assert recent == 2
+    assert started - 1 <= last <= int(time.time()) + 1, (started, last)
+    with open(container, "r+b") as f:  # as HAMi's monitor does: the whole file mapped, one word written
+        f.seek(OFF_RECENT_KERNEL)
+        f.write(struct.pack("<i", -1))
+    result = fake_gpu.tenant("--kernel-us", "1000", "--seconds", "1", timeout=60)
+    assert result.returncode == 0, result.describe()
+    (recent,) = struct.unpack_from("<i", container.read_bytes(), OFF_RECENT_KERNEL)
+    assert recent == -1, "the shim overwrote the block HAMi's monitor wrote"

@@ -108,6 +108,20 @@ Shim& TheShim() {
   return *shim;
 }
 
+void MarkLaunching() {
+  static thread_local std::uint32_t launches __attribute__((tls_model("initial-exec"))) = 0;
+  if ((launches++ & 63u) != 0) return;
+  Shim* shim = g_shim.load(std::memory_order_acquire);
+  if (shim == nullptr || shim->region == nullptr) return;
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  static std::atomic<std::int64_t> marked_s{0};
+  const std::int64_t now_s = static_cast<std::int64_t>(ts.tv_sec);
+  if (marked_s.load(std::memory_order_relaxed) == now_s) return;
+  marked_s.store(now_s, std::memory_order_relaxed);
+  shim->region->MarkLaunch(now_s);
+}
+
 void SleepUntilNs(std::uint64_t deadline) {
   const auto own = static_cast<std::uint64_t>(static_cast<std::int64_t>(deadline) + MonotonicOffsetNs());
   struct timespec ts {};

@@ -96,6 +96,10 @@ Shim& TheShim();
 // schedule file's times, the verdict's stamps). A container in a time namespace reads its own clock moved by the
 // namespace's offset; the offset is taken out (/proc/self/timens_offsets).
 std::uint64_t MonotonicNs();
+// A launch, for HAMi's monitor (docs/hami-cache.md): HAMi-core's part of the region says the container launched,
+// and when. Every 64th launch of a thread (its first included) reads the coarse clock; the region is written at most
+// once a second. Cheap enough for every launch path.
+void MarkLaunching();
 // Sleeps until the host's CLOCK_MONOTONIC (MonotonicNs) reads `deadline` (ns), through signals, with the thread's
 // timer slack at most kSleepSlackNs meanwhile (its own put back after).
 void SleepUntilNs(std::uint64_t deadline);

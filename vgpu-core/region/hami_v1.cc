@@ -40,6 +40,14 @@ void MirrorLimit(SharedRegion& hami, std::uint32_t device, std::uint64_t bytes) 
   if (device < kMaxDevices) Store(hami.limit[device], bytes == UINT64_MAX ? 0 : bytes);
 }
 
+void MirrorLaunch(SharedRegion& hami, std::int64_t unix_s) {
+  std::atomic_ref<std::int32_t> recent(hami.recent_kernel);
+  std::int32_t seen = recent.load(std::memory_order_relaxed);
+  while (seen != 2 && seen != -1 && !recent.compare_exchange_weak(seen, 2, std::memory_order_release)) {
+  }
+  Store(hami.last_kernel_time, unix_s);
+}
+
 void MirrorSmLimit(SharedRegion& hami, std::uint32_t device, std::uint32_t percent) {
   if (device < kMaxDevices) Store(hami.sm_limit[device], static_cast<std::uint64_t>(percent));
 }

@@ -775,6 +775,8 @@ void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
   hami::MirrorLimit(*hami_, static_cast<std::uint32_t>(device), bytes);
 }
 
+void Attachment::MarkLaunch(std::int64_t unix_s) { hami::MirrorLaunch(*hami_, unix_s); }
+
 void Attachment::SetSmLimitForMonitoring(int device, std::uint32_t percent) {
   if (ValidDevice(device)) hami::MirrorSmLimit(*hami_, static_cast<std::uint32_t>(device), percent);
 }

@@ -89,6 +89,10 @@ void MirrorSlotLive(SharedRegion& hami, std::uint32_t slot, std::int32_t pid);
 void MirrorSlotFree(SharedRegion& hami, std::uint32_t slot);
 // What process slot `slot` holds on `device`, its allocations (`data`) and in total.
 void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t bytes);
+// A launch at unix second `unix_s`: recent_kernel := 2 (HAMi's monitor decrements it every 5 s: the container
+// counts as active while it is above 0), unless the monitor set it to -1 (held for a higher priority) or it reads 2
+// already; last_kernel_time := unix_s.
+void MirrorLaunch(SharedRegion& hami, std::int64_t unix_s);
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40 characters and a NUL) from a 16-byte UUID.
 void FormatUuid(const std::uint8_t uuid[16], char out[41]);
 
