@@ -70,10 +70,11 @@ constexpr const char* kVerdict = "VGPU_VERDICT_FILE";
 constexpr const char* kHeadroom = "VGPU_DRIVER_HEADROOM";
 constexpr const char* kSharing = "VGPU_COMPUTE_SHARING";
 constexpr const char* kSchedule = "VGPU_SCHEDULE_FILE";
+constexpr const char* kPriority = "CUDA_TASK_PRIORITY";
 
 const std::set<std::string>& ContractNames() {
   static const std::set<std::string> names = [] {
-    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict, kHeadroom, kSharing, kSchedule};
+    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict, kHeadroom, kSharing, kSchedule, kPriority};
     for (int i = 0; i < kMaxDevices; ++i) {
       all.insert(std::string(kMemory) + "_" + std::to_string(i));
       all.insert(std::string(kSm) + "_" + std::to_string(i));
@@ -216,6 +217,11 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     if (!policy) return refuse(kPolicy);
     config.policy = *policy;
   }
+  if (const auto text = Find(entries, kPriority)) {
+    const auto priority = OracleWhole(*text, 1000);
+    if (!priority) return refuse(kPriority);
+    config.task_priority = static_cast<int>(*priority);
+  }
   if (const auto text = Find(entries, kLog)) {
     const auto level = OracleWhole(*text, 4);
     if (!level) return refuse(kLog);
@@ -230,6 +236,7 @@ bool SameConfig(const Config& a, const Config& b) {
          a.region_path == b.region_path && a.verdict_path == b.verdict_path && a.sharing == b.sharing &&
          a.schedule_path == b.schedule_path &&
          a.driver_headroom_bytes == b.driver_headroom_bytes && a.policy == b.policy && a.log_level == b.log_level &&
+         a.task_priority == b.task_priority &&
          a.source == b.source;
 }
 
@@ -244,6 +251,7 @@ void CheckMessage(const std::string& error) {
 void CheckRanges(const Config& config) {
   for (std::size_t i = 0; i < kMaxDevices; ++i) CHECK(config.sm_limit_percent[i] <= 99);
   CHECK(config.log_level >= 0 && config.log_level <= 4);
+  CHECK(config.task_priority >= 0 && config.task_priority <= 1000);
   CHECK(config.policy == ComputePolicy::standard || config.policy == ComputePolicy::force ||
         config.policy == ComputePolicy::disable);
   CHECK(config.region_path.empty() || (config.region_path.front() == '/' && config.region_path.size() <= 4095));

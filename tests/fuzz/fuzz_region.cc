@@ -341,7 +341,8 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
     std::memcpy(image.data() + kLockOffset, &kOwnerDied, sizeof(int));
   }
 
-  static std::vector<unsigned char> contents;  // the file: HAMi-core's part, then the image (a tiny file: the part's start)
+  // The file: HAMi-core's part, then the image (a tiny file: the part's first bytes alone).
+  static std::vector<unsigned char> contents;
   const bool tiny = (size_code & 7) >= 6;
   contents.assign(g_prefix.begin(), g_prefix.begin() + static_cast<long>(tiny ? std::min(length, g_prefix.size())
                                                                                 : g_prefix.size()));

@@ -297,6 +297,19 @@ TEST(ParseConfig, LogLevelFrom0To4) {
   }
 }
 
+// HAMi's device plugin sets CUDA_TASK_PRIORITY from the pod's nvidia.com/priority (0 high, 1 low); the shim writes it
+// where HAMi's monitor reads it (docs/hami-cache.md). Unset: 1, as HAMi-core.
+TEST(ParseConfig, TaskPriorityIsADecimalFrom0To1000DefaultingTo1) {
+  EXPECT_EQ(ParseConfigOk({}).task_priority, 1);
+  for (const int priority : {0, 1, 7, 1000}) {
+    EXPECT_EQ(ParseConfigOk({{"CUDA_TASK_PRIORITY", std::to_string(priority)}}).task_priority, priority);
+  }
+  for (const std::string bad : {"1001", "-1", "", "high", "1.0", " 0", "18446744073709551616"}) {
+    ExpectNamesVariableAndValue(ParseConfigError({{"CUDA_TASK_PRIORITY", bad}}), "CUDA_TASK_PRIORITY", bad);
+  }
+  EXPECT_NE(ParseConfigError({{"CUDA_TASK_PRIORITY", "9999"}}).find("from 0 (the highest) to 1000"), std::string::npos);
+}
+
 TEST(ParseConfig, EveryErrorNamesVariableValueSourceAndExample) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"CUDA_DEVICE_MEMORY_LIMIT", "4x"},        {"CUDA_DEVICE_MEMORY_LIMIT", ""},
@@ -348,7 +361,7 @@ TEST(ParseConfig, AsksOnlyForKnownKeys) {
         return std::nullopt;
       },
       "test", config, error));
-  EXPECT_EQ(asked.size(), 9u + 2u * kMaxDevices);
+  EXPECT_EQ(asked.size(), 10u + 2u * kMaxDevices);
   for (const auto& key : asked) EXPECT_TRUE(IsConfigKey(key)) << key;
 }
 
@@ -365,7 +378,7 @@ TEST(ParseConfig, EmptyLookupIsAnErrorNotAnException) {
 TEST(IsConfigKey, KnowsTheContractNames) {
   for (const std::string key : {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
                                 "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL", "VGPU_DRIVER_HEADROOM",
-                                "CUDA_DEVICE_MEMORY_LIMIT_0",
+                                "CUDA_TASK_PRIORITY", "CUDA_DEVICE_MEMORY_LIMIT_0",
                                 "CUDA_DEVICE_MEMORY_LIMIT_15", "CUDA_DEVICE_SM_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_10"}) {
     EXPECT_TRUE(IsConfigKey(key)) << key;
   }

@@ -20,7 +20,7 @@ MIB = 1 << 20
 MAGIC = 19920718
 V1_BYTES = 2_008_952
 OFF_NUM, OFF_UUIDS, OFF_LIMIT, OFF_SM_LIMIT, OFF_PROCS = 56, 64, 1600, 1728, 1856
-OFF_PROCNUM, OFF_RECENT_KERNEL, OFF_LAST_KERNEL_TIME = 2_008_896, 2_008_904, 2_008_912
+OFF_PROCNUM, OFF_RECENT_KERNEL, OFF_PRIORITY, OFF_LAST_KERNEL_TIME = 2_008_896, 2_008_904, 2_008_908, 2_008_912
 PROC_BYTES, PROC_USED, USED_BYTES, PROC_STATUS = 1960, 8, 64, 1928
 USED_CONTEXT, USED_MODULE, USED_DATA, USED_TOTAL = 0, 8, 16, 32
 
@@ -65,10 +65,12 @@ def read_as_hami_monitor(path) -> list[HamiView]:
 
 @pytest.fixture
 def container(fake_gpu, shim_path):
-    """The next processes of `fake_gpu` are one container under the shim: 4 GiB of memory, 40 % of the GPU."""
+    """The next processes of `fake_gpu` are one container under the shim: 4 GiB of memory, 40 % of the GPU, HAMi's
+    high priority (0)."""
     cache = fake_gpu.work_dir / "container.cache"
     fake_gpu.env.update({"LD_PRELOAD": str(shim_path), "CUDA_DEVICE_MEMORY_LIMIT": "4096m",
                          "CUDA_DEVICE_SM_LIMIT": "40", "GPU_CORE_UTILIZATION_POLICY": "force",
+                         "CUDA_TASK_PRIORITY": "0",
                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache)})
     return cache
 
@@ -83,6 +85,7 @@ def test_hamis_monitor_reads_a_live_containers_memory_limit_uuid_and_processes(f
     assert view.uuid.startswith("GPU-") and len(view.uuid) == 40 and view.uuid[12] == "-", view.uuid
     assert view.limit_bytes == 4 * GIB
     assert view.sm_limit == 40
+    assert struct.unpack_from("<i", container.read_bytes(), OFF_PRIORITY)[0] == 0, "CUDA_TASK_PRIORITY"
     assert sorted(view.pids) == sorted(h["pid"] for h in held), "a container pid namespace is the host's here"
     # What the shim counts (its region, read by our own reader): the allocations and each process's context.
     region = vgpu.scenario.read_region(container)

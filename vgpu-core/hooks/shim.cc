@@ -277,6 +277,7 @@ Mode StartMode(Shim& shim) {
       mode = Mode::failed;
     } else {
       mode = Mode::limited;
+      shim.region->SetPriorityForMonitoring(shim.config.task_priority);
       shim.memory_limits = std::any_of(shim.config.memory_limit_bytes.begin(), shim.config.memory_limit_bytes.end(),
                                        [](std::uint64_t bytes) { return bytes != 0; });
       shim.compute_limits = shim.config.policy == policy::ComputePolicy::disable ||

@@ -19,6 +19,7 @@ constexpr std::string_view kVerdictFile = "VGPU_VERDICT_FILE";
 constexpr std::string_view kDriverHeadroom = "VGPU_DRIVER_HEADROOM";
 constexpr std::string_view kSharing = "VGPU_COMPUTE_SHARING";
 constexpr std::string_view kScheduleFile = "VGPU_SCHEDULE_FILE";
+constexpr std::string_view kTaskPriority = "CUDA_TASK_PRIORITY";
 
 // The longest path open(2) takes (PATH_MAX counts the terminating NUL); spelled out to keep this file OS-free.
 constexpr std::size_t kMaxPathBytes = 4095;
@@ -221,7 +222,8 @@ bool ParseSize(std::string_view text, std::uint64_t& bytes) {
 
 bool IsConfigKey(std::string_view key) {
   if (key == kMemoryLimit || key == kSmLimit || key == kSharedCache || key == kPolicy || key == kLogLevel ||
-      key == kVerdictFile || key == kDriverHeadroom || key == kSharing || key == kScheduleFile) {
+      key == kVerdictFile || key == kDriverHeadroom || key == kSharing || key == kScheduleFile ||
+      key == kTaskPriority) {
     return true;
   }
   for (const std::string_view base : {kMemoryLimit, kSmLimit}) {
@@ -341,6 +343,16 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     }
   }
 
+  if (const auto text = lookup(kTaskPriority)) {
+    std::uint64_t priority = 0;
+    if (!ParseDecimal(*text, priority) || priority > static_cast<std::uint64_t>(kMaxTaskPriority)) {
+      error = ValueError(kTaskPriority, *text, source,
+                         "a priority from 0 (the highest) to " + std::to_string(kMaxTaskPriority), "0");
+      return false;
+    }
+    config.task_priority = static_cast<int>(priority);
+  }
+
   if (const auto text = lookup(kLogLevel)) {
     std::uint64_t level = 0;
     if (!ParseDecimal(*text, level) || level > 4) {
@@ -389,7 +401,7 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
       error = where + std::to_string(line_number) + ": '" + Printable(key) +
               "' is not a known variable (CUDA_DEVICE_MEMORY_LIMIT[_0.._15], CUDA_DEVICE_SM_LIMIT[_0.._15], "
               "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE, "
-              "VGPU_DRIVER_HEADROOM, VGPU_COMPUTE_SHARING, VGPU_SCHEDULE_FILE" + also +
+              "VGPU_DRIVER_HEADROOM, VGPU_COMPUTE_SHARING, VGPU_SCHEDULE_FILE, CUDA_TASK_PRIORITY" + also +
               "); "
               "e.g. CUDA_DEVICE_MEMORY_LIMIT=4Gi";
       return false;

@@ -48,6 +48,8 @@ void MirrorLaunch(SharedRegion& hami, std::int64_t unix_s) {
   Store(hami.last_kernel_time, unix_s);
 }
 
+void MirrorPriority(SharedRegion& hami, std::int32_t priority) { Store(hami.priority, priority); }
+
 void MirrorSmLimit(SharedRegion& hami, std::uint32_t device, std::uint32_t percent) {
   if (device < kMaxDevices) Store(hami.sm_limit[device], static_cast<std::uint64_t>(percent));
 }

@@ -128,9 +128,6 @@ void ClearSlot(Slot& slot) {
   slot.pid = 0;
 }
 
-// Runs with the lock just inherited from a dead owner (EOWNERDEAD). The slots are the truth: a slot in
-// `claiming` was the dead owner's unfinished claim; every device total is recomputed from the live slots, so a
-// reservation cut off between its slot write and its device write counts fully, or not at all.
 // HAMi's part written again from the slots (docs/hami-cache.md: the repair's truth is the slots).
 void MirrorSlots(hami::SharedRegion& mirror, const Region& region) {
   for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
@@ -144,6 +141,9 @@ void MirrorSlots(hami::SharedRegion& mirror, const Region& region) {
   }
 }
 
+// Runs with the lock just inherited from a dead owner (EOWNERDEAD). The slots are the truth: a slot in
+// `claiming` was the dead owner's unfinished claim; every device total is recomputed from the live slots, so a
+// reservation cut off between its slot write and its device write counts fully, or not at all; HAMi's part too.
 void RepairAfterOwnerDeath(Region& region, hami::SharedRegion& mirror) {
   if (region.device_count > kMaxDevices) region.device_count = kMaxDevices;
   std::uint64_t sums[kMaxDevices] = {};
@@ -216,12 +216,14 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
   const std::string expected_size = "a version " + std::to_string(kRegionVersion) + " region file is " +
                                     std::to_string(kFileBytes) + " bytes";
   const auto truncated = [&] {
-    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" + Remedy();
+    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" +
+            Remedy();
     return false;
   };
   // HAMi-core's part first: its magic, its major version (docs/hami-cache.md).
   unsigned char head[kPrefixBytes];
-  if (st.st_size < static_cast<off_t>(kPrefixBytes) || pread(fd, head, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
+  if (st.st_size < static_cast<off_t>(kPrefixBytes) ||
+      pread(fd, head, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
     return truncated();
   }
   std::uint64_t word = 0;
@@ -255,8 +257,9 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
   std::memcpy(&magic, prefix + offsetof(Region, magic), sizeof magic);
   if (!has_region || magic != kRegionMagic) {
     error = Quoted(path) + " is a HAMi-core cache file (v" + std::to_string(hami_major) + "." +
-            std::to_string(hami_minor) + ", " + std::to_string(st.st_size) + " bytes), not libvgpu's (no \"VGPUREGN\" at byte " +
-            std::to_string(kRegionOffset) + "; " + expected_size + ")" + Remedy();
+            std::to_string(hami_minor) + ", " + std::to_string(st.st_size) +
+            " bytes), not libvgpu's (no \"VGPUREGN\" at byte " + std::to_string(kRegionOffset) + "; " + expected_size +
+            ")" + Remedy();
     return false;
   }
   std::uint32_t version = 0;
@@ -776,6 +779,8 @@ void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
 }
 
 void Attachment::MarkLaunch(std::int64_t unix_s) { hami::MirrorLaunch(*hami_, unix_s); }
+
+void Attachment::SetPriorityForMonitoring(int priority) { hami::MirrorPriority(*hami_, priority); }
 
 void Attachment::SetSmLimitForMonitoring(int device, std::uint32_t percent) {
   if (ValidDevice(device)) hami::MirrorSmLimit(*hami_, static_cast<std::uint32_t>(device), percent);

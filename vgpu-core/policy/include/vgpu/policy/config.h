@@ -23,6 +23,8 @@ enum class ComputePolicy { standard, force, disable };  // GPU_CORE_UTILIZATION_
 enum class Sharing { limiter, time_division };
 // Where the schedule file lives when VGPU_SCHEDULE_FILE is unset: the folder HAMi mounts into every GPU container.
 inline constexpr const char* kDefaultScheduleFile = "/tmp/vgpulock/vgpu-schedule";
+// The largest CUDA_TASK_PRIORITY accepted (HAMi uses 0 and 1).
+inline constexpr int kMaxTaskPriority = 1000;
 
 struct Config {
   // 0 = no limit (an SM limit of 100, HAMi's "whole GPU", is stored as 0). Index = the CUDA device ordinal as the
@@ -44,6 +46,9 @@ struct Config {
   Sharing sharing = Sharing::limiter;
   // VGPU_SCHEDULE_FILE: the node's schedule file (docs/compute-sharing.md, "Shared state"). Unset: the default.
   std::optional<std::string> schedule_path;
+  // CUDA_TASK_PRIORITY (HAMi's device plugin sets it from the pod's nvidia.com/priority: a lower number is a higher
+  // priority), written where HAMi's monitor reads it (docs/hami-cache.md). 1 when unset, as HAMi-core.
+  int task_priority = 1;
   int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
   std::string source;                    // "environment" or the config file's path, for messages
 

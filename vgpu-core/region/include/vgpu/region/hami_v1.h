@@ -93,6 +93,7 @@ void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, st
 // counts as active while it is above 0), unless the monitor set it to -1 (held for a higher priority) or it reads 2
 // already; last_kernel_time := unix_s.
 void MirrorLaunch(SharedRegion& hami, std::int64_t unix_s);
+void MirrorPriority(SharedRegion& hami, std::int32_t priority);
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40 characters and a NUL) from a 16-byte UUID.
 void FormatUuid(const std::uint8_t uuid[16], char out[41]);
 

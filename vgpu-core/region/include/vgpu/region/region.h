@@ -57,6 +57,8 @@ class Attachment {
   std::uint64_t ContextBytes(int device) const;
   void SetContextBytes(int device, std::uint64_t bytes);
   void SetLimitForMonitoring(int device, std::uint64_t bytes);
+  // CUDA_TASK_PRIORITY, for HAMi's monitor only (HAMi-core's `priority`: a lower number is a higher priority).
+  void SetPriorityForMonitoring(int priority);
   // A launch, for HAMi's monitor (hami::MirrorLaunch): at most once a second is enough (it looks every 5 s).
   void MarkLaunch(std::int64_t unix_s);
   // The compute cap in percent (0: none), for HAMi's monitor only (HAMi-core's part: docs/hami-cache.md).
