@@ -202,7 +202,55 @@ int CreateOrOpen(const std::string& path, std::string& error) {
   return CreateOrOpenShared(path, kFileBytes, InitializeFile, nullptr, "region file", kPathVariable, error);
 }
 
-// Reads the header through pread before anything is mapped: a short or foreign file is refused without ever
+template <typename T>
+T FieldAt(const unsigned char* bytes, std::size_t offset) {
+  T value{};
+  std::memcpy(&value, bytes + offset, sizeof value);
+  return value;
+}
+
+// The file's first bytes (`head`): HAMi-core's magic and major version (docs/hami-cache.md); an older region of ours
+// began with "VGPUREGN" instead. False and `error` otherwise.
+bool HamiPartOk(const unsigned char* head, const std::string& path, std::string& error) {
+  const auto word = FieldAt<std::uint64_t>(head, 0);
+  if (word == kRegionMagic) {
+    error = Quoted(path) + " is an older vgpu region (layout version " +
+            std::to_string(FieldAt<std::uint32_t>(head, offsetof(Region, version))) + "); this library reads version " +
+            std::to_string(kRegionVersion) +
+            ", which begins with HAMi-core's part; every process of a container must use one vgpu build" + Remedy();
+    return false;
+  }
+  if (FieldAt<std::int32_t>(head, offsetof(hami::SharedRegion, initialized_flag)) != hami::kMagic ||
+      FieldAt<std::uint32_t>(head, offsetof(hami::SharedRegion, major_version)) != hami::kMajorVersion) {
+    char found[64];
+    std::snprintf(found, sizeof found, "0x%016" PRIx64, word);
+    error = Quoted(path) + " is not a vgpu region (it begins " + found + ", expected HAMi-core's magic " +
+            std::to_string(hami::kMagic) + " and major version 1, then \"VGPUREGN\" at byte " +
+            std::to_string(kRegionOffset) + ")" + Remedy();
+    return false;
+  }
+  return true;
+}
+
+// The region's own first bytes (`prefix`, read at kRegionOffset): this build's version and size. False and `error`
+// otherwise.
+bool RegionPrefixOk(const unsigned char* prefix, const std::string& path, std::string& error) {
+  const auto version = FieldAt<std::uint32_t>(prefix, offsetof(Region, version));
+  const auto region_bytes = FieldAt<std::uint32_t>(prefix, offsetof(Region, region_bytes));
+  if (version != kRegionVersion) {
+    error = Quoted(path) + " has layout version " + std::to_string(version) + ", this library reads version " +
+            std::to_string(kRegionVersion) + "; every process of a container must use one vgpu build" + Remedy();
+    return false;
+  }
+  if (region_bytes != sizeof(Region)) {
+    error = Quoted(path) + " declares " + std::to_string(region_bytes) + " bytes of region, but this build's is " +
+            std::to_string(sizeof(Region)) + "; it was written by an incompatible build" + Remedy();
+    return false;
+  }
+  return true;
+}
+
+// Reads the headers through pread before anything is mapped: a short or foreign file is refused without ever
 // touching a page that does not exist (SIGBUS). Never repairs a file it does not recognise.
 bool Validate(int fd, const std::string& path, struct stat& st, std::string& error) {
   if (fstat(fd, &st) != 0) {
@@ -220,62 +268,25 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
             Remedy();
     return false;
   };
-  // HAMi-core's part first: its magic, its major version (docs/hami-cache.md).
   unsigned char head[kPrefixBytes];
   if (st.st_size < static_cast<off_t>(kPrefixBytes) ||
       pread(fd, head, kPrefixBytes, 0) != static_cast<ssize_t>(kPrefixBytes)) {
     return truncated();
   }
-  std::uint64_t word = 0;
-  std::int32_t hami_magic = 0;
-  std::uint32_t hami_major = 0, hami_minor = 0;
-  std::memcpy(&word, head, sizeof word);
-  std::memcpy(&hami_magic, head + offsetof(hami::SharedRegion, initialized_flag), sizeof hami_magic);
-  std::memcpy(&hami_major, head + offsetof(hami::SharedRegion, major_version), sizeof hami_major);
-  std::memcpy(&hami_minor, head + offsetof(hami::SharedRegion, minor_version), sizeof hami_minor);
-  if (word == kRegionMagic) {
-    std::uint32_t old_version = 0;
-    std::memcpy(&old_version, head + offsetof(Region, version), sizeof old_version);
-    error = Quoted(path) + " is an older vgpu region (layout version " + std::to_string(old_version) +
-            "); this library reads version " + std::to_string(kRegionVersion) +
-            ", which begins with HAMi-core's part; every process of a container must use one vgpu build" + Remedy();
-    return false;
-  }
-  if (hami_magic != hami::kMagic || hami_major != hami::kMajorVersion) {
-    char found[64];
-    std::snprintf(found, sizeof found, "0x%016" PRIx64, word);
-    error = Quoted(path) + " is not a vgpu region (it begins " + found + ", expected HAMi-core's magic " +
-            std::to_string(hami::kMagic) + " and major version 1, then \"VGPUREGN\" at byte " +
-            std::to_string(kRegionOffset) + ")" + Remedy();
-    return false;
-  }
+  if (!HamiPartOk(head, path, error)) return false;
   unsigned char prefix[kPrefixBytes] = {};
   const bool has_region = st.st_size >= static_cast<off_t>(kRegionOffset + kPrefixBytes) &&
                           pread(fd, prefix, kPrefixBytes, static_cast<off_t>(kRegionOffset)) ==
                               static_cast<ssize_t>(kPrefixBytes);
-  std::uint64_t magic = 0;
-  std::memcpy(&magic, prefix + offsetof(Region, magic), sizeof magic);
-  if (!has_region || magic != kRegionMagic) {
-    error = Quoted(path) + " is a HAMi-core cache file (v" + std::to_string(hami_major) + "." +
-            std::to_string(hami_minor) + ", " + std::to_string(st.st_size) +
-            " bytes), not libvgpu's (no \"VGPUREGN\" at byte " + std::to_string(kRegionOffset) + "; " + expected_size +
-            ")" + Remedy();
+  if (!has_region || FieldAt<std::uint64_t>(prefix, offsetof(Region, magic)) != kRegionMagic) {
+    error = Quoted(path) + " is a HAMi-core cache file (v" +
+            std::to_string(FieldAt<std::uint32_t>(head, offsetof(hami::SharedRegion, major_version))) + "." +
+            std::to_string(FieldAt<std::uint32_t>(head, offsetof(hami::SharedRegion, minor_version))) + ", " +
+            std::to_string(st.st_size) + " bytes), not libvgpu's (no \"VGPUREGN\" at byte " +
+            std::to_string(kRegionOffset) + "; " + expected_size + ")" + Remedy();
     return false;
   }
-  std::uint32_t version = 0;
-  std::uint32_t region_bytes = 0;
-  std::memcpy(&version, prefix + offsetof(Region, version), sizeof version);
-  std::memcpy(&region_bytes, prefix + offsetof(Region, region_bytes), sizeof region_bytes);
-  if (version != kRegionVersion) {
-    error = Quoted(path) + " has layout version " + std::to_string(version) + ", this library reads version " +
-            std::to_string(kRegionVersion) + "; every process of a container must use one vgpu build" + Remedy();
-    return false;
-  }
-  if (region_bytes != sizeof(Region)) {
-    error = Quoted(path) + " declares " + std::to_string(region_bytes) + " bytes of region, but this build's is " +
-            std::to_string(sizeof(Region)) + "; it was written by an incompatible build" + Remedy();
-    return false;
-  }
+  if (!RegionPrefixOk(prefix, path, error)) return false;
   if (st.st_size < static_cast<off_t>(kFileBytes)) return truncated();
   return true;
 }
