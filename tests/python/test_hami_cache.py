@@ -5,6 +5,7 @@ match what the shim counts and what the process holds."""
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 from dataclasses import dataclass
@@ -20,8 +21,10 @@ MIB = 1 << 20
 MAGIC = 19920718
 V1_BYTES = 2_008_952
 OFF_NUM, OFF_UUIDS, OFF_LIMIT, OFF_SM_LIMIT, OFF_PROCS = 56, 64, 1600, 1728, 1856
-OFF_PROCNUM, OFF_RECENT_KERNEL, OFF_PRIORITY, OFF_LAST_KERNEL_TIME = 2_008_896, 2_008_904, 2_008_908, 2_008_912
+OFF_PROCNUM, OFF_SWITCH, OFF_RECENT_KERNEL, OFF_PRIORITY = 2_008_896, 2_008_900, 2_008_904, 2_008_908
+OFF_LAST_KERNEL_TIME = 2_008_912
 PROC_BYTES, PROC_USED, USED_BYTES, PROC_STATUS = 1960, 8, 64, 1928
+PROC_UTIL, UTIL_BYTES, UTIL_SM = 1160, 48, 16
 USED_CONTEXT, USED_MODULE, USED_DATA, USED_TOTAL = 0, 8, 16, 32
 
 
@@ -33,11 +36,13 @@ class HamiView:
     limit_bytes: int
     sm_limit: int
     pids: list[int]
+    utilization: int  # the sum of the live slots' deviceUtil[i].sm
 
 
 def read_as_hami_monitor(path) -> list[HamiView]:
     """HAMi's monitor's reading: the magic and major version, then per device i < num the UUID (first 40 bytes of its
-    row), the limit, and the sum of used[i].total over the slots 0 .. procnum-1 whose status is not 0."""
+    row), the limit, and the sums of used[i].total and deviceUtil[i].sm over the slots 0 .. procnum-1 whose status is
+    not 0."""
     data = path.read_bytes()
     magic, major = struct.unpack_from("<iI", data, 0)
     assert magic == MAGIC, f"cache file magic flag not matched: {magic}"
@@ -49,7 +54,7 @@ def read_as_hami_monitor(path) -> list[HamiView]:
         row = data[OFF_UUIDS + 96 * i: OFF_UUIDS + 96 * i + 40]
         (limit,) = struct.unpack_from("<Q", data, OFF_LIMIT + 8 * i)
         (sm_limit,) = struct.unpack_from("<Q", data, OFF_SM_LIMIT + 8 * i)
-        total, pids = 0, []
+        total, pids, utilization = 0, [], 0
         for s in range(procnum):
             slot = OFF_PROCS + PROC_BYTES * s
             (status,) = struct.unpack_from("<i", data, slot + PROC_STATUS)
@@ -57,9 +62,11 @@ def read_as_hami_monitor(path) -> list[HamiView]:
                 continue
             (pid,) = struct.unpack_from("<i", data, slot)
             (used,) = struct.unpack_from("<Q", data, slot + PROC_USED + USED_BYTES * i + USED_TOTAL)
+            (sm,) = struct.unpack_from("<Q", data, slot + PROC_UTIL + UTIL_BYTES * i + UTIL_SM)
             total += used
+            utilization += sm
             pids.append(pid)
-        views.append(HamiView(row.decode("ascii", "replace"), total, limit, sm_limit, pids))
+        views.append(HamiView(row.decode("ascii", "replace"), total, limit, sm_limit, pids, utilization))
     return views
 
 
@@ -99,23 +106,129 @@ def test_hamis_monitor_reads_a_live_containers_memory_limit_uuid_and_processes(f
     assert after.memory_bytes == 0 and after.pids == [], after
 
 
-def test_a_launching_container_reads_as_active_and_a_block_written_by_hamis_monitor_is_kept(fake_gpu, container,
-                                                                                          tenant_available):
-    """recent_kernel: the shim sets 2 while the container launches (HAMi's monitor decrements it every 5 s and counts
-    the container active while above 0), and last_kernel_time to the launch's unix second; a -1 the monitor wrote (a
-    higher-priority container is active) is never overwritten."""
+def write_word(path, offset: int, value: int) -> None:
+    """As HAMi's monitor writes its feedback: the file mapped read-write, one int32 stored, no lock."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(struct.pack("<i", value))
+
+
+def read_word(path, offset: int) -> int:
+    return struct.unpack_from("<i", path.read_bytes(), offset)[0]
+
+
+@requires_native
+def test_a_launching_container_reads_as_active_with_its_share_and_as_idle_once_it_stops(fake_gpu, container,
+                                                                                      tenant_available):
+    """recent_kernel: 2 while the container launches (HAMi's monitor decrements it every 5 s and counts the container
+    active while above 0), last_kernel_time the launch's unix second, and deviceUtil[0].sm the process's share of the
+    GPU (capped at 40 %: its limiter's accounting); once the process stops launching (alive, idle), its share reads 0
+    within a few seconds rather than its last busy second for ever."""
     started = int(time.time())
-    result = fake_gpu.tenant("--kernel-us", "1000", "--seconds", "1", timeout=60)
-    assert result.returncode == 0, result.describe()
+    tenant = fake_gpu.start_tenant("--phase", "kernels=1ms,for=3s,depth=4", "--phase", "idle=6s", "--seconds", "9")
+    time.sleep(2.6)
+    busy = read_as_hami_monitor(container)[0]
     data = container.read_bytes()
-    (recent,) = struct.unpack_from("<i", data, OFF_RECENT_KERNEL)
+    assert read_word(container, OFF_RECENT_KERNEL) == 2
     (last,) = struct.unpack_from("<q", data, OFF_LAST_KERNEL_TIME)
-    assert recent == 2
     assert started - 1 <= last <= int(time.time()) + 1, (started, last)
-    with open(container, "r+b") as f:  # as HAMi's monitor does: the whole file mapped, one word written
-        f.seek(OFF_RECENT_KERNEL)
-        f.write(struct.pack("<i", -1))
-    result = fake_gpu.tenant("--kernel-us", "1000", "--seconds", "1", timeout=60)
+    assert busy.pids == [tenant.pid]
+    assert 25 <= busy.utilization <= 55, f"a process capped at 40 % reads {busy.utilization} % to HAMi's monitor"
+    time.sleep(4.0)  # idle since ~3 s: two seconds to be called idle, one for the watcher to look
+    idle = read_as_hami_monitor(container)[0]
+    assert idle.pids == [tenant.pid], "still alive, so still counted"
+    assert idle.utilization == 0, f"an idle process reads {idle.utilization} %"
+    assert tenant.finish(timeout=30).returncode == 0
+
+
+def write_verdict(path, uuid: str, pid: int, sm_permille: int) -> None:
+    """The node monitor's verdict (docs/node-monitor.md), fresh now: the container's device, and one process."""
+    now = time.time_ns()
+    text = (f"vgpu-verdict 1\nseq {now}\nstamp_ns {now}\n"
+            f"device {uuid} memory_limit=0 memory_used=0 sm_limit=0 sm_used={sm_permille}\n"
+            f"process {pid} device={uuid} memory_used=0 sm_used={sm_permille}\n")
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+@requires_native
+def test_an_uncapped_process_reads_its_share_from_the_node_monitors_verdict(fake_gpu, container, tenant_available):
+    """Without a compute cap the shim measures nothing (HAMi#1864: utilization then reads 0); where vgpu-monitor runs,
+    its verdict has each process's NVML samples, and that is what HAMi's monitor reads."""
+    del fake_gpu.env["CUDA_DEVICE_SM_LIMIT"]
+    verdict = fake_gpu.work_dir / "verdict"
+    fake_gpu.env["VGPU_VERDICT_FILE"] = str(verdict)
+    tenant = fake_gpu.start_tenant("--kernel-us", "1000", "--seconds", "4", "--report-ms", "100")
+    tenant.next_json(timeout=30)  # launching: the device is named in the cache file
+    uuid = read_as_hami_monitor(container)[0].uuid
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        write_verdict(verdict, uuid, tenant.pid, 623)
+        time.sleep(0.2)
+    view = read_as_hami_monitor(container)[0]
+    assert view.sm_limit == 0
+    assert view.utilization == 62, f"the verdict says 62.3 %, HAMi's monitor reads {view.utilization} %"
+    assert tenant.finish(timeout=30).returncode == 0
+
+
+@requires_native
+def test_a_block_written_by_hamis_monitor_holds_launches_until_it_is_lifted(fake_gpu, container, tenant_available):
+    """recent_kernel = -1 (a container of a higher priority is active on the GPU): the launches wait, as under
+    HAMi-core; the shim never overwrites the -1; HAMi's monitor's 0 lets them go on."""
+    first = fake_gpu.tenant("--kernel-us", "1000", "--seconds", "0.5", timeout=60)
+    assert first.returncode == 0, first.describe()
+    write_word(container, OFF_RECENT_KERNEL, -1)
+    fake_gpu.env["LIBCUDA_LOG_LEVEL"] = "2"
+    tenant = fake_gpu.start_tenant("--kernel-us", "1000", "--seconds", "3", "--report-ms", "100")
+    held = lines_within(tenant, 1.5)
+    assert tenant.popen.poll() is None, "the tenant ended while held"
+    assert all(line["kernels"] == 0 for line in held if line.get("ev") == "report"), held
+    assert read_word(container, OFF_RECENT_KERNEL) == -1, "the shim overwrote the block HAMi's monitor wrote"
+    write_word(container, OFF_RECENT_KERNEL, 0)
+    result = tenant.finish(timeout=30)
     assert result.returncode == 0, result.describe()
-    (recent,) = struct.unpack_from("<i", container.read_bytes(), OFF_RECENT_KERNEL)
-    assert recent == -1, "the shim overwrote the block HAMi's monitor wrote"
+    assert result.json["kernels"] > 100, result.stdout
+    assert read_word(container, OFF_RECENT_KERNEL) == 2
+    assert "launches held: HAMi's monitor says a container of a higher priority is active" in result.stderr
+
+
+def lines_within(process, seconds: float) -> list[dict]:
+    """The JSON lines a background process prints within `seconds` (it may print none)."""
+    lines, deadline = [], time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            lines.append(process.next_json(timeout=left))
+        except AssertionError:  # nothing more within the time (or the process ended: the caller checks)
+            break
+    return lines
+
+
+def busy_fraction(reports: list[dict], start_s: float, end_s: float) -> float:
+    """The tenant's completed kernel time over [start_s, end_s) of its run, from its progress lines."""
+    inside = [r for r in reports if start_s * 1e9 <= r["t_ns"] <= end_s * 1e9]
+    assert len(inside) >= 2, reports
+    return (inside[-1]["busy_ns"] - inside[0]["busy_ns"]) / (inside[-1]["t_ns"] - inside[0]["t_ns"])
+
+
+@requires_native
+def test_under_default_hamis_utilization_switch_holds_a_lone_container_to_its_cap(fake_gpu, container,
+                                                                                  tenant_available):
+    """`default` lends the GPU's idle time: alone on the fake GPU, a container capped at 40 % runs at nearly all of it.
+    HAMi's monitor's utilization_switch = 1 (another container active on the GPU) holds it to its cap, as HAMi-core's
+    `default` does; 0 again, and it lends again."""
+    fake_gpu.env["GPU_CORE_UTILIZATION_POLICY"] = "default"
+    tenant = fake_gpu.start_tenant("--kernel-us", "1000", "--depth", "4", "--seconds", "10", "--report-ms", "100")
+    reports = [tenant.next_json(timeout=30)]
+    time.sleep(3.0)
+    write_word(container, OFF_SWITCH, 1)
+    time.sleep(3.0)
+    write_word(container, OFF_SWITCH, 0)
+    result = tenant.finish(timeout=30)
+    assert result.returncode == 0, result.describe()
+    reports += [json.loads(line) for line in result.stdout.splitlines() if '"report"' in line]
+    first_s = reports[0]["t_ns"] / 1e9  # the switch was written 3 and 6 s after this report
+    lent, held, lent_again = (busy_fraction(reports, first_s + a, first_s + b) for a, b in ((1, 3), (4, 6), (7.5, 9.5)))
+    assert lent > 0.7, f"alone under default: {lent:.2f} of the GPU"
+    assert held < 0.5, f"with utilization_switch 1: {held:.2f} of the GPU against a cap of 0.40"
+    assert lent_again > 0.7, f"utilization_switch 0 again: {lent_again:.2f} of the GPU"

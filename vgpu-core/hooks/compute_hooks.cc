@@ -58,7 +58,7 @@ CUresult LimitedCompute(const void* function, std::uint64_t shape, CUstream stre
 // `shape` 0 is a graph launch.
 template <typename Launch>
 CUresult Limited(const void* function, std::uint64_t shape, CUstream stream, bool per_thread, Launch&& launch) {
-  MarkLaunching();
+  BeforeLaunch();
   if (!TheShim().memory_limits) return LimitedCompute(function, shape, stream, per_thread, launch);
   return LaunchCountingDriverMemory(function, shape == 0,
                                     [&] { return LimitedCompute(function, shape, stream, per_thread, launch); });

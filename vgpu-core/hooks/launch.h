@@ -170,6 +170,7 @@ struct DeviceLimiter {
   std::unordered_map<CUstream, StreamState> streams;
   std::atomic<std::uint64_t> last_reading_ns{0};  // `default`: the last time OthersBusy gave a reading
   std::atomic<std::uint64_t> held_blind_ns{0};    // `default`: when the container was last held for want of readings
+  bool hami_shared = false;  // `default`: HAMi's monitor's utilization_switch as last read (under `mutex`)
 };
 
 extern DeviceLimiter g_devices[policy::kMaxDevices];

@@ -149,10 +149,29 @@ void FollowVerdict(DeviceLimiter& d, int ordinal, std::uint64_t now) {
       limit % 10, after / 10, after % 10);
 }
 
+// HAMi's monitor says another container is active on the container's GPUs (utilization_switch 1, where HAMi-core's
+// `default` holds the cap): the container is held to its share whatever NVML reads, until it says 0. Its 0 lends
+// nothing by itself (a file nobody's monitor writes reads 0): NVML's reading decides then, as without HAMi.
+bool HamiSaysShared(DeviceLimiter& d, int ordinal, std::uint64_t now) {
+  const bool shared = TheShim().region->HamiSaysShared();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  if (shared != d.hami_shared) {
+    Log(2, "device %d: HAMi's monitor says %s (utilization_switch %d)", ordinal,
+        shared ? "another container is active: held to the share" : "no other container is active", shared ? 1 : 0);
+    d.hami_shared = shared;
+  }
+  if (shared) {
+    d.last_reading_ns = now;
+    d.limiter->ObserveOthers(1.0, now);
+  }
+  return shared;
+}
+
 // Under `default`, every kObserveOthersEveryNs: the others' use of the GPU, read from NVML, tells the limiter how
 // much it may lend.
 void ObserveOthers(DeviceLimiter& d, int ordinal, std::uint64_t now) {
   d.last_observed_ns = now;  // a benign race: at worst two threads read NVML in the same period
+  if (HamiSaysShared(d, ordinal, now)) return;
   std::uint64_t period_start = 0;
   const double others = OthersBusy(ordinal, now, period_start);
   // A reading of a period that began before the container was held blind describes the free-running time before

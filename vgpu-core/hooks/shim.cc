@@ -55,6 +55,7 @@ void AfterForkInChild() {
   if (attachment != nullptr) attachment->ForgetAfterFork();
   ForgetLaunchBooksAfterFork();
   ForgetDriverMemoryAfterFork();
+  ForgetHamiFeedbackAfterFork();
   fresh->mode.store(mode, std::memory_order_release);
 }
 
@@ -108,19 +109,7 @@ Shim& TheShim() {
   return *shim;
 }
 
-void MarkLaunching() {
-  static thread_local std::uint32_t launches __attribute__((tls_model("initial-exec"))) = 0;
-  if ((launches++ & 63u) != 0) return;
-  Shim* shim = g_shim.load(std::memory_order_acquire);
-  if (shim == nullptr || shim->region == nullptr) return;
-  struct timespec ts {};
-  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-  static std::atomic<std::int64_t> marked_s{0};
-  const std::int64_t now_s = static_cast<std::int64_t>(ts.tv_sec);
-  if (marked_s.load(std::memory_order_relaxed) == now_s) return;
-  marked_s.store(now_s, std::memory_order_relaxed);
-  shim->region->MarkLaunch(now_s);
-}
+Shim* TheShimIfMade() { return g_shim.load(std::memory_order_acquire); }
 
 void SleepUntilNs(std::uint64_t deadline) {
   const auto own = static_cast<std::uint64_t>(static_cast<std::int64_t>(deadline) + MonotonicOffsetNs());
@@ -405,7 +394,12 @@ void RefreshVerdict(const char* path, MonitorVerdict& monitor) {
 
 }  // namespace
 
-bool VerdictOf(int ordinal, DeviceVerdict& out) {
+namespace {
+
+// Runs `f(verdict, uuid)` on the node monitor's verdict if one is usable now, for device `ordinal` once RegionDevice
+// has named it; false otherwise (f's result else).
+template <typename F>
+bool WithVerdict(int ordinal, F&& f) {
   Shim& shim = TheShim();
   const std::optional<std::string>& configured = shim.config.verdict_path;
   if ((configured && configured->empty()) || ordinal < 0 || ordinal >= policy::kMaxDevices) return false;
@@ -417,12 +411,27 @@ bool VerdictOf(int ordinal, DeviceVerdict& out) {
   if (uuid[0] == '\0') return false;
   std::lock_guard<std::mutex> guard(shim.monitor.mutex);
   RefreshVerdict(configured ? configured->c_str() : policy::kDefaultVerdictFile, shim.monitor);
-  if (!shim.monitor.usable) return false;
-  const verdict::Device* line = shim.monitor.verdict.FindDevice(uuid);
-  if (line == nullptr) return false;
-  out = DeviceVerdict{line->memory_limit, line->memory_used, line->sm_limit, line->sm_used,
-                      shim.monitor.verdict.stamp_ns};
-  return true;
+  return shim.monitor.usable && f(shim.monitor.verdict, static_cast<const char*>(uuid));
+}
+
+}  // namespace
+
+bool VerdictOf(int ordinal, DeviceVerdict& out) {
+  return WithVerdict(ordinal, [&](const verdict::Verdict& said, const char* uuid) {
+    const verdict::Device* line = said.FindDevice(uuid);
+    if (line == nullptr) return false;
+    out = DeviceVerdict{line->memory_limit, line->memory_used, line->sm_limit, line->sm_used, said.stamp_ns};
+    return true;
+  });
+}
+
+bool VerdictOwnSm(int ordinal, std::uint32_t& permille) {
+  return WithVerdict(ordinal, [&](const verdict::Verdict& said, const char* uuid) {
+    const verdict::Process* line = said.FindProcess(static_cast<std::uint32_t>(getpid()), uuid);
+    if (line == nullptr) return false;
+    permille = line->sm_used;
+    return true;
+  });
 }
 
 std::uint64_t FreeOfSlice(std::uint64_t total, std::uint64_t used) {

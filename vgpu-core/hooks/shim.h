@@ -96,10 +96,14 @@ Shim& TheShim();
 // schedule file's times, the verdict's stamps). A container in a time namespace reads its own clock moved by the
 // namespace's offset; the offset is taken out (/proc/self/timens_offsets).
 std::uint64_t MonotonicNs();
-// A launch, for HAMi's monitor (docs/hami-cache.md): HAMi-core's part of the region says the container launched,
-// and when. Every 64th launch of a thread (its first included) reads the coarse clock; the region is written at most
-// once a second. Cheap enough for every launch path.
-void MarkLaunching();
+// HAMi's monitor's side of a launch (hami_feedback.cc, docs/hami-cache.md). Held first while HAMi's monitor says a
+// container of a higher priority is active (recent_kernel -1), looking again every 10 ms; then, once a second (every
+// 64th launch of a thread reads the coarse clock), marked (recent_kernel 2, last_kernel_time) and this process's
+// share of each device published (device_util[].sm). The other launches read one shared word.
+void BeforeLaunch();
+void ForgetHamiFeedbackAfterFork();
+// The shim if it was made already (no side effects), else null.
+Shim* TheShimIfMade();
 // Sleeps until the host's CLOCK_MONOTONIC (MonotonicNs) reads `deadline` (ns), through signals, with the thread's
 // timer slack at most kSleepSlackNs meanwhile (its own put back after).
 void SleepUntilNs(std::uint64_t deadline);
@@ -174,6 +178,9 @@ struct DeviceVerdict {
 // kVerdictReadNs, fresh, seq not gone back) and names the device (by its UUID, known once RegionDevice has looked
 // it up). False otherwise. Allocates nothing between reads of the file.
 bool VerdictOf(int ordinal, DeviceVerdict& out);
+// This process's SM use of device `ordinal` in the node monitor's verdict (permille: its NVML samples on the host,
+// named to the pid this process has in its container), if a usable verdict lists it.
+bool VerdictOwnSm(int ordinal, std::uint32_t& permille);
 
 // Charges `bytes` to `ordinal` if it fits under its limit; always true without a limit. Allocations stop
 // VGPU_DRIVER_HEADROOM short of the limit; memory the driver takes by itself (`for_the_driver`) may use it.

@@ -54,6 +54,18 @@ void MirrorSmLimit(SharedRegion& hami, std::uint32_t device, std::uint32_t perce
   if (device < kMaxDevices) Store(hami.sm_limit[device], static_cast<std::uint64_t>(percent));
 }
 
+void MirrorUtilization(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint32_t percent) {
+  if (slot < kMaxProcs && device < kMaxDevices) Store(hami.procs[slot].device_util[device].sm, std::uint64_t{percent});
+}
+
+std::int32_t RecentKernel(const SharedRegion& hami) {
+  return std::atomic_ref<std::int32_t>(const_cast<std::int32_t&>(hami.recent_kernel)).load(std::memory_order_relaxed);
+}
+
+std::int32_t UtilizationSwitch(const SharedRegion& hami) {
+  return std::atomic_ref<std::int32_t>(const_cast<std::int32_t&>(hami.utilization_switch)).load(std::memory_order_relaxed);
+}
+
 void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t bytes) {
   if (slot >= kMaxProcs || device >= kMaxDevices) return;
   DeviceMemory& used = hami.procs[slot].used[device];
@@ -61,11 +73,23 @@ void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, st
   Store(used.total, bytes);
 }
 
+namespace {
+
+// A slot's figures (memory, utilization) back to zero, for a new or a freed slot.
+void ZeroFigures(SharedRegion& hami, std::uint32_t slot) {
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    MirrorUsed(hami, slot, d, 0);
+    MirrorUtilization(hami, slot, d, 0);
+  }
+}
+
+}  // namespace
+
 void MirrorSlotLive(SharedRegion& hami, std::uint32_t slot, std::int32_t pid) {
   if (slot >= kMaxProcs) return;
   ProcSlot& proc = hami.procs[slot];
   Store(proc.status, 0);
-  for (std::uint32_t d = 0; d < kMaxDevices; ++d) MirrorUsed(hami, slot, d, 0);
+  ZeroFigures(hami, slot);
   Store(proc.pid, pid);
   Store(proc.hostpid, 0);
   Store(proc.status, 1);
@@ -79,7 +103,7 @@ void MirrorSlotFree(SharedRegion& hami, std::uint32_t slot) {
   if (slot >= kMaxProcs) return;
   ProcSlot& proc = hami.procs[slot];
   Store(proc.status, 0);
-  for (std::uint32_t d = 0; d < kMaxDevices; ++d) MirrorUsed(hami, slot, d, 0);
+  ZeroFigures(hami, slot);
   Store(proc.pid, 0);
 }
 

@@ -797,6 +797,13 @@ void Attachment::SetSmLimitForMonitoring(int device, std::uint32_t percent) {
   if (ValidDevice(device)) hami::MirrorSmLimit(*hami_, static_cast<std::uint32_t>(device), percent);
 }
 
+void Attachment::SetUtilizationForMonitoring(int device, std::uint32_t percent) {
+  const int mine = slot_.load(std::memory_order_acquire);
+  if (ValidDevice(device) && mine >= 0) {
+    hami::MirrorUtilization(*hami_, static_cast<std::uint32_t>(mine), static_cast<std::uint32_t>(device), percent);
+  }
+}
+
 void* Attachment::ComputeArea(int device) {
   return ValidDevice(device) ? static_cast<void*>(region_->devices[device].compute) : nullptr;
 }

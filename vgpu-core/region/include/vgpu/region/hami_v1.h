@@ -94,6 +94,12 @@ void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, st
 // already; last_kernel_time := unix_s.
 void MirrorLaunch(SharedRegion& hami, std::int64_t unix_s);
 void MirrorPriority(SharedRegion& hami, std::int32_t priority);
+// Process slot `slot`'s share of `device`'s time over the last second, in percent (HAMi sums them per container).
+void MirrorUtilization(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint32_t percent);
+// HAMi's monitor's feedback, as it last wrote it: `recent_kernel` (-1: hold launches, a container of a higher
+// priority is active) and `utilization_switch` (1: another container is active on one of our GPUs).
+std::int32_t RecentKernel(const SharedRegion& hami);
+std::int32_t UtilizationSwitch(const SharedRegion& hami);
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40 characters and a NUL) from a 16-byte UUID.
 void FormatUuid(const std::uint8_t uuid[16], char out[41]);
 

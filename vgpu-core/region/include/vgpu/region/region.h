@@ -63,6 +63,13 @@ class Attachment {
   void MarkLaunch(std::int64_t unix_s);
   // The compute cap in percent (0: none), for HAMi's monitor only (HAMi-core's part: docs/hami-cache.md).
   void SetSmLimitForMonitoring(int device, std::uint32_t percent);
+  // This process's share of `device`'s time over the last second in percent, for HAMi's monitor only (its slot's
+  // device_util[].sm; nothing while the process holds no slot).
+  void SetUtilizationForMonitoring(int device, std::uint32_t percent);
+  // HAMi's monitor's feedback (docs/hami-cache.md, "The feedback"): recent_kernel is -1 while a container of a higher
+  // priority is active (launches are held), utilization_switch 1 while another container is active on our GPUs.
+  bool HamiHoldsLaunches() const { return hami::RecentKernel(*hami_) == -1; }
+  bool HamiSaysShared() const { return hami::UtilizationSwitch(*hami_) == 1; }
   // The device's compute area (Device::compute, 88 bytes, zero in a new region), or null for a bad index.
   void* ComputeArea(int device);
 
