@@ -75,6 +75,31 @@ TEST(MonitorContainer, BadFilesAreRefusedNamingTheKeyTheValueAndAnExample) {
   EXPECT_NE(ParseError(".hidden", "VGPU_CGROUP=/a\n").find("cannot name a container"), std::string::npos);
 }
 
+TEST(MonitorContainer, TheMetricsKeysNameItsCacheFileAndItsPod) {
+  const Container c = MustParse("team-a",
+                                "VGPU_CGROUP=/kubepods/pod1\nVGPU_CACHE=/usr/local/vgpu/containers/uid_main\n"
+                                "VGPU_POD_NAMESPACE=ml\nVGPU_POD_NAME=train-0\nVGPU_CONTAINER_NAME=main\n");
+  EXPECT_EQ(c.cache_path, "/usr/local/vgpu/containers/uid_main");
+  EXPECT_EQ(c.pod_namespace, "ml");
+  EXPECT_EQ(c.pod_name, "train-0");
+  EXPECT_EQ(c.container_name, "main");
+  const Container bare = MustParse("b", "VGPU_CGROUP=/a\n");
+  EXPECT_TRUE(bare.cache_path.empty() && bare.pod_namespace.empty() && bare.pod_name.empty());
+}
+
+TEST(MonitorContainer, BadMetricsKeysAreRefusedNamingTheKeyAndTheValue) {
+  const std::string relative = ParseError("a", "VGPU_CGROUP=/a\nVGPU_CACHE=x.cache\n");
+  EXPECT_NE(relative.find("VGPU_CACHE 'x.cache' is not an absolute path; e.g."), std::string::npos) << relative;
+  const std::string quoted = ParseError("a", "VGPU_CGROUP=/a\nVGPU_POD_NAME=a\"b\n");
+  EXPECT_NE(quoted.find("VGPU_POD_NAME 'a\"b' is not a Kubernetes name"), std::string::npos) << quoted;
+  const std::string spaced = ParseError("a", "VGPU_CGROUP=/a\nVGPU_CONTAINER_NAME=a b\n");
+  EXPECT_NE(spaced.find("VGPU_CONTAINER_NAME"), std::string::npos) << spaced;
+  EXPECT_NE(ParseError("a", "VGPU_CGROUP=/a\nVGPU_POD_NAMESPACE=" + std::string(254, 'n') + "\n")
+                .find("VGPU_POD_NAMESPACE"),
+            std::string::npos);
+  EXPECT_NE(ParseError("a", "VGPU_CGROUP=/a\nVGPU_POD_NAME=\n").find("VGPU_POD_NAME ''"), std::string::npos);
+}
+
 TEST(MonitorContainer, NamesAreSafeFolderNames) {
   EXPECT_TRUE(IsContainerName("team-a_1.gpu"));
   for (const char* bad : {"", ".", "..", "a/b", "a b", ".a"}) EXPECT_FALSE(IsContainerName(bad)) << bad;

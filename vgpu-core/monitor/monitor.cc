@@ -2,6 +2,7 @@
 #include "vgpu/monitor/monitor.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -10,6 +11,10 @@ namespace {
 
 constexpr std::string_view kCgroupKey = "VGPU_CGROUP";
 constexpr std::string_view kDevicesKey = "VGPU_DEVICES";
+constexpr std::string_view kCacheKey = "VGPU_CACHE";
+constexpr std::string_view kPodNamespaceKey = "VGPU_POD_NAMESPACE";
+constexpr std::string_view kPodNameKey = "VGPU_POD_NAME";
+constexpr std::string_view kContainerNameKey = "VGPU_CONTAINER_NAME";
 
 std::string_view NextLine(std::string_view& text) {
   const std::size_t newline = text.find('\n');
@@ -23,6 +28,44 @@ bool Covers(std::string_view ancestor, std::string_view path) {
   if (ancestor == "/") return !path.empty() && path.front() == '/';
   return path.substr(0, ancestor.size()) == ancestor &&
          (path.size() == ancestor.size() || path[ancestor.size()] == '/');
+}
+
+// A Kubernetes name as a label value: 1..253 of [A-Za-z0-9._-] (namespaces, pods and containers are narrower still).
+bool IsKubernetesName(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+using Find = std::function<std::optional<std::string>(std::string_view key)>;
+
+// The metrics' optional keys (docs/metrics.md) into `container`; false with `error` naming the key and value.
+bool ParseMetricsKeys(const Find& find, Container& container, std::string& error) {
+  if (const std::optional<std::string> cache = find(kCacheKey)) {
+    if (cache->empty() || cache->front() != '/' || cache->find('\0') != std::string::npos) {
+      error = "VGPU_CACHE '" + policy::Printable(*cache) +
+              "' is not an absolute path; e.g. VGPU_CACHE=/usr/local/vgpu/containers/pod1234_main (the host path of "
+              "the container's CUDA_DEVICE_MEMORY_SHARED_CACHE file, or of the folder holding it)";
+      return false;
+    }
+    container.cache_path = *cache;
+  }
+  const std::pair<std::string_view, std::string*> names[] = {{kPodNamespaceKey, &container.pod_namespace},
+                                                             {kPodNameKey, &container.pod_name},
+                                                             {kContainerNameKey, &container.container_name}};
+  for (const auto& [key, field] : names) {
+    const std::optional<std::string> value = find(key);
+    if (!value) continue;
+    if (!IsKubernetesName(*value)) {
+      error = std::string(key) + " '" + policy::Printable(*value) +
+              "' is not a Kubernetes name (1 to 253 of A-Z a-z 0-9 . _ -); e.g. " + std::string(key) + "=team-a";
+      return false;
+    }
+    *field = *value;
+  }
+  return true;
 }
 
 }  // namespace
@@ -45,7 +88,7 @@ bool ParseContainer(std::string_view name, std::string_view text, std::string_vi
   std::vector<std::pair<std::string, std::string>> entries;
   if (!policy::ParseConfigFile(
           text, path, [&](std::string_view key, std::string_view value) { entries.emplace_back(key, value); },
-          {kCgroupKey, kDevicesKey}, error)) {
+          {kCgroupKey, kDevicesKey, kCacheKey, kPodNamespaceKey, kPodNameKey, kContainerNameKey}, error)) {
     return false;
   }
   const auto find = [&entries](std::string_view key) -> std::optional<std::string> {
@@ -88,6 +131,7 @@ bool ParseContainer(std::string_view name, std::string_view text, std::string_vi
       return false;
     }
   }
+  if (!ParseMetricsKeys(find, container, error)) return false;
   const policy::Lookup lookup = [&find](std::string_view key) { return find(key); };
   if (!policy::ParseConfig(lookup, path, container.limits, error)) return false;
   out = std::move(container);
@@ -205,6 +249,7 @@ std::vector<Judgement> Judge(const std::vector<Container>& containers, const std
         if (readings[r].device == uuid && owner[r] != static_cast<int>(c)) alone = false;
       }
       device.sm_used = alone ? static_cast<std::uint32_t>(std::min<std::uint64_t>(sm, 1000)) : 0;
+      if (!alone) judgement.sm_shared.push_back(uuid);
       if (device.MemoryOver()) {
         judgement.memory_over.push_back(uuid);
         if (kill) {
@@ -218,6 +263,7 @@ std::vector<Judgement> Judge(const std::vector<Container>& containers, const std
         }
       }
       judgement.verdict.devices.push_back(std::move(device));
+      judgement.ordinals.push_back(static_cast<std::uint32_t>(ordinal));
     }
   }
   return judgements;

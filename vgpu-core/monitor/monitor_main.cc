@@ -4,6 +4,8 @@
 //
 //   vgpu-monitor --containers /etc/vgpu/containers --verdicts /run/vgpu/verdicts [--period-ms 100]
 //                [--action report|kill] [--periods N] [--log-level 0..4]
+//                [--metrics-port PORT [--metrics-address ADDR] [--hami-metrics]]   (docs/metrics.md)
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -21,11 +23,14 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "vgpu/monitor/metrics.h"
+#include "vgpu/monitor/metrics_server.h"
 #include "vgpu/monitor/monitor.h"
 #include "vgpu/verdict/verdict.h"
 #include "vgpu/verdict/verdict_file.h"
@@ -61,16 +66,23 @@ struct Options {
   std::uint64_t period_ms = 100;
   bool kill = false;
   std::uint64_t periods = 0;  // 0: until SIGTERM or SIGINT
+  int metrics_port = -1;      // -1: no metrics served
+  std::string metrics_address = "0.0.0.0";
+  bool hami_metrics = false;
 };
 
 const char* const kUsage =
     "usage: vgpu-monitor --containers DIR --verdicts DIR [--period-ms 10..60000] [--action report|kill] "
-    "[--periods N] [--log-level 0..4]\n"
+    "[--periods N] [--log-level 0..4] [--metrics-port PORT [--metrics-address ADDR] [--hami-metrics]]\n"
     "  --containers DIR  one <name>.conf per container: VGPU_CGROUP=..., VGPU_DEVICES=... (optional) and its limits\n"
     "                    (CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT, ...): docs/node-monitor.md\n"
     "  --verdicts DIR    where <name>/verdict is written for each container (mounted read-only into it)\n"
     "  --action kill     also SIGKILL the largest process of a container over its memory limit, one per period\n"
     "  --periods N       stop after N periods (default: run until SIGTERM or SIGINT)\n"
+    "  --metrics-port PORT     serve Prometheus' text at http://ADDR:PORT/metrics (0: a free port, logged):\n"
+    "                          docs/metrics.md\n"
+    "  --metrics-address ADDR  the IPv4 address to serve on (default 0.0.0.0)\n"
+    "  --hami-metrics          also HAMi's hami_* series, from each container's VGPU_CACHE file\n"
     "  --cgroup-of PID   print the cgroup path the monitor sees for a process (what VGPU_CGROUP names), and exit\n";
 
 bool ParseCount(const char* text, std::uint64_t low, std::uint64_t high, std::uint64_t& value) {
@@ -115,6 +127,10 @@ bool ParseOptions(int argc, char** argv, Options& options) {
       std::printf("%s\n", path.c_str());
       std::exit(0);
     }
+    if (name == "--hami-metrics") {
+      options.hami_metrics = true;
+      continue;
+    }
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (value == nullptr) {
       std::fprintf(stderr, "vgpu-monitor: %s needs a value\n%s", name.c_str(), kUsage);
@@ -145,6 +161,21 @@ bool ParseOptions(int argc, char** argv, Options& options) {
         return false;
       }
       options.periods = number;
+    } else if (name == "--metrics-port") {
+      if (!ParseCount(value, 0, 65535, number)) {
+        std::fprintf(stderr, "vgpu-monitor: --metrics-port '%s' is not a port number from 0 to 65535; e.g. 9394\n",
+                     value);
+        return false;
+      }
+      options.metrics_port = static_cast<int>(number);
+    } else if (name == "--metrics-address") {
+      in_addr parsed{};
+      if (inet_pton(AF_INET, value, &parsed) != 1) {
+        std::fprintf(stderr, "vgpu-monitor: --metrics-address '%s' is not an IPv4 address; e.g. 0.0.0.0 or 127.0.0.1\n",
+                     value);
+        return false;
+      }
+      options.metrics_address = value;
     } else if (name == "--log-level") {
       if (!ParseCount(value, 0, 4, number)) {
         std::fprintf(stderr, "vgpu-monitor: --log-level '%s' is not 0, 1, 2, 3 or 4\n", value);
@@ -158,6 +189,10 @@ bool ParseOptions(int argc, char** argv, Options& options) {
   }
   if (options.containers.empty() || options.verdicts.empty()) {
     std::fprintf(stderr, "vgpu-monitor: --containers and --verdicts are required\n%s", kUsage);
+    return false;
+  }
+  if (options.hami_metrics && options.metrics_port < 0) {
+    std::fprintf(stderr, "vgpu-monitor: --hami-metrics needs --metrics-port (the series are served there)\n");
     return false;
   }
   return true;
@@ -220,6 +255,7 @@ struct Nvml {
   decltype(&nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
   decltype(&nvmlDeviceGetProcessUtilization) utilization = nullptr;
   decltype(&nvmlDeviceGetMemoryInfo) memory = nullptr;
+  decltype(&nvmlDeviceGetUtilizationRates) utilization_rates = nullptr;
   decltype(&nvmlErrorString) error_string = nullptr;
 
   bool Load(std::string& error) {
@@ -238,7 +274,7 @@ struct Nvml {
            get(handle, "nvmlDeviceGetHandleByIndex_v2") && get(uuid, "nvmlDeviceGetUUID") &&
            get(processes, "nvmlDeviceGetComputeRunningProcesses_v3") &&
            get(utilization, "nvmlDeviceGetProcessUtilization") && get(memory, "nvmlDeviceGetMemoryInfo") &&
-           get(error_string, "nvmlErrorString");
+           get(utilization_rates, "nvmlDeviceGetUtilizationRates") && get(error_string, "nvmlErrorString");
   }
   const char* Why(nvmlReturn_t r) const { return error_string != nullptr ? error_string(r) : "?"; }
 };
@@ -280,8 +316,9 @@ struct SampleHistory {
   std::deque<Sample> samples;
 };
 
+// `figures`, when given (metrics served), gets the device's memory and utilization.
 bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector<Reading>& readings,
-                std::map<std::string, SampleHistory>& histories) {
+                std::map<std::string, SampleHistory>& histories, vgpu::monitor::DeviceFigures* figures) {
   nvmlDevice_t device = nullptr;
   char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
   nvmlReturn_t r = nvml.handle(index, &device);
@@ -353,6 +390,11 @@ bool ReadDevice(const Nvml& nvml, unsigned index, std::string& uuid, std::vector
           uuid.c_str(), process.pid, process.usedGpuMemory, memory.total);
       return false;
     }
+  }
+  if (figures != nullptr) {
+    *figures = {index, uuid, memory.used, memory.total, std::nullopt};
+    nvmlUtilization_t rates{};
+    if (nvml.utilization_rates(device, &rates) == NVML_SUCCESS) figures->utilization_percent = rates.gpu;
   }
   for (const nvmlProcessInfo_t& process : processes) {
     Reading reading;
@@ -428,6 +470,32 @@ bool WriteWhole(const std::string& path, const std::string& text, std::string& e
 
 void OnSignal(int) { g_stop = 1; }
 
+// With --metrics-port: this period's figures as Prometheus' text, handed to the server (docs/metrics.md). With
+// --hami-metrics each container's cache file is read; a new reason one is not read is logged once.
+void PublishMetrics(vgpu::monitor::MetricsServer& server, const Options& options, vgpu::monitor::PeriodFigures figures,
+                    std::map<std::string, std::string>& cache_reported) {
+  figures.hami = options.hami_metrics;
+  for (std::size_t c = 0; figures.hami && c < figures.containers.size(); ++c) {
+    const Container& container = figures.containers[c];
+    if (container.cache_path.empty()) continue;
+    vgpu::monitor::CacheFigures cache;
+    cache.container = c;
+    std::string error;
+    cache.state = vgpu::monitor::ReadCacheFile(container.cache_path, cache.cache, error);
+    const std::string key = container.name + " " + container.cache_path;
+    if (cache.state == vgpu::monitor::CacheState::invalid && cache_reported[key] != error) {
+      Log(1, "%s: cache file %s: %s: its hami_* series are left out", container.name.c_str(),
+          container.cache_path.c_str(), error.c_str());
+      cache_reported[key] = error;
+    } else if (cache.state != vgpu::monitor::CacheState::invalid) {
+      cache_reported.erase(key);
+    }
+    figures.caches.push_back(std::move(cache));
+  }
+  figures.stamp_ns = Now(CLOCK_REALTIME);
+  server.Publish(vgpu::monitor::FormatMetrics(figures));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -447,6 +515,15 @@ int main(int argc, char** argv) {
     Log(0, "cannot create the verdicts folder %s: %s", options.verdicts.c_str(), std::strerror(errno));
     return 1;
   }
+  vgpu::monitor::MetricsServer server;
+  if (options.metrics_port >= 0) {
+    if (!server.Start(options.metrics_address, static_cast<std::uint16_t>(options.metrics_port), error)) {
+      Log(0, "%s (--metrics-address, --metrics-port)", error.c_str());
+      return 1;
+    }
+    Log(1, "serving metrics on http://%s:%u/metrics", options.metrics_address.c_str(), server.port());
+  }
+  std::map<std::string, std::string> cache_reported;
   struct sigaction action {};
   action.sa_handler = OnSignal;
   sigaction(SIGTERM, &action, nullptr);
@@ -465,6 +542,7 @@ int main(int argc, char** argv) {
     const std::vector<Container> containers = files.Load();
     std::vector<std::string> devices;
     std::vector<Reading> readings;
+    vgpu::monitor::PeriodFigures figures;
     unsigned device_count = 0;
     if (const nvmlReturn_t r = nvml.count(&device_count); r != NVML_SUCCESS) {
       Log(2, "nvmlDeviceGetCount_v2 failed: %s", nvml.Why(r));
@@ -473,7 +551,9 @@ int main(int argc, char** argv) {
     for (unsigned index = 0; index < device_count && index < 64; ++index) {
       std::string uuid;
       std::vector<Reading> found;
-      if (ReadDevice(nvml, index, uuid, found, histories)) {
+      vgpu::monitor::DeviceFigures device;
+      if (ReadDevice(nvml, index, uuid, found, histories, options.metrics_port >= 0 ? &device : nullptr)) {
+        if (options.metrics_port >= 0) figures.devices.push_back(std::move(device));
         devices.push_back(uuid);
         readings.insert(readings.end(), found.begin(), found.end());
       }
@@ -525,6 +605,12 @@ int main(int argc, char** argv) {
               std::strerror(errno));
         }
       }
+    }
+    if (options.metrics_port >= 0) {
+      figures.containers = containers;
+      figures.judgements = judgements;
+      figures.periods = period + 1;
+      PublishMetrics(server, options, std::move(figures), cache_reported);
     }
     next += period_ns;
     const std::uint64_t now = Now(CLOCK_MONOTONIC);

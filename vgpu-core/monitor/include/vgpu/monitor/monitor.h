@@ -19,13 +19,21 @@ struct Container {
   std::string cgroup;                // VGPU_CGROUP: its processes' cgroup, or an ancestor of theirs
   std::vector<std::string> devices;  // VGPU_DEVICES: its devices in its CUDA order; empty: every GPU, NVML's order
   policy::Config limits;             // its limits, by the container's CUDA ordinals
+  // For the metrics (docs/metrics.md), all optional: VGPU_CACHE, the host path of its HAMi cache file or of the folder
+  // holding it; VGPU_POD_NAMESPACE, VGPU_POD_NAME, VGPU_CONTAINER_NAME, its names in Kubernetes.
+  std::string cache_path;
+  std::string pod_namespace;
+  std::string pod_name;
+  std::string container_name;
 };
 
 // Whether `name` may name a container (and its verdict folder): 1..64 of [A-Za-z0-9._-], not starting with '.'.
 bool IsContainerName(std::string_view name);
 
 // Parses a container file: KEY=VALUE lines (the shim's config file syntax), VGPU_CGROUP (required, an absolute
-// path), VGPU_DEVICES (optional, comma-separated device UUIDs) and the shim's limit names. On failure returns false
+// path), VGPU_DEVICES (optional, comma-separated device UUIDs), the shim's limit names, and the metrics' optional
+// VGPU_CACHE (an absolute path) and VGPU_POD_NAMESPACE, VGPU_POD_NAME, VGPU_CONTAINER_NAME (1..253 of
+// [A-Za-z0-9._-]). On failure returns false
 // and sets `error` to one line naming the line or key, the value and an accepted example (the caller names the file).
 bool ParseContainer(std::string_view name, std::string_view text, std::string_view path, Container& out,
                     std::string& error);
@@ -54,6 +62,8 @@ struct Reading {
 struct Judgement {
   std::size_t container = 0;             // index into the containers given
   verdict::Verdict verdict;              // devices and processes (seq and stamp are the writer's)
+  std::vector<std::uint32_t> ordinals;   // the container's CUDA ordinal of each of verdict.devices
+  std::vector<std::string> sm_shared;    // devices another container's processes also run on: SM use not judged
   std::vector<std::string> memory_over;  // devices the container holds more of than its limit
   std::uint32_t kill_host_pid = 0;       // with `kill`: the process to end this period (0: none)
 };

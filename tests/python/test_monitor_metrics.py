@@ -1,0 +1,257 @@
+"""vgpu-monitor's /metrics (docs/metrics.md), scraped as Prometheus scrapes it: the real monitor over fakecuda beside a
+live container under the shim, the text parsed with prometheus_client's own parser. The container's memory must be
+what the driver shows for its process, its limits its container file's, the device's figures NVML's; HAMi's series
+only with --hami-metrics, equal to what HAMi's monitor would read from the container's cache file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_hami_cache import read_as_hami_monitor
+
+GIB = 1 << 30
+
+HOST_NVML = """
+import json, pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+uuid = pynvml.nvmlDeviceGetUUID(h)
+memory = pynvml.nvmlDeviceGetMemoryInfo(h)
+processes = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+print(json.dumps({"uuid": uuid if isinstance(uuid, str) else uuid.decode(), "total": memory.total,
+                  "processes": processes}))
+"""
+
+
+def host_nvml(fake_gpu) -> dict:
+    """What the host's NVML shows for device 0 (a client outside the container: no shim)."""
+    env = {name: value for name, value in fake_gpu.env.items() if name != "LD_PRELOAD"}
+    run = subprocess.run([sys.executable, "-c", HOST_NVML], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+class Monitor:
+    """vgpu-monitor serving metrics on a free port of 127.0.0.1, judging one container, `box`: every process this test
+    starts (its cgroup is the test's own), with a 4 GiB and 40 % limit and its cache folder named."""
+
+    def __init__(self, fake_gpu, build_dir: Path, cache_folder: Path) -> None:
+        self.binary = build_dir / "bin" / "vgpu-monitor"
+        if not self.binary.exists():
+            pytest.skip(f"{self.binary} is not built")
+        self.fake_gpu = fake_gpu
+        work = fake_gpu.work_dir
+        self.containers, self.verdicts = work / "containers", work / "verdicts"
+        self.containers.mkdir()
+        cgroup = subprocess.run([str(self.binary), "--cgroup-of", str(os.getpid())], check=True, capture_output=True,
+                                text=True).stdout.strip()
+        (self.containers / "box.conf").write_text(
+            f"VGPU_CGROUP={cgroup}\nCUDA_DEVICE_MEMORY_LIMIT=4Gi\nCUDA_DEVICE_SM_LIMIT=40\n"
+            f"VGPU_CACHE={cache_folder}\nVGPU_POD_NAMESPACE=ml\nVGPU_POD_NAME=train-0\nVGPU_CONTAINER_NAME=main\n")
+        self.log_path = work / "monitor.log"
+        self.process = None
+        self.port = 0
+
+    def start(self, *flags: str) -> None:
+        env = {name: value for name, value in self.fake_gpu.env.items() if name != "LD_PRELOAD"}
+        self.log_file = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [str(self.binary), "--containers", str(self.containers), "--verdicts", str(self.verdicts),
+             "--period-ms", "50", "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags],
+            env=env, stdin=subprocess.DEVNULL, stdout=self.log_file, stderr=subprocess.STDOUT)
+        found = self.wait_for(lambda: re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log()),
+                              10, "the port it serves on")
+        self.port = int(found.group(1))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def scrape(self) -> dict:
+        """{(sample name, frozenset of labels): value} of one scrape; {} while no period is judged (503)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
+                assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                text = response.read().decode("utf-8")
+        except urllib.error.HTTPError as error:
+            assert error.code == 503, error
+            return {}
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = (sample.name, frozenset(sample.labels.items()))
+                assert key not in samples, f"{key} twice"
+                samples[key] = sample.value
+        return samples
+
+    def wait_for(self, predicate, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"vgpu-monitor exited with {self.process.returncode}: {self.log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"no {what} within {timeout} s; monitor log:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            assert self.process.wait(timeout=10) == 0, self.log()
+        if self.process is not None:
+            self.log_file.close()
+
+
+@pytest.fixture
+def box(fake_gpu, shim_path, build_dir):
+    """The next processes of `fake_gpu` are container `box` under the shim (its cache file in a folder, as HAMi's
+    device plugin lays it out), and a monitor knows it; start it with monitor.start(flags)."""
+    cache_folder = fake_gpu.work_dir / "box-folder"
+    cache_folder.mkdir()
+    fake_gpu.env.update({"LD_PRELOAD": str(shim_path), "CUDA_DEVICE_MEMORY_LIMIT": "4096m",
+                         "CUDA_DEVICE_SM_LIMIT": "40", "GPU_CORE_UTILIZATION_POLICY": "force",
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache_folder / "5f0c1a2b.cache")})
+    monitor = Monitor(fake_gpu, build_dir, cache_folder)
+    yield monitor
+    monitor.stop()
+
+
+def labelled(samples: dict, name: str, **labels: str) -> list[tuple[dict, float]]:
+    """The samples named `name` whose labels include `labels`: [(all their labels, value)]."""
+    return [(dict(key_labels), value) for (sample_name, key_labels), value in samples.items()
+            if sample_name == name and labels.items() <= dict(key_labels).items()]
+
+
+def one(samples: dict, name: str, **labels: str) -> float:
+    found = labelled(samples, name, **labels)
+    assert len(found) == 1, (name, labels, found, sorted({n for n, _ in samples}))
+    return found[0][1]
+
+
+def test_a_containers_memory_and_limits_are_the_drivers_and_its_files(fake_gpu, box):
+    box.start()
+    holder = fake_gpu.start_py("hold_memory.py", str(GIB))
+    held = holder.next_json(timeout=60)
+    host = host_nvml(fake_gpu)
+    driver_count = host["processes"][str(held["pid"])]
+    assert driver_count >= GIB
+    ours = dict(container="box", vdevice_index="0", device_uuid=host["uuid"])
+    samples = box.wait_for(
+        lambda: (s := box.scrape()) and labelled(s, "vgpu_container_memory_used_bytes", **ours)
+        and one(s, "vgpu_container_memory_used_bytes", **ours) == driver_count and s, 20,
+        "the holder's memory in the container's series")
+    assert one(samples, "vgpu_container_memory_limit_bytes", **ours) == 4 * GIB
+    assert one(samples, "vgpu_container_sm_limit_ratio", **ours) == pytest.approx(0.4)
+    assert one(samples, "vgpu_container_info", container="box", namespace="ml", pod="train-0",
+               container_name="main") == 1
+    device = dict(device_index="0", device_uuid=host["uuid"])
+    assert one(samples, "vgpu_device_memory_total_bytes", **device) == host["total"]
+    assert one(samples, "vgpu_device_memory_used_bytes", **device) >= driver_count
+    assert 0 <= one(samples, "vgpu_device_utilization_ratio", **device) <= 1
+    assert one(samples, "vgpu_monitor_periods_total") >= 1
+    assert abs(one(samples, "vgpu_monitor_last_period_timestamp_seconds") - time.time()) < 10
+    assert not [name for name, _ in samples if name.startswith("hami_") or name.startswith("vgpu_container_hami")], \
+        "HAMi's series without --hami-metrics"
+    assert holder.finish(timeout=30).returncode == 0
+    box.wait_for(lambda: (s := box.scrape()) and one(s, "vgpu_container_memory_used_bytes", **ours) == 0, 20,
+                 "the container's memory back to 0 once its process ended")
+
+
+def test_hamis_series_with_the_flag_are_what_hamis_monitor_reads_from_the_cache_file(fake_gpu, box):
+    box.start("--hami-metrics")
+    assert one(box.wait_for(box.scrape, 10, "a first scrape"), "vgpu_container_hami_cache_valid",
+               container="box") == 0, "no CUDA call yet: no cache file"
+    holder = fake_gpu.start_py("hold_memory.py", str(GIB))
+    holder.next_json(timeout=60)
+    cache = next((fake_gpu.work_dir / "box-folder").glob("*.cache"))
+    view = read_as_hami_monitor(cache)[0]  # steady while the holder holds
+    hami = dict(namespace="ml", pod="train-0", container="main", vdevice_index="0", device_uuid=view.uuid,
+                zone="vGPU")
+    samples = box.wait_for(
+        lambda: (s := box.scrape()) and labelled(s, "hami_vgpu_memory_used_bytes", **hami)
+        and one(s, "hami_vgpu_memory_used_bytes", **hami) == view.memory_bytes and s, 20,
+        "the cache file's memory in hami_vgpu_memory_used_bytes")
+    assert GIB <= view.memory_bytes
+    assert one(samples, "hami_container_device_memory_bytes", **hami) == view.memory_bytes
+    assert one(samples, "hami_vgpu_memory_limit_bytes", **hami) == 4 * GIB == view.limit_bytes
+    assert one(samples, "hami_vgpu_memory_buffer_bytes", **hami) >= GIB
+    assert (one(samples, "hami_vgpu_memory_context_bytes", **hami) + one(samples, "hami_vgpu_memory_module_bytes",
+                                                                         **hami)
+            + one(samples, "hami_vgpu_memory_buffer_bytes", **hami)) == view.memory_bytes
+    assert one(samples, "hami_container_device_utilization_ratio", **hami) >= 0
+    assert one(samples, "vgpu_container_hami_cache_valid", container="box") == 1
+    assert holder.finish(timeout=30).returncode == 0
+
+
+def test_a_launching_container_shows_its_share_and_the_devices_utilization(fake_gpu, box, tenant_available):
+    box.start()
+    tenant = fake_gpu.start_tenant("--kernel-us", "2000", "--seconds", "4")
+    uuid = host_nvml(fake_gpu)["uuid"]
+    ours = dict(container="box", vdevice_index="0", device_uuid=uuid)
+    samples = box.wait_for(
+        lambda: (s := box.scrape()) and labelled(s, "vgpu_container_sm_used_ratio", **ours)
+        and one(s, "vgpu_container_sm_used_ratio", **ours) > 0.1 and s, 20, "the container's share above 10 %")
+    assert one(samples, "vgpu_container_sm_used_ratio", **ours) <= 0.6, "a 40 % cap"
+    box.wait_for(lambda: (s := box.scrape()) and one(s, "vgpu_device_utilization_ratio", device_index="0",
+                                                     device_uuid=uuid) > 0.1, 20, "the device's utilization")
+    assert tenant.finish(timeout=60).returncode == 0
+
+
+def test_a_bad_cache_file_is_reported_once_and_the_rest_still_served(fake_gpu, box):
+    folder = fake_gpu.work_dir / "box-folder"
+    (folder / "x.cache").write_bytes(b"\0" * 4096)
+    box.start("--hami-metrics", "--log-level", "1")
+    samples = box.wait_for(lambda: (s := box.scrape()) and s, 10, "a first scrape")
+    time.sleep(0.5)  # ten periods
+    samples = box.scrape()
+    assert one(samples, "vgpu_container_hami_cache_valid", container="box") == 0
+    assert not [name for name, _ in samples if name.startswith("hami_")]
+    assert labelled(samples, "vgpu_container_memory_limit_bytes", container="box")
+    assert box.log().count("x.cache: magic 0 is not HAMi's 19920718") == 1, box.log()
+
+
+def test_a_port_in_use_or_a_bad_flag_is_refused_naming_it(fake_gpu, box):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([str(box.binary), "--containers", str(box.containers), "--verdicts", str(box.verdicts),
+                              "--metrics-address", "127.0.0.1", "--metrics-port", str(port)],
+                             env=fake_gpu.env | {"LD_PRELOAD": ""}, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1, run
+    assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use" in run.stderr, run.stderr
+    cases = {("--metrics-port", "70000"): "--metrics-port '70000' is not a port number from 0 to 65535",
+             ("--metrics-address", "localhost"): "--metrics-address 'localhost' is not an IPv4 address",
+             ("--hami-metrics",): "--hami-metrics needs --metrics-port"}
+    for args, said in cases.items():
+        run = subprocess.run([str(box.binary), "--containers", str(box.containers), "--verdicts", str(box.verdicts),
+                              *args], capture_output=True, text=True, timeout=30)
+        assert run.returncode == 2 and said in run.stderr, (args, run.stderr)
+
+
+def test_a_silent_scraper_stalls_neither_the_judging_nor_the_next_scrape_for_long(fake_gpu, box):
+    box.start()
+    first = one(box.wait_for(box.scrape, 10, "a first scrape"), "vgpu_monitor_periods_total")
+    verdict = box.verdicts / "box" / "verdict"
+    seq = lambda: int(verdict.read_text().splitlines()[1].split()[1])  # noqa: E731
+    with socket.create_connection(("127.0.0.1", box.port)) as silent:  # connects, never asks
+        before = seq()
+        time.sleep(1)
+        assert seq() >= before + 10 * 50_000_000, "verdicts went on being written every 50 ms"
+        started = time.monotonic()
+        later = one(box.scrape(), "vgpu_monitor_periods_total")
+        assert time.monotonic() - started < 4, "the silent connection is dropped after its 2 s read limit"
+        assert later >= first + 20
+        assert silent.recv(100) == b"", "closed without an answer"

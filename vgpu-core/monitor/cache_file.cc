@@ -1,0 +1,101 @@
+// The OS side of reading a container's HAMi cache file (docs/metrics.md, "Finding the file"): a file or a folder's
+// single *.cache, opened without following links or blocking, checked to be a regular file, read with bounded preads.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "vgpu/monitor/hami_cache.h"
+
+namespace vgpu::monitor {
+namespace {
+
+constexpr std::size_t kMaxFolderEntries = 1024;
+
+// The names of the *.cache entries of the open folder `dir_fd` (at most kMaxFolderEntries entries looked at).
+std::vector<std::string> CacheNames(int dir_fd) {
+  std::vector<std::string> names;
+  const int listing_fd = ::dup(dir_fd);
+  DIR* dir = listing_fd < 0 ? nullptr : ::fdopendir(listing_fd);
+  if (dir == nullptr) {
+    if (listing_fd >= 0) ::close(listing_fd);
+    return names;
+  }
+  std::size_t seen = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (++seen > kMaxFolderEntries) break;
+    const std::string name = entry->d_name;
+    if (name.size() > 6 && name.compare(name.size() - 6, 6, ".cache") == 0) names.push_back(name);
+  }
+  ::closedir(dir);
+  return names;
+}
+
+// Opens the cache file at `path` (or the folder's single *.cache, named in `found`): a descriptor, or -1 with `state`
+// and `error` set.
+int OpenCache(const std::string& path, std::string& found, CacheState& state, std::string& error) {
+  constexpr int kFlags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  const int fd = ::open(path.c_str(), kFlags);
+  if (fd < 0) {
+    state = errno == ENOENT ? CacheState::absent : CacheState::invalid;
+    error = "cannot open: " + std::string(std::strerror(errno));
+    return -1;
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISDIR(info.st_mode)) return fd;
+  const std::vector<std::string> names = CacheNames(fd);
+  int file_fd = -1;
+  if (names.empty()) {
+    state = CacheState::absent;
+  } else if (names.size() > 1) {
+    state = CacheState::invalid;
+    error = "the folder holds " + std::to_string(names.size()) + " *.cache files (" + names[0] + ", " + names[1] +
+            (names.size() > 2 ? ", ..." : "") + "); accepted: one";
+  } else {
+    found = names[0];
+    file_fd = ::openat(fd, names[0].c_str(), kFlags);
+    if (file_fd < 0) {
+      state = errno == ENOENT ? CacheState::absent : CacheState::invalid;
+      error = "cannot open " + names[0] + ": " + std::strerror(errno);
+    }
+  }
+  ::close(fd);
+  return file_fd;
+}
+
+}  // namespace
+
+CacheState ReadCacheFile(const std::string& path, HamiCache& out, std::string& error) {
+  CacheState state = CacheState::invalid;
+  std::string found;
+  const int fd = OpenCache(path, found, state, error);
+  if (fd < 0) return state;
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    error = (found.empty() ? std::string() : found + ": ") + "not a regular file";
+    ::close(fd);
+    return CacheState::invalid;
+  }
+  const ReadAt read = [fd](std::uint64_t offset, std::size_t length, void* into) {
+    std::size_t done = 0;
+    while (done < length) {
+      const ssize_t got =
+          ::pread(fd, static_cast<char*>(into) + done, length - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      done += static_cast<std::size_t>(got);
+    }
+    return true;
+  };
+  const bool valid = ReadHamiCache(static_cast<std::uint64_t>(info.st_size), read, out, error);
+  ::close(fd);
+  if (!valid && !found.empty()) error = found + ": " + error;
+  return valid ? CacheState::read : CacheState::invalid;
+}
+
+}  // namespace vgpu::monitor
