@@ -7,12 +7,13 @@
 //   3. as an environment: one KEY=VALUE string per line, checked by CheckDeviceKeys and parsed by ParseConfig with a
 //      getenv-like lookup (the first entry of a name wins).
 // Invariants, each against an oracle written here independently of config.cc:
-//   - sizes, percents, log levels, policies and paths are accepted exactly when the contract says (config.h), and a
-//     config that parses holds exactly the oracle's limits: memory limits are the stated bytes (the per-device value
-//     when non-zero, else the all-devices one), SM limits 0..99 (100 stored as 0), log level 0..4;
+//   - sizes, percents, log levels, policies, switches and paths are accepted exactly when the contract says
+//     (config.h), and a config that parses holds exactly the oracle's limits: memory limits are the stated bytes (the
+//     per-device value when non-zero, else the all-devices one), SM limits 0..99 (100 stored as 0), log level 0..4;
+//     CUDA_DISABLE_CONTROL=true (Go's ParseBool spellings) gives a config with no limit, whatever else is set;
 //   - a refused config names the first wrong variable in the parser's order, leaves `out` untouched, and its message
 //     is one line of printable ASCII starting "vgpu: ";
-//   - ParseConfig asks its lookup for the contract's names only; IsConfigKey agrees with the list of 40 names;
+//   - ParseConfig asks its lookup for the contract's names only; IsConfigKey agrees with the list of 42 names;
 //   - the config file grammar (trimmed KEY=VALUE lines, '#' comments, no duplicates, no unknown keys) matches an
 //     oracle line by line, and a refusal names a line that exists.
 #include <fcntl.h>
@@ -71,10 +72,13 @@ constexpr const char* kHeadroom = "VGPU_DRIVER_HEADROOM";
 constexpr const char* kSharing = "VGPU_COMPUTE_SHARING";
 constexpr const char* kSchedule = "VGPU_SCHEDULE_FILE";
 constexpr const char* kPriority = "CUDA_TASK_PRIORITY";
+constexpr const char* kDisableControl = "CUDA_DISABLE_CONTROL";
+constexpr const char* kOversubscribe = "CUDA_OVERSUBSCRIBE";
 
 const std::set<std::string>& ContractNames() {
   static const std::set<std::string> names = [] {
-    std::set<std::string> all{kMemory, kSm, kCache, kPolicy, kLog, kVerdict, kHeadroom, kSharing, kSchedule, kPriority};
+    std::set<std::string> all{kMemory,   kSm,      kCache,    kPolicy,         kLog,          kVerdict,
+                              kHeadroom, kSharing, kSchedule, kPriority, kDisableControl, kOversubscribe};
     for (int i = 0; i < kMaxDevices; ++i) {
       all.insert(std::string(kMemory) + "_" + std::to_string(i));
       all.insert(std::string(kSm) + "_" + std::to_string(i));
@@ -129,6 +133,15 @@ std::optional<ComputePolicy> OraclePolicy(std::string_view text) {
   return std::nullopt;
 }
 
+// Go's strconv.ParseBool, the way HAMi's device plugin reads CUDA_DISABLE_CONTROL.
+std::optional<bool> OracleSwitch(std::string_view text) {
+  static const std::set<std::string, std::less<>> kTrue{"1", "t", "T", "TRUE", "true", "True"};
+  static const std::set<std::string, std::less<>> kFalse{"0", "f", "F", "FALSE", "false", "False"};
+  if (kTrue.count(text) != 0) return true;
+  if (kFalse.count(text) != 0) return false;
+  return std::nullopt;
+}
+
 using Entries = std::vector<std::pair<std::string, std::string>>;
 
 std::optional<std::string> Find(const Entries& entries, std::string_view key) {
@@ -152,6 +165,16 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     expected.wrong_variable = std::move(variable);
     return expected;
   };
+  // Read first: when true, nothing else is, and there is no limit.
+  if (const auto text = Find(entries, kDisableControl)) {
+    const auto disabled = OracleSwitch(*text);
+    if (!disabled) return refuse(kDisableControl);
+    if (*disabled) {
+      config.control_disabled = true;
+      expected.config = std::move(config);
+      return expected;
+    }
+  }
   for (const bool memory : {true, false}) {
     const std::string base = memory ? kMemory : kSm;
     std::uint64_t all = 0;
@@ -227,6 +250,11 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     if (!level) return refuse(kLog);
     config.log_level = static_cast<int>(*level);
   }
+  if (const auto text = Find(entries, kOversubscribe)) {
+    const auto oversubscribe = OracleSwitch(*text);
+    if (!oversubscribe) return refuse(kOversubscribe);
+    config.oversubscribe = *oversubscribe;
+  }
   expected.config = std::move(config);
   return expected;
 }
@@ -236,8 +264,8 @@ bool SameConfig(const Config& a, const Config& b) {
          a.region_path == b.region_path && a.verdict_path == b.verdict_path && a.sharing == b.sharing &&
          a.schedule_path == b.schedule_path &&
          a.driver_headroom_bytes == b.driver_headroom_bytes && a.policy == b.policy && a.log_level == b.log_level &&
-         a.task_priority == b.task_priority &&
-         a.source == b.source;
+         a.task_priority == b.task_priority && a.control_disabled == b.control_disabled &&
+         a.oversubscribe == b.oversubscribe && a.source == b.source;
 }
 
 // A message the shim prints once on stderr: one line, printable ASCII, bounded, starting "vgpu: ".
@@ -264,6 +292,7 @@ void CheckRanges(const Config& config) {
   }
   CHECK(config.AnyMemoryLimit() == any_memory);
   CHECK(config.AnyLimit() == any);
+  CHECK(!config.control_disabled || !any, "CUDA_DISABLE_CONTROL=true left a limit");
 }
 
 // ParseConfig over `entries` against the oracle. Returns the parsed config, if any.

@@ -310,6 +310,124 @@ TEST(ParseConfig, TaskPriorityIsADecimalFrom0To1000DefaultingTo1) {
   EXPECT_NE(ParseConfigError({{"CUDA_TASK_PRIORITY", "9999"}}).find("from 0 (the highest) to 1000"), std::string::npos);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The switches HAMi's device plugin deals in (docs/hami-env.md): CUDA_DISABLE_CONTROL, CUDA_OVERSUBSCRIBE
+
+// The device plugin decides whether to mount /etc/ld.so.preload with Go's strconv.ParseBool on CUDA_DISABLE_CONTROL:
+// a value it reads as true must be true for the shim too, or the two would disagree about the same container.
+TEST(ParseSwitch, AcceptsExactlyGosParseBoolSpellings) {
+  for (const std::string yes : {"1", "t", "T", "TRUE", "true", "True"}) {
+    bool value = false;
+    EXPECT_TRUE(ParseSwitch(yes, value)) << yes;
+    EXPECT_TRUE(value) << yes;
+  }
+  for (const std::string no : {"0", "f", "F", "FALSE", "false", "False"}) {
+    bool value = true;
+    EXPECT_TRUE(ParseSwitch(no, value)) << no;
+    EXPECT_FALSE(value) << no;
+  }
+  for (const std::string& bad : std::vector<std::string>{"", "yes", "no", "on", "off", "tRUE", "TRue", " true", "true ",
+                                                         "true\n", "2", "-1", "01", "truefalse",
+                                                         std::string("true\0", 5)}) {
+    bool value = true;
+    EXPECT_FALSE(ParseSwitch(bad, value)) << Printable(bad);
+    EXPECT_TRUE(value) << "written on failure: " << Printable(bad);
+  }
+}
+
+// What HAMi's device plugin writes for a container given two devices (server.go, Allocate): MiB with an "m" suffix per
+// device in allocation order, one SM limit (the first device's cores) for every device, a cache file per container.
+TEST(ParseConfig, HamisDevicePluginEnvironmentGivesMiBLimitsAndOneSmLimitForEveryDevice) {
+  const Config config = ParseConfigOk({{"CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"},
+                                       {"CUDA_DEVICE_MEMORY_LIMIT_1", "3000m"},
+                                       {"CUDA_DEVICE_SM_LIMIT", "30"},
+                                       {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/3f0c0b2e.cache"},
+                                       {"CUDA_OVERSUBSCRIBE", "true"},
+                                       {"LIBCUDA_LOG_LEVEL", "1"},
+                                       {"GPU_CORE_UTILIZATION_POLICY", "disable"},
+                                       {"CUDA_TASK_PRIORITY", "0"}});
+  EXPECT_EQ(config.memory_limit_bytes[0], 1024 * kMiB);
+  EXPECT_EQ(config.memory_limit_bytes[1], 3000 * kMiB);
+  EXPECT_EQ(config.memory_limit_bytes[2], 0u) << "a device HAMi gave no limit has none";
+  for (int device = 0; device < kMaxDevices; ++device) EXPECT_EQ(config.sm_limit_percent[device], 30u) << device;
+  EXPECT_EQ(config.region_path, "/usr/local/vgpu/3f0c0b2e.cache");
+  EXPECT_TRUE(config.oversubscribe);
+  EXPECT_FALSE(config.control_disabled);
+  EXPECT_EQ(config.policy, ComputePolicy::disable);
+  EXPECT_EQ(config.task_priority, 0);
+  EXPECT_EQ(config.log_level, 1);
+}
+
+// CUDA_DISABLE_CONTROL=true: the shim, if loaded at all, must behave as if it were not: no limit, and no variable
+// read (not even a broken one: it would not have been read without the shim either).
+TEST(ParseConfig, DisableControlTrueLeavesNoLimitAndReadsNothingElse) {
+  for (const std::string yes : {"true", "1", "TRUE"}) {
+    std::vector<std::string> asked;
+    const Values values = {{"CUDA_DISABLE_CONTROL", yes},
+                           {"CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"},
+                           {"CUDA_DEVICE_SM_LIMIT", "30"},
+                           {"LIBCUDA_LOG_LEVEL", "broken"},
+                           {"CUDA_OVERSUBSCRIBE", "broken"}};
+    Config config;
+    std::string error;
+    ASSERT_TRUE(ParseConfig(
+        [&](std::string_view key) -> std::optional<std::string> {
+          asked.emplace_back(key);
+          return FromMap(values)(key);
+        },
+        "test", config, error))
+        << error;
+    EXPECT_TRUE(config.control_disabled) << yes;
+    EXPECT_FALSE(config.AnyLimit()) << yes;
+    EXPECT_EQ(asked, std::vector<std::string>{"CUDA_DISABLE_CONTROL"}) << yes;
+    EXPECT_EQ(config.source, "test");
+  }
+}
+
+TEST(ParseConfig, DisableControlFalseOrUnsetKeepsEveryLimit) {
+  for (const Values& values : {Values{}, Values{{"CUDA_DISABLE_CONTROL", "false"}},
+                               Values{{"CUDA_DISABLE_CONTROL", "0"}}}) {
+    Values with_limits = values;
+    with_limits["CUDA_DEVICE_MEMORY_LIMIT_0"] = "1024m";
+    with_limits["CUDA_DEVICE_SM_LIMIT"] = "30";
+    const Config config = ParseConfigOk(with_limits);
+    EXPECT_FALSE(config.control_disabled);
+    EXPECT_EQ(config.memory_limit_bytes[0], 1024 * kMiB);
+    EXPECT_EQ(config.sm_limit_percent[1], 30u);
+  }
+  // And the other variables are read, so a broken one is still an error.
+  ParseConfigError({{"CUDA_DISABLE_CONTROL", "false"}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "1024x"}});
+}
+
+// A value outside the switch's spellings fails closed (no GPU rather than a guess either way), with one line that
+// names the variable, the value and what is accepted.
+TEST(ParseConfig, DisableControlOtherThanTrueOrFalseIsAnErrorNamingWhatIsAccepted) {
+  for (const std::string bad : {"", "yes", "on", "enabled", " true", "TRue", "2"}) {
+    const std::string error =
+        ParseConfigError({{"CUDA_DISABLE_CONTROL", bad}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"}});
+    ExpectNamesVariableAndValue(error, "CUDA_DISABLE_CONTROL", bad);
+    EXPECT_NE(error.find("is not true or false"), std::string::npos) << error;
+    EXPECT_NE(error.find("e.g. CUDA_DISABLE_CONTROL=true"), std::string::npos) << error;
+  }
+}
+
+// CUDA_OVERSUBSCRIBE=true (HAMi: memory scaling above 1) is accepted and recorded; the limits stay exactly as given.
+TEST(ParseConfig, OversubscribeIsASwitchThatLeavesTheMemoryLimitsAsGiven) {
+  EXPECT_FALSE(ParseConfigOk({}).oversubscribe);
+  for (const std::string yes : {"true", "True", "1"}) {
+    const Config config = ParseConfigOk({{"CUDA_OVERSUBSCRIBE", yes}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"}});
+    EXPECT_TRUE(config.oversubscribe) << yes;
+    EXPECT_EQ(config.memory_limit_bytes[0], 1024 * kMiB) << yes;
+    EXPECT_EQ(config.memory_limit_bytes[1], 0u) << yes;
+  }
+  EXPECT_FALSE(ParseConfigOk({{"CUDA_OVERSUBSCRIBE", "false"}}).oversubscribe);
+  for (const std::string bad : {"", "yes", "2", "true "}) {
+    const std::string error = ParseConfigError({{"CUDA_OVERSUBSCRIBE", bad}});
+    ExpectNamesVariableAndValue(error, "CUDA_OVERSUBSCRIBE", bad);
+    EXPECT_NE(error.find("e.g. CUDA_OVERSUBSCRIBE=true"), std::string::npos) << error;
+  }
+}
+
 TEST(ParseConfig, EveryErrorNamesVariableValueSourceAndExample) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"CUDA_DEVICE_MEMORY_LIMIT", "4x"},        {"CUDA_DEVICE_MEMORY_LIMIT", ""},
@@ -361,7 +479,7 @@ TEST(ParseConfig, AsksOnlyForKnownKeys) {
         return std::nullopt;
       },
       "test", config, error));
-  EXPECT_EQ(asked.size(), 10u + 2u * kMaxDevices);
+  EXPECT_EQ(asked.size(), 12u + 2u * kMaxDevices);
   for (const auto& key : asked) EXPECT_TRUE(IsConfigKey(key)) << key;
 }
 
@@ -378,7 +496,8 @@ TEST(ParseConfig, EmptyLookupIsAnErrorNotAnException) {
 TEST(IsConfigKey, KnowsTheContractNames) {
   for (const std::string key : {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
                                 "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL", "VGPU_DRIVER_HEADROOM",
-                                "CUDA_TASK_PRIORITY", "CUDA_DEVICE_MEMORY_LIMIT_0",
+                                "CUDA_TASK_PRIORITY", "CUDA_DISABLE_CONTROL", "CUDA_OVERSUBSCRIBE",
+                                "CUDA_DEVICE_MEMORY_LIMIT_0",
                                 "CUDA_DEVICE_MEMORY_LIMIT_15", "CUDA_DEVICE_SM_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_10"}) {
     EXPECT_TRUE(IsConfigKey(key)) << key;
   }
@@ -719,6 +838,37 @@ TEST_F(LoadConfigTest, UnknownDeviceIndexInEnvironmentIsAnError) {
   std::string error;
   EXPECT_FALSE(LoadConfig(config, error, Absent().c_str()));
   ExpectNamesVariableAndValue(error, "CUDA_DEVICE_MEMORY_LIMIT_20", "4g");
+}
+
+TEST_F(LoadConfigTest, DisableControlInEnvironmentLiftsEveryLimitEvenBesideAMisspeltDeviceKey) {
+  SetEnv("CUDA_DISABLE_CONTROL", "true");
+  SetEnv("CUDA_DEVICE_MEMORY_LIMIT_0", "1024m");
+  SetEnv("CUDA_DEVICE_MEMORY_LIMIT_20", "4g");  // an error where the variables are read; they are not
+  Config config;
+  std::string error;
+  ASSERT_TRUE(LoadConfig(config, error, Absent().c_str())) << error;
+  EXPECT_TRUE(config.control_disabled);
+  EXPECT_FALSE(config.AnyLimit());
+  // Without the switch the same environment is refused.
+  SetEnv("CUDA_DISABLE_CONTROL", "false");
+  EXPECT_FALSE(LoadConfig(config, error, Absent().c_str()));
+  ExpectNamesVariableAndValue(error, "CUDA_DEVICE_MEMORY_LIMIT_20", "4g");
+}
+
+// Where the node's config file exists the container's environment is not read: a user cannot switch control off.
+TEST_F(LoadConfigTest, DisableControlInEnvironmentIsIgnoredWhenTheSystemFileExists) {
+  const std::string system = Write("system.conf", "CUDA_DEVICE_MEMORY_LIMIT_0=1024m\n");
+  SetEnv("CUDA_DISABLE_CONTROL", "true");
+  Config config;
+  std::string error;
+  ASSERT_TRUE(LoadConfig(config, error, system.c_str())) << error;
+  EXPECT_FALSE(config.control_disabled);
+  EXPECT_EQ(config.memory_limit_bytes[0], 1024 * kMiB);
+  // The node may switch it off in the file itself.
+  const std::string off = Write("off.conf", "CUDA_DISABLE_CONTROL=true\nCUDA_DEVICE_MEMORY_LIMIT_0=1024m\n");
+  ASSERT_TRUE(LoadConfig(config, error, off.c_str())) << error;
+  EXPECT_TRUE(config.control_disabled);
+  EXPECT_FALSE(config.AnyLimit());
 }
 
 TEST_F(LoadConfigTest, BadEnvironmentValueIsAnErrorAndLeavesOutputUntouched) {

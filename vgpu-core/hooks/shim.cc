@@ -241,6 +241,10 @@ Mode Initialize() {
   }
   shim.mode.store(mode, std::memory_order_release);
   if (mode == Mode::limited) Log(3, "limits from %s, region %s", shim.config.source.c_str(), shim.config.region_path.c_str());
+  if (mode == Mode::limited && shim.config.oversubscribe) {
+    Log(2, "CUDA_OVERSUBSCRIBE=true: memory oversubscription (spilling to host memory) is not supported; the memory "
+           "limits hold as given (docs/hami-env.md)");
+  }
   return mode;
 }
 

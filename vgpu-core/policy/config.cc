@@ -20,6 +20,8 @@ constexpr std::string_view kDriverHeadroom = "VGPU_DRIVER_HEADROOM";
 constexpr std::string_view kSharing = "VGPU_COMPUTE_SHARING";
 constexpr std::string_view kScheduleFile = "VGPU_SCHEDULE_FILE";
 constexpr std::string_view kTaskPriority = "CUDA_TASK_PRIORITY";
+constexpr std::string_view kDisableControl = "CUDA_DISABLE_CONTROL";
+constexpr std::string_view kOversubscribe = "CUDA_OVERSUBSCRIBE";
 
 // The longest path open(2) takes (PATH_MAX counts the terminating NUL); spelled out to keep this file OS-free.
 constexpr std::size_t kMaxPathBytes = 4095;
@@ -220,10 +222,26 @@ bool ParseSize(std::string_view text, std::uint64_t& bytes) {
   return true;
 }
 
+bool ParseSwitch(std::string_view text, bool& value) {
+  for (const std::string_view yes : {"1", "t", "T", "TRUE", "true", "True"}) {
+    if (text == yes) {
+      value = true;
+      return true;
+    }
+  }
+  for (const std::string_view no : {"0", "f", "F", "FALSE", "false", "False"}) {
+    if (text == no) {
+      value = false;
+      return true;
+    }
+  }
+  return false;
+}
+
 bool IsConfigKey(std::string_view key) {
   if (key == kMemoryLimit || key == kSmLimit || key == kSharedCache || key == kPolicy || key == kLogLevel ||
       key == kVerdictFile || key == kDriverHeadroom || key == kSharing || key == kScheduleFile ||
-      key == kTaskPriority) {
+      key == kTaskPriority || key == kDisableControl || key == kOversubscribe) {
     return true;
   }
   for (const std::string_view base : {kMemoryLimit, kSmLimit}) {
@@ -254,14 +272,26 @@ bool CheckDeviceKeys(const char* const* environment, std::string_view source, st
   return true;
 }
 
-bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std::string& error) {
-  if (!lookup) {  // calling an empty std::function throws; a caller's slip must not take the process down
-    error = "vgpu: configuration from " + Printable(source) + " is not readable (no lookup given)";
-    return false;
-  }
-  Config config;
-  config.source = std::string(source);
+namespace {
 
+// The steps of ParseConfig. Each reads one group of variables into `config`; they run in the order the variables are
+// checked, so that a refusal names the first wrong one (the config fuzzer's oracle holds the same order).
+using ParseStep = bool (*)(const Lookup& lookup, std::string_view source, Config& config, std::string& error);
+
+constexpr std::string_view kSwitchWhat = "true or false (also 1, t, T, TRUE, True, 0, f, F, FALSE, False)";
+
+// CUDA_DISABLE_CONTROL: read before anything else, since when true nothing else is.
+bool ParseControlSwitch(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
+  if (const auto text = lookup(kDisableControl)) {
+    if (!ParseSwitch(*text, config.control_disabled)) {
+      error = ValueError(kDisableControl, *text, source, kSwitchWhat, "true");
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ParseLimits(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
   if (!ParseDeviceLimits(lookup, source, kMemoryLimit, kSizeWhat, "4Gi", ParseSize, config.memory_limit_bytes,
                          error)) {
     return false;
@@ -275,7 +305,10 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
   for (auto& percent : config.sm_limit_percent) {
     if (percent == 100) percent = 0;
   }
+  return true;
+}
 
+bool ParseFilePaths(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
   if (const auto text = lookup(kSharedCache)) {
     // Empty means the default (a template that fills the variable in may leave it blank); a relative path would
     // depend on each process's working directory, so processes of one container could attach to different regions.
@@ -286,7 +319,6 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     }
     config.region_path = *text;
   }
-
   if (const auto text = lookup(kVerdictFile)) {
     // Empty turns the node monitor's verdict off; a relative path would depend on the working directory.
     if (!text->empty() && !IsAbsolutePath(*text)) {
@@ -296,7 +328,10 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     }
     config.verdict_path = *text;
   }
+  return true;
+}
 
+bool ParseSharing(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
   if (const auto text = lookup(kSharing)) {
     if (*text == "limiter") {
       config.sharing = Sharing::limiter;
@@ -307,7 +342,6 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
       return false;
     }
   }
-
   if (const auto text = lookup(kScheduleFile)) {
     // One file for every container on the node: a relative path would depend on each process's working directory.
     if (text->empty() || !IsAbsolutePath(*text)) {
@@ -316,25 +350,32 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     }
     config.schedule_path = *text;
   }
+  return true;
+}
 
-  if (const auto text = lookup(kDriverHeadroom)) {
-    if (!ParseSize(*text, config.driver_headroom_bytes)) {
-      error = ValueError(kDriverHeadroom, *text, source, kSizeWhat, "16Mi");
+// After ParseLimits: it must leave something of every slice it applies to.
+bool ParseDriverHeadroom(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
+  const auto text = lookup(kDriverHeadroom);
+  if (!text) return true;
+  if (!ParseSize(*text, config.driver_headroom_bytes)) {
+    error = ValueError(kDriverHeadroom, *text, source, kSizeWhat, "16Mi");
+    return false;
+  }
+  for (std::size_t i = 0; i < config.memory_limit_bytes.size(); ++i) {
+    const std::uint64_t limit = config.memory_limit_bytes[i];
+    if (limit != 0 && config.driver_headroom_bytes >= limit) {
+      error = ValueError(kDriverHeadroom, *text, source,
+                         "a size under every memory limit (device " + std::to_string(i) + "'s is " +
+                             std::to_string(limit) + " bytes)",
+                         "16Mi");
       return false;
     }
-    // It must leave something of every slice it applies to.
-    for (std::size_t i = 0; i < config.memory_limit_bytes.size(); ++i) {
-      const std::uint64_t limit = config.memory_limit_bytes[i];
-      if (limit != 0 && config.driver_headroom_bytes >= limit) {
-        error = ValueError(kDriverHeadroom, *text, source,
-                           "a size under every memory limit (device " + std::to_string(i) + "'s is " +
-                               std::to_string(limit) + " bytes)",
-                           "16Mi");
-        return false;
-      }
-    }
   }
+  return true;
+}
 
+bool ParsePolicyPriorityAndLogLevel(const Lookup& lookup, std::string_view source, Config& config,
+                                    std::string& error) {
   if (const auto text = lookup(kPolicy)) {
     if (!ParsePolicy(*text, config.policy)) {
       error = ValueError(kPolicy, *text, source, "one of default, force, disable (or DEFAULT, FORCE, DISABLE)",
@@ -342,7 +383,6 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
       return false;
     }
   }
-
   if (const auto text = lookup(kTaskPriority)) {
     std::uint64_t priority = 0;
     if (!ParseDecimal(*text, priority) || priority > static_cast<std::uint64_t>(kMaxTaskPriority)) {
@@ -352,7 +392,6 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     }
     config.task_priority = static_cast<int>(priority);
   }
-
   if (const auto text = lookup(kLogLevel)) {
     std::uint64_t level = 0;
     if (!ParseDecimal(*text, level) || level > 4) {
@@ -361,7 +400,36 @@ bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std
     }
     config.log_level = static_cast<int>(level);
   }
+  return true;
+}
 
+// CUDA_OVERSUBSCRIBE changes no limit (config.h); it is parsed as strictly as the rest all the same.
+bool ParseOversubscribe(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
+  if (const auto text = lookup(kOversubscribe)) {
+    if (!ParseSwitch(*text, config.oversubscribe)) {
+      error = ValueError(kOversubscribe, *text, source, kSwitchWhat, "true");
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std::string& error) {
+  if (!lookup) {  // calling an empty std::function throws; a caller's slip must not take the process down
+    error = "vgpu: configuration from " + Printable(source) + " is not readable (no lookup given)";
+    return false;
+  }
+  Config config;
+  config.source = std::string(source);
+  if (!ParseControlSwitch(lookup, source, config, error)) return false;
+  if (!config.control_disabled) {
+    for (const ParseStep step : {ParseLimits, ParseFilePaths, ParseSharing, ParseDriverHeadroom,
+                                 ParsePolicyPriorityAndLogLevel, ParseOversubscribe}) {
+      if (!step(lookup, source, config, error)) return false;
+    }
+  }
   out = std::move(config);
   return true;
 }
@@ -375,7 +443,7 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
                      std::function<void(std::string_view key, std::string_view value)> on_entry,
                      const std::vector<std::string_view>& extra, std::string& error) {
   const std::string where = "vgpu: " + Printable(path) + ":";
-  // At most one entry per known key (6 + 2 * 16), so a linear search stays cheap.
+  // At most one entry per known key (12 + 2 * 16), so a linear search stays cheap.
   std::vector<std::pair<std::string_view, std::size_t>> seen;
   std::size_t line_number = 0;
   std::size_t start = 0;
@@ -401,7 +469,8 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
       error = where + std::to_string(line_number) + ": '" + Printable(key) +
               "' is not a known variable (CUDA_DEVICE_MEMORY_LIMIT[_0.._15], CUDA_DEVICE_SM_LIMIT[_0.._15], "
               "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE, "
-              "VGPU_DRIVER_HEADROOM, VGPU_COMPUTE_SHARING, VGPU_SCHEDULE_FILE, CUDA_TASK_PRIORITY" + also +
+              "VGPU_DRIVER_HEADROOM, VGPU_COMPUTE_SHARING, VGPU_SCHEDULE_FILE, CUDA_TASK_PRIORITY, CUDA_DISABLE_CONTROL, "
+              "CUDA_OVERSUBSCRIBE" + also +
               "); "
               "e.g. CUDA_DEVICE_MEMORY_LIMIT=4Gi";
       return false;

@@ -128,14 +128,22 @@ bool LoadConfig(Config& out, std::string& error, const char* system_path) {
         if (named == FileRead::failed || !ParseFileText(named_text, named_file, config, error)) return false;
         break;
       }
-      if (!CheckDeviceKeys(environ, "environment", error)) return false;
       const Lookup from_environment = [](std::string_view key) -> std::optional<std::string> {
         const std::string name(key);
         const char* value = std::getenv(name.c_str());
         if (value == nullptr) return std::nullopt;
         return std::string(value);
       };
-      if (!ParseConfig(from_environment, "environment", config, error)) return false;
+      // A misspelt device key is an error only where the variables are read: not under CUDA_DISABLE_CONTROL=true.
+      Config parsed;
+      std::string parse_error;
+      const bool parsed_ok = ParseConfig(from_environment, "environment", parsed, parse_error);
+      if (!(parsed_ok && parsed.control_disabled) && !CheckDeviceKeys(environ, "environment", error)) return false;
+      if (!parsed_ok) {
+        error = std::move(parse_error);
+        return false;
+      }
+      config = std::move(parsed);
       break;
     }
   }

@@ -26,6 +26,11 @@ inline constexpr const char* kDefaultScheduleFile = "/tmp/vgpulock/vgpu-schedule
 // The largest CUDA_TASK_PRIORITY accepted (HAMi uses 0 and 1).
 inline constexpr int kMaxTaskPriority = 1000;
 
+// A switch (CUDA_DISABLE_CONTROL, CUDA_OVERSUBSCRIBE): exactly the spellings Go's strconv.ParseBool accepts, since
+// that is how HAMi's device plugin reads CUDA_DISABLE_CONTROL: 1 t T TRUE true True, 0 f F FALSE false False.
+// Anything else (empty, "yes", " true") is rejected; `value` is written only on success.
+bool ParseSwitch(std::string_view text, bool& value);
+
 struct Config {
   // 0 = no limit (an SM limit of 100, HAMi's "whole GPU", is stored as 0). Index = the CUDA device ordinal as the
   // process sees it (after CUDA_VISIBLE_DEVICES), as HAMi numbers CUDA_DEVICE_MEMORY_LIMIT_<i>.
@@ -50,6 +55,14 @@ struct Config {
   // priority), written where HAMi's monitor reads it (docs/hami-cache.md). 1 when unset, as HAMi-core.
   int task_priority = 1;
   int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
+  // CUDA_DISABLE_CONTROL=true: the container asked to be left alone (HAMi's device plugin then mounts no
+  // /etc/ld.so.preload). If the shim is loaded all the same it controls nothing: no limit, no region, every hook
+  // forwards; the other variables are not read, as they would not be without the shim (docs/hami-env.md).
+  bool control_disabled = false;
+  // CUDA_OVERSUBSCRIBE=true: HAMi's device plugin sets it when the node's memory scaling is above 1. Spilling device
+  // memory to host memory is not implemented (HAMi-core does not read the variable either): the memory limits hold as
+  // given, and the shim says so once at LIBCUDA_LOG_LEVEL 2.
+  bool oversubscribe = false;
   std::string source;                    // "environment" or the config file's path, for messages
 
   bool AnyMemoryLimit() const;
@@ -63,6 +76,7 @@ using Lookup = std::function<std::optional<std::string>(std::string_view key)>;
 // On failure returns false and sets `error` to one line naming the variable, the value and an accepted example;
 // `out` is then left untouched. Asks `lookup` only for the known names (per-device ones for i = 0..15), so a
 // caller whose source can list its keys must reject the others itself (ParseConfigFile, CheckDeviceKeys).
+// CUDA_DISABLE_CONTROL is read first: when true, nothing else is asked for and the result has no limit.
 bool ParseConfig(const Lookup& lookup, std::string_view source, Config& out, std::string& error);
 
 // A size: ASCII decimal digits with an optional suffix b, k K Ki, m M Mi, g G Gi, t T Ti (powers of 1024, as
@@ -90,7 +104,7 @@ bool LoadConfig(Config& out, std::string& error, const char* system_path = nullp
 // check it first, since where it exists the environment is ignored.
 const char* SystemConfigPath();
 
-// True for the names of the contract: the six base names, and CUDA_DEVICE_MEMORY_LIMIT_<i> and
+// True for the names of the contract: the twelve base names, and CUDA_DEVICE_MEMORY_LIMIT_<i> and
 // CUDA_DEVICE_SM_LIMIT_<i> for i = 0..15 written without leading zeros.
 bool IsConfigKey(std::string_view key);
 
