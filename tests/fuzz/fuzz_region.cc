@@ -22,8 +22,11 @@
 //
 // Invariants:
 //   - a file is accepted (by Open and by ReadSnapshot alike) exactly when it is a regular file at least
-//     sizeof(Region) long whose magic, version and region_bytes are this build's; anything else is refused with a
-//     one-line message naming the path, and the file is left byte for byte as it was, nothing else is created;
+//     sizeof(Region) long whose magic, version and region_bytes are this build's; ReadSnapshot refuses anything else
+//     with a one-line message naming the path; Open replaces by a fresh region a regular file (not a link) that is
+//     empty or begins with HAMi-core's magic and major version 1 but holds no newer region of ours (nobody uses
+//     it: docs/hami-cache.md, "Bad input"), saying so, and refuses anything else as ReadSnapshot does; a refused
+//     file is left byte for byte as it was, and no attach leaves anything else in the folder;
 //   - ReadSnapshot of an accepted file reports its device table and lock counters as written (in-use entries among
 //     the first min(device_count, 16)) and no live slot (nobody holds a liveness byte);
 //   - Open of an accepted file claims one slot (live, our pid, a fresh generation) and frees every other (their
@@ -50,6 +53,7 @@
 #include <string>
 #include <vector>
 
+#include "vgpu/region/hami_v1.h"
 #include "vgpu/region/region.h"
 
 namespace {
@@ -297,6 +301,65 @@ void Attached(Attachment& attachment, const std::string& path, const Region& wri
   CHECK(attachment.Used(device) == total, std::to_string(attachment.Used(device)) + " vs " + std::to_string(total));
 }
 
+template <typename T>
+T FieldOf(const std::vector<unsigned char>& bytes, std::size_t offset) {
+  T value{};
+  if (offset + sizeof value <= bytes.size()) std::memcpy(&value, bytes.data() + offset, sizeof value);
+  return value;
+}
+
+// Whether Open replaces a file it does not accept (docs/hami-cache.md, "Bad input"): a regular file at the path (not
+// a link) that is empty, or begins with HAMi-core's magic and major version 1 and holds no region of a newer version.
+// (Nobody holds a liveness lock here, and HAMi's part as the real code writes it names no process.)
+bool Replaceable(Kind kind, const std::vector<unsigned char>& contents) {
+  if (kind != Kind::regular) return false;
+  if (contents.empty()) return true;
+  if (contents.size() < 8 || FieldOf<std::int32_t>(contents, 0) != vgpu::region::hami::kMagic ||
+      FieldOf<std::uint32_t>(contents, 4) != vgpu::region::hami::kMajorVersion) {
+    return false;
+  }
+  const std::size_t region = vgpu::region::kRegionOffset;
+  return !(FieldOf<std::uint64_t>(contents, region) == vgpu::region::kRegionMagic &&
+           FieldOf<std::uint32_t>(contents, region + offsetof(Region, version)) > vgpu::region::kRegionVersion);
+}
+
+// Step 2 of an input: Open accepts a valid file (and its invariants hold, Attached), replaces a replaceable one by a
+// fresh region (nothing of the old file left, no temporary beside it), and refuses anything else, leaving it as it was.
+void CheckAttach(const std::string& path, const std::string& file, Kind kind, const std::vector<unsigned char>& contents,
+                 bool valid, const std::vector<std::string>& entries_before, const Region& written, bool owner_died,
+                 const std::uint8_t* data, std::size_t size) {
+  const bool replaceable = !valid && Replaceable(kind, contents);
+  std::string error, note;
+  Attachment* attachment = Attachment::Open(path, error, &note);
+  CHECK((attachment != nullptr) == (valid || replaceable),
+        attachment != nullptr ? "Open took a file it must refuse" : "Open refused a file it must take: " + error);
+  CHECK(note.empty() == !replaceable, "Open's note does not say whether it replaced the file: '" + note + "'");
+  static std::vector<unsigned char> after;
+  if (attachment == nullptr) {
+    CheckRefusal(error, path);
+    // Refused means untouched: the same bytes, and nothing new in the folder (no temporary left behind).
+    if (kind == Kind::regular || kind == Kind::symlink) {
+      CHECK(ReadAll(file, after) && after == contents, "a refused file was changed");
+    }
+    CHECK(FolderEntries() == entries_before, "a refused attach left files behind");
+    return;
+  }
+  const int mine = attachment->slot();
+  if (replaceable) {
+    CHECK(attachment->region().device_count == 0, "a replaced file kept the old file's devices");
+  } else {
+    Attached(*attachment, path, written, owner_died, data, size);
+  }
+  delete attachment;
+  CHECK(ReadAll(file, after) && after.size() == (replaceable ? vgpu::region::kFileBytes : contents.size()));
+  CHECK(RegionOf(after, 1, vgpu::region::kRegionOffset).slots[mine].state == SlotState::free,
+        "detaching did not free the slot");
+  CHECK(FolderEntries() == entries_before, "an attach left files behind");
+  Snapshot snapshot;
+  std::string snapshot_error;
+  CHECK(vgpu::region::ReadSnapshot(path, snapshot, snapshot_error) && snapshot.live.empty(), snapshot_error);
+}
+
 void Remove(const std::string& path, Kind kind) {
   if (kind == Kind::folder) {
     rmdir(path.c_str());
@@ -406,32 +469,7 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
   }
 
   // 2. A process attaching, as libvgpu.so does.
-  {
-    std::string error;
-    Attachment* attachment = Attachment::Open(path, error);
-    CHECK((attachment != nullptr) == valid,
-          attachment != nullptr ? "Open took a file it must refuse" : "Open refused a valid file: " + error);
-    if (attachment == nullptr) {
-      CheckRefusal(error, path);
-      // Refused means untouched: the same bytes, and nothing new in the folder (no temporary left behind).
-      if (is_file) {
-        static std::vector<unsigned char> after;
-        CHECK(ReadAll(file, after) && after == contents, "a refused file was changed");
-      }
-      CHECK(FolderEntries() == entries_before, "a refused attach left files behind");
-    } else {
-      Attached(*attachment, path, written, owner_died, data, size);
-      const int mine = attachment->slot();
-      delete attachment;
-      static std::vector<unsigned char> after;
-      CHECK(ReadAll(file, after) && after.size() == contents.size());
-      CHECK(RegionOf(after, 1, vgpu::region::kRegionOffset).slots[mine].state == SlotState::free,
-            "detaching did not free the slot");
-      Snapshot snapshot;
-      std::string snapshot_error;
-      CHECK(vgpu::region::ReadSnapshot(path, snapshot, snapshot_error) && snapshot.live.empty(), snapshot_error);
-    }
-  }
+  CheckAttach(path, file, kind, contents, valid, entries_before, written, owner_died, data, size);
   Remove(path, kind);
 }
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,7 +20,10 @@
 #include "vgpu/monitor/hami_cache.h"
 #include "vgpu/monitor/metrics_server.h"
 #include "vgpu/monitor/monitor.h"
+#include "vgpu/monitor/region_counters.h"
 #include "vgpu/region/hami_v1.h"
+#include "vgpu/region/layout.h"
+#include "vgpu/region/region.h"
 
 namespace vgpu::monitor {
 namespace {
@@ -151,6 +155,33 @@ TEST(MetricsFormat, JudgeGivesEachDevicesOrdinalAndWhereSmUseIsShared) {
   EXPECT_EQ(figures.judgements[0].ordinals, (std::vector<std::uint32_t>{0, 1}));
   EXPECT_EQ(figures.judgements[0].sm_shared, (std::vector<std::string>{kGpu0}));
   EXPECT_EQ(figures.judgements[1].ordinals, (std::vector<std::uint32_t>{0, 1}));
+}
+
+TEST(MetricsFormat, ThrottledSecondsAndRefusedAllocationsAreCountersPerContainerAndDevice) {
+  PeriodFigures figures = TwoContainers();
+  // Container a's region names GPU 1 (in upper case: matched as NVML's lower case) and a device the container is not
+  // judged on; GPU 0 not at all (no process of a named it yet): nothing held or refused there.
+  std::string upper = kGpu1;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  figures.counters = {{0, {{upper, 1'500'000'001, 3}, {"GPU-99999999-3c4d-5e6f-7a8b-9c0d1e2f3a4b", 7, 7}}}};
+  const std::string text = FormatMetrics(figures);
+  const auto samples = Samples(text);
+  const std::string a1 = std::string("{container=\"a\",vdevice_index=\"0\",device_uuid=\"") + kGpu1 + "\"}";
+  const std::string a0 = std::string("{container=\"a\",vdevice_index=\"1\",device_uuid=\"") + kGpu0 + "\"}";
+  const std::string b0 = std::string("{container=\"b\",vdevice_index=\"0\",device_uuid=\"") + kGpu0 + "\"}";
+  EXPECT_EQ(Find(samples, "vgpu_container_throttled_seconds_total" + a1), "1.500000001") << text;
+  EXPECT_EQ(Find(samples, "vgpu_container_refused_allocations_total" + a1), "3");
+  EXPECT_EQ(Find(samples, "vgpu_container_throttled_seconds_total" + a0), "0.000000000");
+  EXPECT_EQ(Find(samples, "vgpu_container_refused_allocations_total" + a0), "0");
+  EXPECT_EQ(Find(samples, "vgpu_container_throttled_seconds_total" + b0), "(absent)") << "b's region was not read";
+  EXPECT_EQ(Find(samples, "vgpu_container_refused_allocations_total" + b0), "(absent)");
+  EXPECT_NE(text.find("# TYPE vgpu_container_throttled_seconds counter\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE vgpu_container_refused_allocations counter\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("GPU-99999999"), std::string::npos) << "a device the container is not judged on: no series";
+  // Without counters (no VGPU_CACHE, or its file not read) neither family is there at all.
+  const std::string without = FormatMetrics(TwoContainers());
+  EXPECT_EQ(without.find("vgpu_container_throttled_seconds"), std::string::npos) << without;
+  EXPECT_EQ(without.find("vgpu_container_refused_allocations"), std::string::npos) << without;
 }
 
 HamiCache ACache(const std::string& uuid) {
@@ -343,6 +374,85 @@ TEST(HamiCacheRead, ABadFileIsRefusedSayingWhatWasFoundAndWhatIsAccepted) {
   EXPECT_EQ(cache.last_kernel_time_s, 77) << "the output is left alone on failure";
 }
 
+// ---- our region's counters, from the same file ------------------------------------------------------------------
+
+constexpr std::uint8_t kUuidBytes0[16] = {0x00, 0x00, 0x00, 0x00, 0x3c, 0x4d, 0x5e, 0x6f,
+                                          0x7a, 0x8b, 0x9c, 0x0d, 0x1e, 0x2f, 0x3a, 0x4b};  // kGpu0
+
+// A whole file of this build's layout: three devices in the table, the second not in use.
+std::vector<unsigned char> RegionImage() {
+  using region::Region;
+  std::vector<unsigned char> bytes(region::kFileBytes);
+  auto header = std::make_unique<Region>();
+  header->magic = region::kRegionMagic;
+  header->version = region::kRegionVersion;
+  header->region_bytes = sizeof(Region);
+  header->device_count = 3;
+  std::memcpy(header->devices[0].uuid, kUuidBytes0, 16);
+  header->devices[0].in_use = 1;
+  header->devices[0].held_ns = 2'000'000'123;
+  header->devices[0].refused_allocations = 5;
+  header->devices[1].held_ns = 99;  // not in use: not reported
+  std::memset(header->devices[2].uuid, 0xAB, 16);
+  header->devices[2].in_use = 1;
+  header->devices[2].refused_allocations = 1;
+  std::memcpy(bytes.data() + region::kRegionOffset, header.get(), sizeof(Region));
+  return bytes;
+}
+
+TEST(RegionCountersRead, EachDeviceInUseWithItsUuidInNvmlsForm) {
+  const std::vector<unsigned char> bytes = RegionImage();
+  std::vector<RegionCounters> counters;
+  std::string error;
+  ASSERT_TRUE(ReadRegionCounters(bytes.size(), Over(bytes), counters, error)) << error;
+  ASSERT_EQ(counters.size(), 2u);
+  EXPECT_EQ(counters[0].uuid, kGpu0);
+  EXPECT_EQ(counters[0].held_ns, 2'000'000'123u);
+  EXPECT_EQ(counters[0].refused_allocations, 5u);
+  EXPECT_EQ(counters[1].uuid, "GPU-abababab-abab-abab-abab-abababababab");
+  EXPECT_EQ(counters[1].held_ns, 0u);
+  EXPECT_EQ(counters[1].refused_allocations, 1u);
+  // A garbage device count is clamped to the table.
+  std::vector<unsigned char> garbage = RegionImage();
+  Put<std::uint32_t>(garbage, region::kRegionOffset + offsetof(region::Region, device_count), 1'000'000);
+  ASSERT_TRUE(ReadRegionCounters(garbage.size(), Over(garbage), counters, error)) << error;
+  EXPECT_EQ(counters.size(), 2u);
+}
+
+TEST(RegionCountersRead, AnotherLayoutOrAShortFileIsRefusedSayingWhatIsAccepted) {
+  using region::Region;
+  std::vector<RegionCounters> counters = {{"kept", 1, 1}};
+  std::string error;
+  const std::vector<unsigned char> hami_only = Image();  // HAMi-core's own file: no region after its part
+  EXPECT_FALSE(ReadRegionCounters(hami_only.size(), Over(hami_only), counters, error));
+  EXPECT_NE(error.find("too short to hold a libvgpu region (2008952 bytes"), std::string::npos) << error;
+  std::vector<unsigned char> bytes = RegionImage();
+  Put<std::uint64_t>(bytes, region::kRegionOffset, 0);
+  EXPECT_FALSE(ReadRegionCounters(bytes.size(), Over(bytes), counters, error));
+  EXPECT_NE(error.find("no libvgpu region (\"VGPUREGN\") at byte 2011136"), std::string::npos) << error;
+  bytes = RegionImage();
+  Put<std::uint32_t>(bytes, region::kRegionOffset + offsetof(Region, version), region::kRegionVersion - 1);
+  EXPECT_FALSE(ReadRegionCounters(bytes.size(), Over(bytes), counters, error));
+  EXPECT_NE(error.find("layout version " + std::to_string(region::kRegionVersion - 1)), std::string::npos) << error;
+  EXPECT_NE(error.find("accepted: layout version " + std::to_string(region::kRegionVersion)), std::string::npos)
+      << error;
+  bytes = RegionImage();
+  Put<std::uint32_t>(bytes, region::kRegionOffset + offsetof(Region, region_bytes), 64);
+  EXPECT_FALSE(ReadRegionCounters(bytes.size(), Over(bytes), counters, error));
+  EXPECT_NE(error.find("64 bytes of region"), std::string::npos) << error;
+  bytes = RegionImage();
+  bytes.resize(bytes.size() - 1);
+  EXPECT_FALSE(ReadRegionCounters(bytes.size(), Over(bytes), counters, error));
+  EXPECT_NE(error.find("in a file of " + std::to_string(bytes.size()) + " bytes"), std::string::npos) << error;
+  // The file shrank between its size and the read of the device table: refused, not read past.
+  bytes = RegionImage();
+  const std::vector<unsigned char> shrunk(bytes.begin(), bytes.begin() + region::kRegionOffset + 256);
+  EXPECT_FALSE(ReadRegionCounters(bytes.size(), Over(shrunk), counters, error));
+  EXPECT_NE(error.find("cannot read its device table"), std::string::npos) << error;
+  ASSERT_EQ(counters.size(), 1u);
+  EXPECT_EQ(counters[0].uuid, "kept") << "the output is left alone on failure";
+}
+
 // ---- the file on disk ------------------------------------------------------------------------------------------
 
 class CacheFile : public ::testing::Test {
@@ -392,6 +502,32 @@ TEST_F(CacheFile, ALinkAFifoOrBadContentsAreRefusedWithoutBlocking) {
   Write("bad.cache", bad);
   EXPECT_EQ(ReadCacheFile(dir_ + "/bad.cache", cache, error), CacheState::invalid);
   EXPECT_NE(error.find("is not HAMi's 19920718"), std::string::npos) << error;
+}
+
+TEST_F(CacheFile, ARegionTheShimWroteIsReadForItsCounters) {
+  // The writer's side is the region library itself (what libvgpu.so links): the two agree on the layout.
+  std::string error;
+  std::vector<RegionCounters> counters;
+  EXPECT_EQ(ReadRegionCountersFile(dir_, counters, error), CacheState::absent) << "no CUDA call yet: no file";
+  {
+    std::unique_ptr<region::Attachment> attachment(region::Attachment::Open(dir_ + "/5f0c.cache", error));
+    ASSERT_NE(attachment, nullptr) << error;
+    const int device = attachment->DeviceIndex(kUuidBytes0);
+    ASSERT_EQ(device, 0);
+    attachment->AddHeldNs(device, 1'250'000'000);
+    attachment->AddHeldNs(device, 250'000'000);
+    attachment->CountRefusedAllocation(device);
+  }
+  ASSERT_EQ(ReadRegionCountersFile(dir_, counters, error), CacheState::read) << error;
+  ASSERT_EQ(counters.size(), 1u);
+  EXPECT_EQ(counters[0].uuid, kGpu0);
+  EXPECT_EQ(counters[0].held_ns, 1'500'000'000u);
+  EXPECT_EQ(counters[0].refused_allocations, 1u);
+  HamiCache cache;
+  EXPECT_EQ(ReadCacheFile(dir_, cache, error), CacheState::read) << "the same file, read as HAMi's: " << error;
+  Write("hami-only.cache", Image());
+  EXPECT_EQ(ReadRegionCountersFile(dir_ + "/hami-only.cache", counters, error), CacheState::invalid);
+  EXPECT_NE(error.find("too short to hold a libvgpu region"), std::string::npos) << error;
 }
 
 // ---- HTTP --------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """vgpu-monitor's /metrics (docs/metrics.md), scraped as Prometheus scrapes it: the real monitor over fakecuda beside a
 live container under the shim, the text parsed with prometheus_client's own parser. The container's memory must be
-what the driver shows for its process, its limits its container file's, the device's figures NVML's; HAMi's series
-only with --hami-metrics, equal to what HAMi's monitor would read from the container's cache file."""
+what the driver shows for its process, its limits its container file's, the device's figures NVML's; its throttled
+seconds and refused allocations what the shim counted in its region; HAMi's series only with --hami-metrics, equal to
+what HAMi's monitor would read from the container's cache file."""
 
 from __future__ import annotations
 
@@ -207,6 +208,88 @@ def test_a_launching_container_shows_its_share_and_the_devices_utilization(fake_
     box.wait_for(lambda: (s := box.scrape()) and one(s, "vgpu_device_utilization_ratio", device_index="0",
                                                      device_uuid=uuid) > 0.1, 20, "the device's utilization")
     assert tenant.finish(timeout=60).returncode == 0
+
+
+def test_a_capped_container_shows_the_time_its_launches_were_held_back_growing(fake_gpu, box, tenant_available):
+    """The box's 40 % cap (force) holds a tenant that would keep the GPU busy: its launches wait for the budget, and the
+    shim adds each wait to the region the monitor reads (docs/metrics.md)."""
+    box.start()
+    uuid = host_nvml(fake_gpu)["uuid"]
+    ours = dict(container="box", vdevice_index="0", device_uuid=uuid)
+    throttled = "vgpu_container_throttled_seconds_total"
+    tenant = fake_gpu.start_tenant("--kernel-us", "2000", "--seconds", "5")
+    samples = box.wait_for(lambda: (s := box.scrape()) and labelled(s, throttled, **ours)
+                           and one(s, throttled, **ours) > 0 and s, 20, "throttled seconds above 0")
+    first = one(samples, throttled, **ours)
+    started = time.monotonic()
+    later = box.wait_for(lambda: (s := box.scrape()) and one(s, throttled, **ours) >= first + 0.5 and s, 20,
+                         "throttled seconds growing by 0.5 s")
+    grown = one(later, throttled, **ours) - first
+    # Held back at most the wall time that passed: the tenant launches from one thread.
+    assert grown <= time.monotonic() - started + 0.2, (grown, first)
+    assert one(later, "vgpu_container_refused_allocations_total", **ours) == 0
+    assert tenant.finish(timeout=60).returncode == 0
+    time.sleep(0.2)  # four periods: the figures are from after the tenant's end
+    after = one(box.scrape(), throttled, **ours)
+    assert after >= one(later, throttled, **ours), "a counter never goes back"
+    time.sleep(0.3)
+    assert one(box.scrape(), throttled, **ours) == after, "nothing launches: nothing more is held"
+
+
+def test_under_time_division_the_waits_for_the_containers_turn_are_held_time(fake_gpu, box, tenant_available):
+    """Under time division the box (40 %) and a neighbour (60 %, a region of its own) take turns on the GPU: the box's
+    launches wait for its turn in the shim (turn::Take), and those waits are its throttled seconds."""
+    schedule = fake_gpu.work_dir / "vgpu-schedule"
+    fake_gpu.env.update({"VGPU_COMPUTE_SHARING": "time-division", "VGPU_SCHEDULE_FILE": str(schedule)})
+    box.start()
+    uuid = host_nvml(fake_gpu)["uuid"]
+    ours = dict(container="box", vdevice_index="0", device_uuid=uuid)
+    throttled = "vgpu_container_throttled_seconds_total"
+    tenants = [fake_gpu.start_tenant("--kernel-us", "2000", "--seconds", "4")]
+    box_env = dict(fake_gpu.env)
+    fake_gpu.env.update({"CUDA_DEVICE_SM_LIMIT": "60",
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(fake_gpu.work_dir / "neighbour.cache")})
+    tenants.append(fake_gpu.start_tenant("--kernel-us", "2000", "--seconds", "4"))
+    fake_gpu.env = box_env
+    samples = box.wait_for(lambda: (s := box.scrape()) and labelled(s, throttled, **ours)
+                           and one(s, throttled, **ours) >= 0.3 and s, 20, "0.3 s of turn waits")
+    assert one(samples, throttled, **ours) <= 5, "at most the wall time of one launching thread"
+    for tenant in tenants:
+        assert tenant.finish(timeout=60).returncode == 0
+
+
+REFUSE_ALLOCATIONS = """
+    from cuda.bindings import driver
+    from clientlib import GIB, MIB, check, cuda_context, emit
+    cuda_context(0)
+    refused = 0
+    held = [check("cuMemAlloc", driver.cuMemAlloc(3 * GIB))]  # of the box's 4 GiB
+    for size in (8 * GIB, 2 * GIB, 16 * MIB, 2 * GIB):
+        error, pointer = driver.cuMemAlloc(size)
+        if error == driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            refused += 1
+        else:
+            check("cuMemAlloc", (error, pointer))
+            held.append(pointer)
+    emit({"refused": refused, "held": len(held)})
+"""
+
+
+def test_allocations_refused_at_the_memory_limit_are_counted_once_each(fake_gpu, box):
+    box.start()
+    uuid = host_nvml(fake_gpu)["uuid"]
+    ours = dict(container="box", vdevice_index="0", device_uuid=uuid)
+    refused = "vgpu_container_refused_allocations_total"
+    assert box.wait_for(lambda: (s := box.scrape()) and s, 10, "a first scrape")
+    report = fake_gpu.run_py(REFUSE_ALLOCATIONS, timeout=60).json
+    assert report == {"refused": 3, "held": 2}, report
+    samples = box.wait_for(lambda: (s := box.scrape()) and labelled(s, refused, **ours) and s, 20,
+                           "the refused allocations' series")
+    assert one(samples, refused, **ours) == 3
+    assert one(samples, "vgpu_container_throttled_seconds_total", **ours) == 0, "nothing launched"
+    # A second process of the container adds to the container's figure (the region file outlives its processes).
+    assert fake_gpu.run_py(REFUSE_ALLOCATIONS, timeout=60).json["refused"] == 3
+    box.wait_for(lambda: (s := box.scrape()) and one(s, refused, **ours) == 6, 20, "six refusals in all")
 
 
 def test_a_bad_cache_file_is_reported_once_and_the_rest_still_served(fake_gpu, box):

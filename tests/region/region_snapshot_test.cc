@@ -14,6 +14,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "region_test_support.h"
 #include "vgpu/region/layout.h"
@@ -105,6 +107,70 @@ TEST(RegionSnapshot, CountsTwoLiveSlotsAndNotADeadOneBeforeAnyReap) {
   EXPECT_NE(snapshot.live[0].generation, snapshot.live[1].generation);
   EXPECT_EQ(ReadAll(path), before) << "a snapshot must change nothing (no reap, no slot, no lock)";
   EXPECT_EQ(test::LiveSlots(a->region()), 3) << "the dead slot is left for the reaper";
+}
+
+TEST(RegionSnapshot, MonitoringCountersAddUpAcrossAttachmentsAndOutliveThem) {
+  test::TempFolder folder;
+  const std::string path = folder.File("region");
+  auto a = MustOpen(path);
+  auto b = MustOpen(path);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const int device = a->DeviceIndex(kUuid);
+  const int other = b->DeviceIndex(kOtherUuid);
+  ASSERT_EQ(device, 0);
+  ASSERT_EQ(other, 1);
+  // Two threads on each attachment at once: the adds are atomic, none is lost.
+  constexpr int kAdds = 200'000;
+  std::vector<std::thread> threads;
+  for (Attachment* attachment : {a.get(), a.get(), b.get(), b.get()}) {
+    threads.emplace_back([attachment, device] {
+      for (int i = 0; i < kAdds; ++i) {
+        attachment->AddHeldNs(device, 3);
+        attachment->CountRefusedAllocation(device);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  b->AddHeldNs(other, 5);
+  a->AddHeldNs(-1, 1000);  // bad indexes: nothing, no crash
+  a->CountRefusedAllocation(static_cast<int>(kMaxDevices));
+  // Another process of the container adds too, and ends.
+  const pid_t child = test::Spawn([&] {
+    std::string error;
+    Attachment* c = Attachment::Open(path, error);
+    CHILD_CHECK(c != nullptr, 10);
+    c->AddHeldNs(c->DeviceIndex(kUuid), 1'000'000'000);
+    c->CountRefusedAllocation(c->DeviceIndex(kUuid));
+    _exit(0);
+    return 0;
+  });
+  ASSERT_EQ(test::WaitExit(child, 10s), 0);
+
+  Snapshot first;
+  std::string error;
+  ASSERT_TRUE(ReadSnapshot(path, first, error)) << error;
+  ASSERT_EQ(first.devices.size(), 2u);
+  EXPECT_EQ(first.devices[0].held_ns, 4u * kAdds * 3 + 1'000'000'000u);
+  EXPECT_EQ(first.devices[0].refused_allocations, 4u * kAdds + 1);
+  EXPECT_EQ(first.devices[1].held_ns, 5u);
+  EXPECT_EQ(first.devices[1].refused_allocations, 0u);
+  // Reads change nothing, and the counters belong to the container's file, not to a process: neither the reap of the
+  // dead child nor both attachments detaching takes anything back.
+  EXPECT_EQ(a->ReapDead(true), 1u);
+  a.reset();
+  b.reset();
+  Snapshot second;
+  ASSERT_TRUE(ReadSnapshot(path, second, error)) << error;
+  ASSERT_EQ(second.devices.size(), 2u);
+  EXPECT_EQ(second.devices[0].held_ns, first.devices[0].held_ns);
+  EXPECT_EQ(second.devices[0].refused_allocations, first.devices[0].refused_allocations);
+  EXPECT_EQ(second.devices[1].held_ns, 5u);
+  auto again = MustOpen(path);
+  ASSERT_NE(again, nullptr);
+  again->AddHeldNs(again->DeviceIndex(kOtherUuid), 10);
+  ASSERT_TRUE(ReadSnapshot(path, second, error)) << error;
+  EXPECT_EQ(second.devices[1].held_ns, 15u) << "a later process adds to what the container's file holds";
 }
 
 TEST(RegionSnapshot, ACopyOfTheComputeCellIsRaw) {

@@ -1,6 +1,7 @@
 // Region tests within one process or a few short children: creation, validation of bad files, the limit
 // arithmetic (exact limit, never wrapping), peaks, devices, reaping and its rate limit, a full slot table.
 #include <fcntl.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "region_test_support.h"
+#include "vgpu/region/hami_v1.h"
 #include "vgpu/region/layout.h"
 #include "vgpu/region/region.h"
 
@@ -147,6 +149,7 @@ TEST(RegionOpen, RefusesAFileWithAnotherMagicAndLeavesItAlone) {
   EXPECT_NE(error.find("not a vgpu region"), std::string::npos) << error;
   EXPECT_NE(error.find("VGPUREGN"), std::string::npos) << error;
   EXPECT_NE(error.find("CUDA_DEVICE_MEMORY_SHARED_CACHE"), std::string::npos) << error;
+  EXPECT_NE(error.find("never replaced: it is no cache file, and may be someone's data"), std::string::npos) << error;
   EXPECT_EQ(ReadAll(path), before) << "a foreign file must never be repaired";
 }
 
@@ -217,38 +220,105 @@ TEST(RegionHami, TheFileBeginsWithHamiCoresPartFilledAsItsMonitorReadsIt) {
   EXPECT_EQ(At<std::int32_t>(bytes, proc + kProcStatus), 0) << "a detached slot still counts for HAMi's monitor";
 }
 
-TEST(RegionOpen, RefusesHamiCoresOwnCacheFileNamingItAndLeavesItAlone) {
+// ---- files of another layout, replaced once unused (docs/hami-cache.md, "Bad input") ------------------------
+
+// Opens `path`, expecting whatever was there to be replaced by a fresh region: returns the note saying what was.
+std::string OpenReplacing(const std::string& path) {
+  std::string error, note;
+  std::unique_ptr<Attachment> attachment(Attachment::Open(path, error, &note));
+  EXPECT_NE(attachment, nullptr) << error;
+  EXPECT_EQ(std::filesystem::file_size(path), kFileBytes);
+  if (attachment != nullptr) {
+    EXPECT_EQ(attachment->region().version, kRegionVersion);
+  }
+  EXPECT_NE(note.find(path), std::string::npos) << note;
+  return note;
+}
+
+// HAMi-core's own cache file (v1.2), one counted slot naming `pid`.
+void WriteHamiCoreFile(const std::string& path, std::int32_t pid) {
+  std::string file(sizeof(hami::SharedRegion), '\0');
+  const auto put = [&](std::size_t offset, auto value) { std::memcpy(file.data() + offset, &value, sizeof value); };
+  put(offsetof(hami::SharedRegion, initialized_flag), hami::kMagic);
+  put(offsetof(hami::SharedRegion, major_version), hami::kMajorVersion);
+  put(offsetof(hami::SharedRegion, minor_version), hami::kMinorVersion);
+  put(offsetof(hami::SharedRegion, proc_num), std::int32_t{1});
+  put(offsetof(hami::SharedRegion, procs) + offsetof(hami::ProcSlot, pid), pid);
+  put(offsetof(hami::SharedRegion, procs) + offsetof(hami::ProcSlot, status), std::int32_t{1});
+  std::ofstream(path, std::ios::binary) << file;
+}
+
+// A child that lives until killed, and one that has ended (its pid names nobody).
+pid_t LivingChild() {
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  return child;
+}
+pid_t EndedChild() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  return child;
+}
+
+TEST(RegionOpen, KeepsHamiCoresOwnCacheFileWhileAProcessItNamesLivesNamingIt) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
-  {
-    std::string file(2'008'952, '\0');
-    const std::int32_t magic = 19920718;
-    const std::uint32_t major = 1, minor = 2;
-    std::memcpy(file.data(), &magic, 4);
-    std::memcpy(file.data() + 4, &major, 4);
-    std::memcpy(file.data() + 8, &minor, 4);
-    std::ofstream(path, std::ios::binary) << file;
-  }
+  const pid_t living = LivingChild();
+  WriteHamiCoreFile(path, living);
   const std::string before = ReadAll(path);
   const std::string error = OpenError(path);
+  kill(living, SIGKILL);
+  waitpid(living, nullptr, 0);
   EXPECT_NE(error.find(path), std::string::npos) << error;
   EXPECT_NE(error.find("a HAMi-core cache file (v1.2, 2008952 bytes), not libvgpu's"), std::string::npos) << error;
+  EXPECT_NE(error.find("not replaced: process " + std::to_string(living) + " named in it lives"), std::string::npos)
+      << error;
   EXPECT_EQ(ReadAll(path), before);
 }
 
-TEST(RegionOpen, RefusesAnOlderVgpuRegionNamingItsVersion) {
+TEST(RegionOpen, ReplacesHamiCoresOwnCacheFileOnceNoProcessItNamesLives) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
-  {
-    std::string file(1'000'000, '\0');
-    const std::uint32_t version = 4;
-    std::memcpy(file.data(), "VGPUREGN", 8);
-    std::memcpy(file.data() + 8, &version, 4);
-    std::ofstream(path, std::ios::binary) << file;
-  }
+  WriteHamiCoreFile(path, EndedChild());
+  EXPECT_NE(OpenReplacing(path).find("replaced a HAMi-core cache file (2008952 bytes) that no process used"),
+            std::string::npos);
+}
+
+// A region of layout version 4: ours at offset 0, its liveness bytes at region_bytes + slot.
+void WriteVersion4Region(const std::string& path, std::uint32_t region_bytes) {
+  std::string file(region_bytes, '\0');
+  const std::uint32_t version = 4;
+  std::memcpy(file.data(), "VGPUREGN", 8);
+  std::memcpy(file.data() + 8, &version, 4);
+  std::memcpy(file.data() + 12, &region_bytes, 4);
+  std::ofstream(path, std::ios::binary) << file;
+}
+
+TEST(RegionOpen, ReplacesAnOlderRegionOnlyOnceNoProcessOfItsVersionHoldsItsLivenessLock) {
+  test::TempFolder folder;
+  const std::string path = folder.File("region");
+  const std::uint32_t region_bytes = 1'000'000;
+  WriteVersion4Region(path, region_bytes);
+  const std::string before = ReadAll(path);
+  const int holder = open(path.c_str(), O_RDWR);  // a version-4 process in slot 5
+  ASSERT_GE(holder, 0);
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = region_bytes + 5;
+  lock.l_len = 1;
+  ASSERT_EQ(fcntl(holder, F_OFD_SETLK, &lock), 0);
   const std::string error = OpenError(path);
   EXPECT_NE(error.find("an older vgpu region (layout version 4)"), std::string::npos) << error;
   EXPECT_NE(error.find("reads version " + std::to_string(kRegionVersion)), std::string::npos) << error;
+  EXPECT_NE(error.find("a process of that version holds one of its liveness locks"), std::string::npos) << error;
+  EXPECT_EQ(ReadAll(path), before);
+  close(holder);  // the version-4 process ends
+  EXPECT_NE(OpenReplacing(path).find("replaced a vgpu region of layout version 4"), std::string::npos);
 }
 
 TEST(RegionOpen, RefusesAnotherLayoutVersionNamingBoth) {
@@ -261,37 +331,51 @@ TEST(RegionOpen, RefusesAnotherLayoutVersionNamingBoth) {
   EXPECT_NE(error.find(path), std::string::npos) << error;
   EXPECT_NE(error.find("layout version " + std::to_string(other)), std::string::npos) << error;
   EXPECT_NE(error.find("reads version " + std::to_string(kRegionVersion)), std::string::npos) << error;
+  EXPECT_NE(error.find("never replaced: a newer libvgpu may be using it"), std::string::npos) << error;
 }
 
-TEST(RegionOpen, RefusesAnotherDeclaredSize) {
+TEST(RegionOpen, KeepsARegionOfAnotherDeclaredSizeWhileInUseThenReplacesIt) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
-  MakeRegion(path);
+  std::unique_ptr<Attachment> user = MustOpen(path);
   const std::uint32_t other = sizeof(Region) - 64;
   Patch(path, kRegionOffset + offsetof(Region, region_bytes), &other, sizeof other);
   const std::string error = OpenError(path);
   EXPECT_NE(error.find("declares " + std::to_string(other) + " bytes"), std::string::npos) << error;
   EXPECT_NE(error.find(std::to_string(sizeof(Region))), std::string::npos) << error;
+  EXPECT_NE(error.find("not replaced: a process holds one of its liveness locks (it is in use)"), std::string::npos)
+      << error;
+  user.reset();
+  EXPECT_NE(OpenReplacing(path).find("a vgpu region cut short or of another size"), std::string::npos);
 }
 
-TEST(RegionOpen, RefusesATruncatedFile) {
+TEST(RegionOpen, ReplacesATruncatedRegionNobodyUses) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
   MakeRegion(path);
   ASSERT_EQ(truncate(path.c_str(), kFileBytes - sizeof(Region) / 2), 0);
-  const std::string error = OpenError(path);
-  EXPECT_NE(error.find(path), std::string::npos) << error;
-  EXPECT_NE(error.find("truncated (" + std::to_string(kFileBytes - sizeof(Region) / 2) + " bytes"), std::string::npos)
-      << error;
-  EXPECT_EQ(std::filesystem::file_size(path), kFileBytes - sizeof(Region) / 2) << "refused, not re-grown";
+  EXPECT_NE(OpenReplacing(path).find("a vgpu region cut short or of another size (" +
+                                     std::to_string(kFileBytes - sizeof(Region) / 2) + " bytes)"),
+            std::string::npos);
 }
 
-TEST(RegionOpen, RefusesAnEmptyFile) {
+TEST(RegionOpen, ReplacesAnEmptyFile) {
   test::TempFolder folder;
   const std::string path = folder.File("region");
   { std::ofstream out(path); }
+  EXPECT_NE(OpenReplacing(path).find("replaced an empty file"), std::string::npos);
+}
+
+TEST(RegionOpen, NeverReplacesThroughASymbolicLink) {
+  test::TempFolder folder;
+  const std::string target = folder.File("hami.cache"), path = folder.File("region");
+  WriteHamiCoreFile(target, EndedChild());
+  ASSERT_EQ(symlink(target.c_str(), path.c_str()), 0);
+  const std::string before = ReadAll(target);
   const std::string error = OpenError(path);
-  EXPECT_NE(error.find("truncated (0 bytes"), std::string::npos) << error;
+  EXPECT_NE(error.find("never replaced: the path is not a regular file of its own"), std::string::npos) << error;
+  EXPECT_EQ(ReadAll(target), before);
+  EXPECT_TRUE(std::filesystem::is_symlink(path));
 }
 
 TEST(RegionOpen, RefusesAFolderAndAMissingFolder) {

@@ -1,7 +1,7 @@
 // The launch path's "admit" stage (launch.h): the limiter admits the launch against the container's budget
 // (policy::Limiter::Admit) and it is planned (launch_measure.cc) in the same critical section. Two waits, each said
 // with LIBCUDA_LOG_LEVEL=4: for completions, while too much of the container's work is in flight unmeasured; and for
-// the budget, while the container is in debt at its cap.
+// the budget, while the container is in debt at its cap (only this one is the region's held_ns: docs/region.md).
 #include <algorithm>
 
 #include "launch.h"
@@ -102,12 +102,16 @@ bool AdmitWaitingForCompletions(Launching& l, std::uint64_t& waited_ns) {
   }
 }
 
-// The container is in debt at its cap: the launch sleeps to the moment the budget allows, then is planned.
+// The container is in debt at its cap: the launch sleeps to the moment the budget allows, then is planned. The wait
+// the limiter set is added to the region's held_ns for the node monitor (docs/metrics.md).
 bool WaitForBudget(Launching& l) {
   const policy::Admission& a = l.admission;
   const std::uint64_t wait_ns = a.ready_at_ns > l.now ? a.ready_at_ns - l.now : 0;
   VGPU_COUNT(waited_for_budget, 1);
   VGPU_COUNT(waited_for_budget_ns, wait_ns);
+  if (const int device = RegionDevice(l.ordinal); device >= 0 && wait_ns > 0) {
+    TheShim().region->AddHeldNs(device, wait_ns);
+  }
   Log(4, "device %d: a launch of %p waits %llu us for the budget: charged %llu us, the container is in debt at its "
       "cap", l.ordinal, l.key.function, static_cast<unsigned long long>(wait_ns / 1000),
       static_cast<unsigned long long>(a.charged_ns / 1000));

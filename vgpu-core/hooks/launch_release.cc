@@ -61,6 +61,17 @@ void HoldByLimiterWhileUnscheduled(DeviceLimiter& d, bool unscheduled) {
   }
 }
 
+// turn::Take's waited_ns runs from its first clock read to the look that let the launch go: for a launch that went at
+// its first look, two adjacent clock reads (tens of ns); one that waited slept at least once (a few us of system
+// calls alone). Only a wait is the region's held_ns (docs/region.md), so that a launch that waits for nothing adds
+// nothing to the container's shared counters.
+constexpr std::uint64_t kTurnWaitCountedNs = 1'000;
+
+void CountTurnWait(const Launching& l) {
+  if (l.ticket.waited_ns < kTurnWaitCountedNs) return;
+  if (const int device = RegionDevice(l.ordinal); device >= 0) TheShim().region->AddHeldNs(device, l.ticket.waited_ns);
+}
+
 }  // namespace
 
 bool DeviceDrained(int ordinal) {
@@ -80,6 +91,7 @@ void Release(Launching& l) {
   l.ticket = turn::Take(l.ordinal, estimate_ns,
                         {&caller, TurnCaller::Longest, TurnCaller::BeforeWait, TurnCaller::Drained}, l.key.function);
   HoldByLimiterWhileUnscheduled(d, !l.ticket.scheduled);
+  CountTurnWait(l);
   if (l.ticket.waited_ns > 0) l.now = NowNs();
 }
 

@@ -263,7 +263,9 @@ Mode StartMode(Shim& shim) {
   } else if (!shim.config.AnyLimit()) {
     mode = Mode::passthrough;
   } else {
-    shim.region = region::Attachment::Open(shim.config.region_path, error);
+    std::string replaced;
+    shim.region = region::Attachment::Open(shim.config.region_path, error, &replaced);
+    if (!replaced.empty()) Log(1, "%s", replaced.c_str());
     if (shim.region == nullptr) {
       std::fprintf(stderr, "vgpu[%d]: %s; GPU access is refused (fail closed)\n", static_cast<int>(getpid()),
                    error.c_str());
@@ -457,6 +459,7 @@ bool Charge(int ordinal, std::uint64_t bytes, bool for_the_driver) {
     Log(2, "device %d: %llu bytes refused: the node monitor shows the container holding %llu of %llu bytes", ordinal,
         static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(said.memory_used),
         static_cast<unsigned long long>(said.memory_limit));
+    shim.region->CountRefusedAllocation(device);  // (for the node monitor's metrics: docs/metrics.md)
     return false;
   }
   std::uint64_t limit = MemoryLimit(ordinal);
@@ -469,6 +472,7 @@ bool Charge(int ordinal, std::uint64_t bytes, bool for_the_driver) {
   Log(2, "device %d: %llu bytes refused: the container uses %llu of %llu", ordinal,
       static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(shim.region->Used(device)),
       static_cast<unsigned long long>(limit));
+  shim.region->CountRefusedAllocation(device);
   return false;
 }
 

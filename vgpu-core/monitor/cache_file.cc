@@ -1,5 +1,6 @@
-// The OS side of reading a container's HAMi cache file (docs/metrics.md, "Finding the file"): a file or a folder's
-// single *.cache, opened without following links or blocking, checked to be a regular file, read with bounded preads.
+// The OS side of reading a container's cache file (docs/metrics.md, "Finding the file"), as HAMi's monitor reads it
+// and for our region's counters: a file or a folder's single *.cache, opened without following links or blocking,
+// checked to be a regular file, read with bounded preads.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,10 +8,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "vgpu/monitor/hami_cache.h"
+#include "vgpu/monitor/region_counters.h"
 
 namespace vgpu::monitor {
 namespace {
@@ -68,9 +71,10 @@ int OpenCache(const std::string& path, std::string& found, CacheState& state, st
   return file_fd;
 }
 
-}  // namespace
-
-CacheState ReadCacheFile(const std::string& path, HamiCache& out, std::string& error) {
+// Opens the file at `path` (as OpenCache), checks that it is a regular file, and hands `parse` its size and a
+// bounded pread; an error names the folder's file when one was looked up.
+using Parse = std::function<bool(std::uint64_t file_bytes, const ReadAt& read, std::string& error)>;
+CacheState ReadWith(const std::string& path, const Parse& parse, std::string& error) {
   CacheState state = CacheState::invalid;
   std::string found;
   const int fd = OpenCache(path, found, state, error);
@@ -92,10 +96,24 @@ CacheState ReadCacheFile(const std::string& path, HamiCache& out, std::string& e
     }
     return true;
   };
-  const bool valid = ReadHamiCache(static_cast<std::uint64_t>(info.st_size), read, out, error);
+  const bool valid = parse(static_cast<std::uint64_t>(info.st_size), read, error);
   ::close(fd);
   if (!valid && !found.empty()) error = found + ": " + error;
   return valid ? CacheState::read : CacheState::invalid;
+}
+
+}  // namespace
+
+CacheState ReadCacheFile(const std::string& path, HamiCache& out, std::string& error) {
+  return ReadWith(path, [&](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
+    return ReadHamiCache(file_bytes, read, out, why);
+  }, error);
+}
+
+CacheState ReadRegionCountersFile(const std::string& path, std::vector<RegionCounters>& out, std::string& error) {
+  return ReadWith(path, [&](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
+    return ReadRegionCounters(file_bytes, read, out, why);
+  }, error);
 }
 
 }  // namespace vgpu::monitor

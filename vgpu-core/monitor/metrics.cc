@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 
 namespace vgpu::monitor {
 namespace {
@@ -13,6 +14,8 @@ enum Family : std::size_t {
   kContainerMemoryLimit,
   kContainerSmUsed,
   kContainerSmLimit,
+  kContainerThrottled,
+  kContainerRefused,
   kContainerCacheValid,
   kDeviceMemoryUsed,
   kDeviceMemoryTotal,
@@ -44,6 +47,10 @@ constexpr std::array<FamilyName, kFamilies> kNames{{
     {"vgpu_container_sm_used_ratio", "gauge",
      "The container's share of the device over the last second, from NVML's samples (absent: shared device)."},
     {"vgpu_container_sm_limit_ratio", "gauge", "The container's compute cap on the device."},
+    {"vgpu_container_throttled_seconds", "counter",
+     "Time the container's launches waited for its compute limit on the device (its region file)."},
+    {"vgpu_container_refused_allocations", "counter",
+     "Allocations refused at the container's memory limit on the device (its region file)."},
     {"vgpu_container_hami_cache_valid", "gauge", "1 if the container's HAMi cache file was read and valid."},
     {"vgpu_device_memory_used_bytes", "gauge", "Device memory in use, NVML's figure."},
     {"vgpu_device_memory_total_bytes", "gauge", "Device memory in all, NVML's figure."},
@@ -97,7 +104,22 @@ class Exposition {
   std::array<std::string, kFamilies> samples_;
 };
 
-void AddContainer(const Container& container, const Judgement& judgement, Exposition& out) {
+// The entry of `counters` for the device NVML calls `uuid` (NVML writes hex in lower case; any case matches), or null.
+const RegionCounters* CountersOf(const CounterFigures* counters, std::string_view uuid) {
+  if (counters == nullptr) return nullptr;
+  const auto same_letter = [](char a, char b) {
+    return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+  };
+  for (const RegionCounters& device : counters->devices) {
+    if (std::equal(uuid.begin(), uuid.end(), device.uuid.begin(), device.uuid.end(), same_letter)) return &device;
+  }
+  return nullptr;
+}
+
+// `counters`: the container's region counters this period, or null (no file named, or not read). A device the region
+// does not name yet has had nothing held or refused: 0.
+void AddContainer(const Container& container, const Judgement& judgement, const CounterFigures* counters,
+                  Exposition& out) {
   if (!container.pod_namespace.empty() || !container.pod_name.empty() || !container.container_name.empty()) {
     out.Add(kContainerInfo,
             Label("container", container.name) + "," + Label("namespace", container.pod_namespace) + "," +
@@ -117,6 +139,11 @@ void AddContainer(const Container& container, const Judgement& judgement, Exposi
       out.Add(kContainerSmUsed, labels, Scaled(device.sm_used, 3));
     }
     if (device.sm_limit != 0) out.Add(kContainerSmLimit, labels, Scaled(device.sm_limit, 3));
+    if (counters != nullptr) {
+      const RegionCounters* found = CountersOf(counters, device.uuid);
+      out.Add(kContainerThrottled, labels, Scaled(found != nullptr ? found->held_ns : 0, 9));
+      out.Add(kContainerRefused, labels, std::to_string(found != nullptr ? found->refused_allocations : 0));
+    }
   }
 }
 
@@ -173,9 +200,11 @@ std::string EscapeLabelValue(std::string_view value) {
 std::string FormatMetrics(const PeriodFigures& figures) {
   Exposition out;
   for (const Judgement& judgement : figures.judgements) {
-    if (judgement.container < figures.containers.size()) {
-      AddContainer(figures.containers[judgement.container], judgement, out);
-    }
+    if (judgement.container >= figures.containers.size()) continue;
+    const auto counters = std::find_if(figures.counters.begin(), figures.counters.end(),
+                                       [&](const CounterFigures& c) { return c.container == judgement.container; });
+    AddContainer(figures.containers[judgement.container], judgement,
+                 counters != figures.counters.end() ? &*counters : nullptr, out);
   }
   for (const DeviceFigures& device : figures.devices) AddDevice(device, out);
   out.Add(kPeriods, "", std::to_string(figures.periods));

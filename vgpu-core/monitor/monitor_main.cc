@@ -470,28 +470,62 @@ bool WriteWhole(const std::string& path, const std::string& text, std::string& e
 
 void OnSignal(int) { g_stop = 1; }
 
-// With --metrics-port: this period's figures as Prometheus' text, handed to the server (docs/metrics.md). With
-// --hami-metrics each container's cache file is read; a new reason one is not read is logged once.
-void PublishMetrics(vgpu::monitor::MetricsServer& server, const Options& options, vgpu::monitor::PeriodFigures figures,
-                    std::map<std::string, std::string>& cache_reported) {
-  figures.hami = options.hami_metrics;
-  for (std::size_t c = 0; figures.hami && c < figures.containers.size(); ++c) {
+// Whether `error` is a new reason for `key` to be left out (said once per reason); a read that succeeds forgets it.
+bool NewReason(std::map<std::string, std::string>& reported, const std::string& key, bool failed,
+               const std::string& error) {
+  if (!failed) {
+    reported.erase(key);
+    return false;
+  }
+  if (reported[key] == error) return false;
+  reported[key] = error;
+  return true;
+}
+
+// With --hami-metrics: each container's cache file as HAMi's monitor reads it.
+void ReadHamiCaches(vgpu::monitor::PeriodFigures& figures, std::map<std::string, std::string>& reported) {
+  for (std::size_t c = 0; c < figures.containers.size(); ++c) {
     const Container& container = figures.containers[c];
     if (container.cache_path.empty()) continue;
     vgpu::monitor::CacheFigures cache;
     cache.container = c;
     std::string error;
     cache.state = vgpu::monitor::ReadCacheFile(container.cache_path, cache.cache, error);
-    const std::string key = container.name + " " + container.cache_path;
-    if (cache.state == vgpu::monitor::CacheState::invalid && cache_reported[key] != error) {
+    if (NewReason(reported, "hami " + container.name + " " + container.cache_path,
+                  cache.state == vgpu::monitor::CacheState::invalid, error)) {
       Log(1, "%s: cache file %s: %s: its hami_* series are left out", container.name.c_str(),
           container.cache_path.c_str(), error.c_str());
-      cache_reported[key] = error;
-    } else if (cache.state != vgpu::monitor::CacheState::invalid) {
-      cache_reported.erase(key);
     }
     figures.caches.push_back(std::move(cache));
   }
+}
+
+// Each container's region counters (time held by its compute limit, allocations refused), from the same file.
+void ReadContainerCounters(vgpu::monitor::PeriodFigures& figures, std::map<std::string, std::string>& reported) {
+  for (std::size_t c = 0; c < figures.containers.size(); ++c) {
+    const Container& container = figures.containers[c];
+    if (container.cache_path.empty()) continue;
+    vgpu::monitor::CounterFigures counters;
+    counters.container = c;
+    std::string error;
+    const auto state = vgpu::monitor::ReadRegionCountersFile(container.cache_path, counters.devices, error);
+    if (NewReason(reported, "region " + container.name + " " + container.cache_path,
+                  state == vgpu::monitor::CacheState::invalid, error)) {
+      Log(1, "%s: cache file %s: %s: its throttled and refused counters are left out", container.name.c_str(),
+          container.cache_path.c_str(), error.c_str());
+    }
+    if (state == vgpu::monitor::CacheState::read) figures.counters.push_back(std::move(counters));
+  }
+}
+
+// With --metrics-port: this period's figures as Prometheus' text, handed to the server (docs/metrics.md). Each
+// container's cache file is read for its region counters, and with --hami-metrics as HAMi's; a new reason one is not
+// read is logged once.
+void PublishMetrics(vgpu::monitor::MetricsServer& server, const Options& options, vgpu::monitor::PeriodFigures figures,
+                    std::map<std::string, std::string>& cache_reported) {
+  figures.hami = options.hami_metrics;
+  if (figures.hami) ReadHamiCaches(figures, cache_reported);
+  ReadContainerCounters(figures, cache_reported);
   figures.stamp_ns = Now(CLOCK_REALTIME);
   server.Publish(vgpu::monitor::FormatMetrics(figures));
 }

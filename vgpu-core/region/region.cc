@@ -1,8 +1,10 @@
 // The container region's OS side: atomic creation, validation, the robust lock and its repair, OFD-lock
 // liveness, reaping, and reserve/release accounting (docs/region.md).
 #include "vgpu/region/region.h"
+
 #include "vgpu/region/hami_v1.h"
 #include "vgpu/region/shared_file.h"
+#include "replace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -303,6 +305,27 @@ int ProbeLiveness(int fd, int slot) {
   return lock.l_type != F_UNLCK ? 1 : 0;
 }
 
+// The fd of a valid region at `path` (created if absent). A file Validate refuses is replaced once unused
+// (replace.h), looked at again every 10 ms for up to a second while in use; `note` says what was replaced. -1 and
+// `error` (Validate's reason, and why the file was not replaced) otherwise.
+int OpenValid(const std::string& path, struct stat& st, std::string& note, std::string& error) {
+  constexpr int kLooks = 100;
+  constexpr timespec kLookAgain{0, 10'000'000};
+  for (int look = 0; look < kLooks; ++look) {
+    const int fd = CreateOrOpen(path, error);
+    if (fd < 0) return -1;
+    if (Validate(fd, path, st, error)) return fd;
+    std::string why_not;
+    const Replaced replaced = ReplaceIfUnused(path, fd, kFileBytes, InitializeFile, note, why_not);
+    close(fd);
+    if (replaced == Replaced::yes) continue;
+    error += " (" + why_not + ")";
+    if (replaced == Replaced::never) return -1;
+    nanosleep(&kLookAgain, nullptr);
+  }
+  return -1;
+}
+
 }  // namespace
 
 bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
@@ -359,6 +382,8 @@ bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
     view.cached_used_bytes = load64(device.used_bytes);
     view.limit_bytes = load64(device.limit_bytes);
     view.context_bytes = load64(device.context_bytes);
+    view.held_ns = load64(device.held_ns);
+    view.refused_allocations = load64(device.refused_allocations);
     view.compute.resize(sizeof device.compute);
     static_assert(sizeof device.compute % 8 == 0 && offsetof(Device, compute) % 8 == 0);
     for (std::size_t word = 0; word < sizeof device.compute / 8; ++word) {
@@ -461,16 +486,14 @@ class Attachment::Lock {
   int error_ = 0;
 };
 
-Attachment* Attachment::Open(const std::string& requested_path, std::string& error) {
+Attachment* Attachment::Open(const std::string& requested_path, std::string& error, std::string* note) {
   std::string path = requested_path;
   if (path.empty() && !DefaultPath(path, error)) return nullptr;
-  const int fd = CreateOrOpen(path, error);
-  if (fd < 0) return nullptr;
   struct stat st {};
-  if (!Validate(fd, path, st, error)) {
-    close(fd);
-    return nullptr;
-  }
+  std::string replaced;
+  const int fd = OpenValid(path, st, replaced, error);
+  if (fd < 0) return nullptr;
+  if (note != nullptr) *note = replaced;
   void* mapped = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mapped == MAP_FAILED) {
     error = "cannot map " + Quoted(path) + ": " + std::strerror(errno);
@@ -787,6 +810,18 @@ void Attachment::SetLimitForMonitoring(int device, std::uint64_t bytes) {
   if (!ValidDevice(device)) return;
   Store(region_->devices[device].limit_bytes, bytes);
   hami::MirrorLimit(*hami_, static_cast<std::uint32_t>(device), bytes);
+}
+
+// Monitoring counters: relaxed adds, no lock (docs/region.md, "Monitoring counters"). They only grow; a reader
+// wants each figure whole, not in step with anything else.
+void Attachment::AddHeldNs(int device, std::uint64_t ns) {
+  if (!ValidDevice(device)) return;
+  std::atomic_ref<std::uint64_t>(region_->devices[device].held_ns).fetch_add(ns, std::memory_order_relaxed);
+}
+
+void Attachment::CountRefusedAllocation(int device) {
+  if (!ValidDevice(device)) return;
+  std::atomic_ref<std::uint64_t>(region_->devices[device].refused_allocations).fetch_add(1, std::memory_order_relaxed);
 }
 
 void Attachment::MarkLaunch(std::int64_t unix_s) { hami::MirrorLaunch(*hami_, unix_s); }

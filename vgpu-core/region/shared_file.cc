@@ -55,9 +55,55 @@ int InitRobustMutex(void* storage) {
   return r;
 }
 
+namespace {
+
+// A name beside `path` for a file being made: pid, clock and a counter, unique across pid namespaces.
+std::string TemporaryBeside(const std::string& path) {
+  static std::atomic<unsigned> temporaries{0};
+  return path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(MonotonicNs()) + "." +
+         std::to_string(temporaries++);
+}
+
+// Creates the temporary file `temporary`, mode 0666 whatever the umask (every process attaches, whatever its user),
+// sized and filled. Returns its fd; -2 when the name is taken already (by a file of another process); or -1 with
+// `error` (the file removed again).
+int MakeFilled(const std::string& temporary, std::size_t bytes, InitializeShared initialize, const void* context,
+               const std::string& named, std::string& error) {
+  const int fd = open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
+  if (fd < 0) {
+    if (errno == EEXIST) return -2;
+    error = "cannot create " + named + " (as '" + temporary + "'): " + std::strerror(errno);
+    return -1;
+  }
+  fchmod(fd, 0666);
+  if (!Fill(fd, bytes, initialize, context, named, error)) {
+    close(fd);
+    unlink(temporary.c_str());
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+bool ReplaceShared(const std::string& path, std::size_t bytes, InitializeShared initialize, const void* context,
+                   std::string_view what, std::string& error) {
+  const std::string named = Named(what, path);
+  const std::string temporary = TemporaryBeside(path);
+  const int fd = MakeFilled(temporary, bytes, initialize, context, named, error);
+  if (fd == -2) error = "cannot replace " + named + ": its temporary name '" + temporary + "' is taken";
+  if (fd < 0) return false;
+  close(fd);
+  if (rename(temporary.c_str(), path.c_str()) != 0) {
+    error = "cannot replace " + named + " (rename from '" + temporary + "'): " + std::strerror(errno);
+    unlink(temporary.c_str());
+    return false;
+  }
+  return true;
+}
+
 int CreateOrOpenShared(const std::string& path, std::size_t bytes, InitializeShared initialize, const void* context,
                        std::string_view what, std::string_view variable, std::string& error) {
-  static std::atomic<unsigned> temporaries{0};
   const std::string named = Named(what, path);
   const std::string elsewhere = "; set " + std::string(variable) + " to a file in a writable folder";
   for (int attempt = 0; attempt < 16; ++attempt) {
@@ -68,19 +114,11 @@ int CreateOrOpenShared(const std::string& path, std::size_t bytes, InitializeSha
               std::string(variable) + " to another path";
       return -1;
     }
-    const std::string temporary = path + ".tmp." + std::to_string(getpid()) + "." +
-                                  std::to_string(MonotonicNs()) + "." + std::to_string(temporaries++);
-    fd = open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
+    const std::string temporary = TemporaryBeside(path);
+    fd = MakeFilled(temporary, bytes, initialize, context, named, error);
+    if (fd == -2) continue;
     if (fd < 0) {
-      if (errno == EEXIST) continue;
-      error = "cannot create " + named + " (as '" + temporary + "'): " + std::strerror(errno) + elsewhere;
-      return -1;
-    }
-    // Every process attaches, whatever its user: the mode must not depend on the umask.
-    fchmod(fd, 0666);
-    if (!Fill(fd, bytes, initialize, context, named, error)) {
-      close(fd);
-      unlink(temporary.c_str());
+      error += elsewhere;
       return -1;
     }
     const int linked = link(temporary.c_str(), path.c_str());

@@ -10,6 +10,7 @@
 
 #include "vgpu/monitor/hami_cache.h"
 #include "vgpu/monitor/monitor.h"
+#include "vgpu/monitor/region_counters.h"
 
 namespace vgpu::monitor {
 
@@ -29,12 +30,20 @@ struct CacheFigures {
   HamiCache cache;  // when state is `read`
 };
 
+// A container's region counters, read this period from its cache file (only for containers with a VGPU_CACHE whose
+// file was read as a region of this build's layout).
+struct CounterFigures {
+  std::size_t container = 0;            // index into PeriodFigures::containers
+  std::vector<RegionCounters> devices;  // matched to the judged devices by UUID
+};
+
 struct PeriodFigures {
   std::vector<Container> containers;
   std::vector<Judgement> judgements;  // Judge's, for `containers`
   std::vector<DeviceFigures> devices;
   bool hami = false;  // --hami-metrics: the hami_* series and vgpu_container_hami_cache_valid
   std::vector<CacheFigures> caches;
+  std::vector<CounterFigures> counters;  // vgpu_container_throttled_seconds_total, _refused_allocations_total
   std::uint64_t periods = 0;   // periods judged so far, this one included
   std::uint64_t stamp_ns = 0;  // CLOCK_REALTIME at the end of the period
 };

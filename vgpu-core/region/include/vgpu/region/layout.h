@@ -11,10 +11,11 @@
 namespace vgpu::region {
 
 inline constexpr std::uint64_t kRegionMagic = 0x4e47455255504756ULL;  // "VGPUREGN" little-endian
-inline constexpr std::uint32_t kRegionVersion = 5;  // 2: the compute budget in Device::compute; 3: its busy
+inline constexpr std::uint32_t kRegionVersion = 6;  // 2: the compute budget in Device::compute; 3: its busy
                                                     // time in 10 ms buckets (576 bytes); 4: time division's
                                                     // turn cell after the budget (the container's id, its account);
-                                                    // 5: after HAMi-core's part, at kRegionOffset
+                                                    // 5: after HAMi-core's part, at kRegionOffset; 6: Device's
+                                                    // held_ns and refused_allocations (monitoring counters)
 // The file (docs/hami-cache.md): HAMi-core's v1 part first (hami_v1.h: what HAMi's monitor reads), the region at
 // kRegionOffset (491 pages: HAMi's 2,008,952 bytes rounded up), and past both, never written, one liveness byte per
 // slot at kLivenessBase + slot, the same in every version from 5 on.
@@ -35,6 +36,10 @@ struct Device {
   // The compute limiter's shared budget (vgpu::policy::BudgetCell, docs/compute-limit.md), updated with atomics
   // only. Opaque here: the region does not depend on the policy code; the shim checks that it fits.
   alignas(8) std::uint8_t compute[576];
+  // Version 6: monitoring only (docs/region.md, "Monitoring counters"), never read by enforcement. Each only grows, by
+  // an 8-byte relaxed fetch_add without the lock; a container's processes can write them: only their own figures.
+  std::uint64_t held_ns;                 // time the container's launches waited for the compute limiter (budget, turn)
+  std::uint64_t refused_allocations;     // allocations refused at the memory limit (Charge false), one per call
 };
 
 struct Slot {
@@ -66,6 +71,8 @@ struct Region {
 static_assert(std::is_trivially_copyable_v<Region>);
 // Counters are read without the lock through 8-byte atomic loads: they must be naturally aligned.
 static_assert(offsetof(Region, devices) % 8 == 0 && sizeof(Device) % 8 == 0);
+static_assert(offsetof(Device, held_ns) % 8 == 0 && offsetof(Device, refused_allocations) % 8 == 0);
+static_assert(sizeof(Device) == 640, "a Device field changed: bump kRegionVersion (docs/region.md)");
 static_assert(offsetof(Region, slots) % 8 == 0 && sizeof(Slot) % 8 == 0 && offsetof(Slot, used_bytes) % 8 == 0);
 static_assert(std::is_standard_layout_v<Region>);
 inline constexpr std::size_t kFileBytes = kRegionOffset + sizeof(Region);

@@ -17,8 +17,11 @@ class Attachment {
  public:
   // Opens (creating atomically if needed) the region at `path`, validates it, reaps dead slots and claims a slot
   // for this process. An empty `path` means the default, /tmp/vgpu/region.<uid> (the folder is created 0700).
+  // A file of another layout at the path (HAMi-core's own, an older region of ours, a short or foreign file) is
+  // replaced by a fresh region once no process uses it (docs/hami-cache.md, "Bad input"); `note`, when given, then
+  // says what was replaced (else it is left empty). A newer region of ours is never replaced.
   // Returns null and sets `error` (one line: the path, what is wrong, what to do) on failure.
-  static Attachment* Open(const std::string& path, std::string& error);
+  static Attachment* Open(const std::string& path, std::string& error, std::string* note = nullptr);
 
   // Detaches: gives back this process's usage, frees its slot, unmaps and closes. Owners normally keep the
   // attachment for the life of the process (the kernel drops the liveness lock at exit and the next reap
@@ -57,6 +60,10 @@ class Attachment {
   std::uint64_t ContextBytes(int device) const;
   void SetContextBytes(int device, std::uint64_t bytes);
   void SetLimitForMonitoring(int device, std::uint64_t bytes);
+  // The monitoring counters of `device` (Device::held_ns, refused_allocations; docs/metrics.md): one relaxed atomic
+  // add each, no lock, nothing for a bad index. `ns`: how long a launch waited for the compute limiter.
+  void AddHeldNs(int device, std::uint64_t ns);
+  void CountRefusedAllocation(int device);
   // CUDA_TASK_PRIORITY, for HAMi's monitor only (HAMi-core's `priority`: a lower number is a higher priority).
   void SetPriorityForMonitoring(int priority);
   // A launch, for HAMi's monitor (hami::MirrorLaunch): at most once a second is enough (it looks every 5 s).
@@ -126,6 +133,8 @@ struct DeviceSnapshot {
                                             // dead processes' slots not yet reaped (equal to used_bytes once reaped)
   std::uint64_t limit_bytes;                // as the last process that attached configured it
   std::uint64_t context_bytes;              // measured context overhead, 0 = not yet known
+  std::uint64_t held_ns;                    // Device::held_ns: launches' waits for the compute limiter, in all
+  std::uint64_t refused_allocations;        // Device::refused_allocations: allocations refused at the memory limit
   std::vector<std::uint8_t> compute;        // a raw copy of Device::compute (the policy code reads it)
 };
 

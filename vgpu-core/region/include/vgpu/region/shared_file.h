@@ -19,6 +19,12 @@ using InitializeShared = bool (*)(void* mapped, const void* context, std::string
 int CreateOrOpenShared(const std::string& path, std::size_t bytes, InitializeShared initialize, const void* context,
                        std::string_view what, std::string_view variable, std::string& error);
 
+// Puts a fresh file, made as CreateOrOpenShared makes one, in the place of whatever is at `path` (rename: a process
+// that opens the path sees the old file or the new one, whole). For a file found unused (region/replace.h); the
+// caller opens the path again. False with `error` (naming the file) when it cannot.
+bool ReplaceShared(const std::string& path, std::size_t bytes, InitializeShared initialize, const void* context,
+                   std::string_view what, std::string& error);
+
 // Initialises a robust, process-shared pthread mutex in `storage` (at least sizeof(pthread_mutex_t), aligned).
 // Returns 0 or the error number.
 int InitRobustMutex(void* storage);
