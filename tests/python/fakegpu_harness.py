@@ -325,3 +325,66 @@ def kernel_shares(events: list[dict], pids: list[int], device: int = 0) -> Kerne
     device_busy = min(_union_length([interval for clipped in clipped_by_pid.values() for interval in clipped]),
                       sum(busy.values()))
     return KernelShares(window_start, window_end, busy, device_busy)
+
+
+class MonitorProcess:
+    """vgpu-monitor on a test's fake machine (docs/node-monitor.md): a containers folder holding one container, `box`,
+    whose cgroup is the test's own (every process the test starts is in it), a verdicts folder, and the monitor's log.
+    Started outside any container (no shim); pytest skips where the monitor is not built."""
+
+    def __init__(self, fake_gpu: FakeGpu, binary: Path, work_dir: Path) -> None:
+        if not binary.exists():
+            import pytest
+            pytest.skip(f"{binary} is not built")
+        self.fake_gpu = fake_gpu
+        self.binary = binary
+        self.containers = work_dir / "containers"
+        self.verdicts = work_dir / "verdicts"
+        self.containers.mkdir()
+        self.verdict_path = self.verdicts / "box" / "verdict"
+        self.log_path = work_dir / "monitor.log"
+        self.process: subprocess.Popen | None = None
+        self._log = None
+
+    def contain(self, *lines: str) -> None:
+        """Writes box's container file: its cgroup (the test's own), then `lines` (its limits, KEY=VALUE)."""
+        cgroup = subprocess.run([str(self.binary), "--cgroup-of", str(os.getpid())], check=True, capture_output=True,
+                                text=True).stdout.strip()
+        (self.containers / "box.conf").write_text("\n".join([f"VGPU_CGROUP={cgroup}", *lines]) + "\n")
+
+    def start(self, *flags: str) -> None:
+        env = {name: value for name, value in self.fake_gpu.env.items() if name != "LD_PRELOAD"}
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [str(self.binary), "--containers", str(self.containers), "--verdicts", str(self.verdicts), *flags],
+            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_for(self, predicate, timeout: float, what: str):
+        """The first true value of `predicate()` within `timeout` s; fails naming `what` (and the log) otherwise, or
+        as soon as the monitor exits."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"vgpu-monitor exited with {self.process.returncode}: {self.log()}")
+            time.sleep(0.01)
+        raise AssertionError(f"no {what} within {timeout} s; monitor log:\n{self.log()}")
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after 10 s; the exit status (None: never started)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fakegpu_harness import MonitorProcess
 from test_hami_cache import read_as_hami_monitor
 
 GIB = 1 << 30
@@ -44,40 +45,21 @@ def host_nvml(fake_gpu) -> dict:
     return json.loads(run.stdout)
 
 
-class Monitor:
+class Monitor(MonitorProcess):
     """vgpu-monitor serving metrics on a free port of 127.0.0.1, judging one container, `box`: every process this test
     starts (its cgroup is the test's own), with a 4 GiB and 40 % limit and its cache folder named."""
 
     def __init__(self, fake_gpu, build_dir: Path, cache_folder: Path) -> None:
-        self.binary = build_dir / "bin" / "vgpu-monitor"
-        if not self.binary.exists():
-            pytest.skip(f"{self.binary} is not built")
-        self.fake_gpu = fake_gpu
-        work = fake_gpu.work_dir
-        self.containers, self.verdicts = work / "containers", work / "verdicts"
-        self.containers.mkdir()
-        cgroup = subprocess.run([str(self.binary), "--cgroup-of", str(os.getpid())], check=True, capture_output=True,
-                                text=True).stdout.strip()
-        (self.containers / "box.conf").write_text(
-            f"VGPU_CGROUP={cgroup}\nCUDA_DEVICE_MEMORY_LIMIT=4Gi\nCUDA_DEVICE_SM_LIMIT=40\n"
-            f"VGPU_CACHE={cache_folder}\nVGPU_POD_NAMESPACE=ml\nVGPU_POD_NAME=train-0\nVGPU_CONTAINER_NAME=main\n")
-        self.log_path = work / "monitor.log"
-        self.process = None
+        super().__init__(fake_gpu, build_dir / "bin" / "vgpu-monitor", fake_gpu.work_dir)
+        self.contain("CUDA_DEVICE_MEMORY_LIMIT=4Gi", "CUDA_DEVICE_SM_LIMIT=40", f"VGPU_CACHE={cache_folder}",
+                     "VGPU_POD_NAMESPACE=ml", "VGPU_POD_NAME=train-0", "VGPU_CONTAINER_NAME=main")
         self.port = 0
 
     def start(self, *flags: str) -> None:
-        env = {name: value for name, value in self.fake_gpu.env.items() if name != "LD_PRELOAD"}
-        self.log_file = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [str(self.binary), "--containers", str(self.containers), "--verdicts", str(self.verdicts),
-             "--period-ms", "50", "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags],
-            env=env, stdin=subprocess.DEVNULL, stdout=self.log_file, stderr=subprocess.STDOUT)
+        super().start("--period-ms", "50", "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags)
         found = self.wait_for(lambda: re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log()),
                               10, "the port it serves on")
         self.port = int(found.group(1))
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def scrape(self) -> dict:
         """{(sample name, frozenset of labels): value} of one scrape; {} while no period is judged (503)."""
@@ -96,23 +78,9 @@ class Monitor:
                 samples[key] = sample.value
         return samples
 
-    def wait_for(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"vgpu-monitor exited with {self.process.returncode}: {self.log()}")
-            time.sleep(0.05)
-        raise AssertionError(f"no {what} within {timeout} s; monitor log:\n{self.log()}")
-
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            assert self.process.wait(timeout=10) == 0, self.log()
-        if self.process is not None:
-            self.log_file.close()
+        returncode = super().stop()
+        assert returncode in (None, 0), self.log()
 
 
 @pytest.fixture

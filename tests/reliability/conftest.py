@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "python"))
 
-from fakegpu_harness import FakeGpu  # noqa: E402  (after the path is set)
+from fakegpu_harness import FakeGpu, MonitorProcess  # noqa: E402  (after the path is set)
 
 BUILD_DIR = Path(os.environ.get("VGPU_BUILD_DIR", REPO_ROOT / "build" / "default")).resolve()
 SHIM = BUILD_DIR / "lib" / "libvgpu.so"
@@ -99,67 +96,24 @@ def fake_gpu(tmp_path: Path):
 MONITOR = BUILD_DIR / "bin" / "vgpu-monitor"
 
 
-class NodeMonitor:
-    """vgpu-monitor on a test's fake machine (docs/node-monitor.md): one container, `box`, whose cgroup is this
-    test's own (every process the test starts is in it), its verdict where the shims of the test read it."""
+class NodeMonitor(MonitorProcess):
+    """vgpu-monitor judging one container, `box` (MonitorProcess), its verdict where the shims of the test read it."""
 
     def __init__(self, fake_gpu: FakeGpu, work_dir: Path) -> None:
-        if not MONITOR.exists():
-            pytest.skip(f"{MONITOR} is not built")
-        self.fake_gpu = fake_gpu
-        self.containers = work_dir / "containers"
-        self.verdicts = work_dir / "verdicts"
-        self.containers.mkdir()
-        self.verdict_path = self.verdicts / "box" / "verdict"
-        self.process = None
-        self.log_path = work_dir / "monitor.log"
+        super().__init__(fake_gpu, MONITOR, work_dir)
 
     def contain(self, memory_limit: str, sm_limit: int | None = None) -> None:
         """Describes the container to the monitor; the shims started next read its verdict."""
-        cgroup = subprocess.run([str(MONITOR), "--cgroup-of", str(os.getpid())], check=True, capture_output=True,
-                                text=True).stdout.strip()
-        lines = [f"VGPU_CGROUP={cgroup}", f"CUDA_DEVICE_MEMORY_LIMIT={memory_limit}"]
-        if sm_limit is not None:
-            lines.append(f"CUDA_DEVICE_SM_LIMIT={sm_limit}")
-        (self.containers / "box.conf").write_text("\n".join(lines) + "\n")
+        super().contain(f"CUDA_DEVICE_MEMORY_LIMIT={memory_limit}",
+                        *([f"CUDA_DEVICE_SM_LIMIT={sm_limit}"] if sm_limit is not None else []))
         self.fake_gpu.env["VGPU_VERDICT_FILE"] = str(self.verdict_path)
 
     def start(self, action: str = "report", period_ms: int = 50) -> None:
-        env = {name: value for name, value in self.fake_gpu.env.items() if name != "LD_PRELOAD"}
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [str(MONITOR), "--containers", str(self.containers), "--verdicts", str(self.verdicts), "--period-ms",
-             str(period_ms), "--action", action, "--log-level", "2"],
-            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        super().start("--period-ms", str(period_ms), "--action", action, "--log-level", "2")
         self.wait_for(lambda: self.verdict_path.exists(), 10, "the first verdict")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def verdict(self) -> str:
         return self.verdict_path.read_text()
-
-    def wait_for(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"vgpu-monitor exited with {self.process.returncode}: {self.log()}")
-            time.sleep(0.01)
-        raise AssertionError(f"no {what} within {timeout} s; monitor log: {self.log()}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process is not None:
-            self._log.close()
 
 
 @pytest.fixture
