@@ -37,6 +37,9 @@ class HamiView:
     sm_limit: int
     pids: list[int]
     utilization: int  # the sum of the live slots' deviceUtil[i].sm
+    context: int      # the sums of used[i].context, .module and .data (HAMi's breakdown series)
+    module: int
+    data: int
 
 
 def read_as_hami_monitor(path) -> list[HamiView]:
@@ -54,7 +57,7 @@ def read_as_hami_monitor(path) -> list[HamiView]:
         row = data[OFF_UUIDS + 96 * i: OFF_UUIDS + 96 * i + 40]
         (limit,) = struct.unpack_from("<Q", data, OFF_LIMIT + 8 * i)
         (sm_limit,) = struct.unpack_from("<Q", data, OFF_SM_LIMIT + 8 * i)
-        total, pids, utilization = 0, [], 0
+        total, pids, utilization, context, module, data_bytes = 0, [], 0, 0, 0, 0
         for s in range(procnum):
             slot = OFF_PROCS + PROC_BYTES * s
             (status,) = struct.unpack_from("<i", data, slot + PROC_STATUS)
@@ -63,10 +66,15 @@ def read_as_hami_monitor(path) -> list[HamiView]:
             (pid,) = struct.unpack_from("<i", data, slot)
             (used,) = struct.unpack_from("<Q", data, slot + PROC_USED + USED_BYTES * i + USED_TOTAL)
             (sm,) = struct.unpack_from("<Q", data, slot + PROC_UTIL + UTIL_BYTES * i + UTIL_SM)
+            used_at = slot + PROC_USED + USED_BYTES * i
+            context += struct.unpack_from("<Q", data, used_at + USED_CONTEXT)[0]
+            module += struct.unpack_from("<Q", data, used_at + USED_MODULE)[0]
+            data_bytes += struct.unpack_from("<Q", data, used_at + USED_DATA)[0]
             total += used
             utilization += sm
             pids.append(pid)
-        views.append(HamiView(row.decode("ascii", "replace"), total, limit, sm_limit, pids, utilization))
+        views.append(HamiView(row.decode("ascii", "replace"), total, limit, sm_limit, pids, utilization, context, module,
+                              data_bytes))
     return views
 
 
@@ -99,6 +107,9 @@ def test_hamis_monitor_reads_a_live_containers_memory_limit_uuid_and_processes(f
     assert view.uuid == region["devices"][0]["uuid"]
     assert view.memory_bytes == region["devices"][0]["used_bytes"], (view.memory_bytes, region["devices"])
     assert GIB + 256 * MIB <= view.memory_bytes <= GIB + 256 * MIB + 2 * GIB, view.memory_bytes
+    # HAMi's breakdown: the allocations (data), each process's context, the driver's own memory (module): they add up.
+    assert view.data == GIB + 256 * MIB, view
+    assert view.context > 0 and view.context + view.module + view.data == view.memory_bytes, view
     assert held[0]["total"] == 4 * GIB, "the shim's view of the device: the limit"
     for holder in holders:
         assert holder.finish(timeout=30).returncode == 0

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <utility>
 
+#include "driver_memory.h"
 #include "launch.h"
 #include "shim.h"
 
@@ -51,6 +52,16 @@ int ShareOf(int ordinal, std::uint64_t elapsed_ns) {
   return -1;
 }
 
+// What `ordinal`'s contexts of this process hold (the primary and explicit ones), under the shim's mutex.
+std::uint64_t ContextBytesOn(Shim& shim, int ordinal) {
+  std::lock_guard<std::mutex> guard(shim.mutex);
+  std::uint64_t bytes = shim.primary_bytes[ordinal];
+  for (const auto& [handle, context] : shim.contexts) {
+    if (context.ordinal == ordinal) bytes += context.bytes;
+  }
+  return bytes;
+}
+
 void PublishShares(Shim& shim) {
   const std::uint64_t now = MonotonicNs();
   const std::uint64_t elapsed = g_published_ns == 0 ? 0 : now - g_published_ns;
@@ -60,6 +71,7 @@ void PublishShares(Shim& shim) {
     if (device < 0) continue;
     const int percent = ShareOf(ordinal, elapsed);
     if (percent >= 0) shim.region->SetUtilizationForMonitoring(device, static_cast<std::uint32_t>(percent));
+    shim.region->SetBreakdownForMonitoring(device, ContextBytesOn(shim, ordinal), DriverGrowth(ordinal));
   }
 }
 
@@ -127,6 +139,13 @@ void BeforeLaunch() {
   shim->region->MarkLaunch(now_s);
   PublishShares(*shim);
   StartIdleWatcher();
+}
+
+void PublishMemoryBreakdown(int ordinal) {
+  Shim* shim = TheShimIfMade();
+  if (shim == nullptr || shim->region == nullptr || ordinal < 0 || ordinal >= policy::kMaxDevices) return;
+  const int device = NamedDevice(*shim, ordinal);
+  if (device >= 0) shim->region->SetBreakdownForMonitoring(device, ContextBytesOn(*shim, ordinal), DriverGrowth(ordinal));
 }
 
 void ForgetHamiFeedbackAfterFork() {

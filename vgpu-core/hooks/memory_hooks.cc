@@ -206,6 +206,8 @@ CUresult CreateContextCharged(CUcontext* context, CUdevice device, const std::fu
       *context = nullptr;
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    guard.unlock();
+    PublishMemoryBreakdown(device);
   }
   return result;
 }
@@ -228,8 +230,11 @@ CUresult DestroyContext(CUcontext context, CUresult (*real)(CUcontext)) {
       shim.contexts.erase(it);
     }
   }
-  if (charged.ordinal >= 0) Uncharge(charged.ordinal, charged.bytes);
-  if (charged.ordinal >= 0) SettleDriverMemoryAfterContextGone(charged.ordinal);
+  if (charged.ordinal >= 0) {
+    Uncharge(charged.ordinal, charged.bytes);
+    SettleDriverMemoryAfterContextGone(charged.ordinal);
+    PublishMemoryBreakdown(charged.ordinal);
+  }
   return result;
 }
 
@@ -256,6 +261,7 @@ void PrimaryMayHaveGone(CUdevice device, CUcontext primary) {
   }
   Uncharge(device, bytes);
   SettleDriverMemoryAfterContextGone(device);
+  PublishMemoryBreakdown(device);
 }
 
 CUcontext PrimaryContextOf(CUdevice device) {
@@ -554,6 +560,7 @@ extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUd
       shim.primary_context[device] = *context;
     }
   }
+  if (result == CUDA_SUCCESS) PublishMemoryBreakdown(device);
   return result;
 } VGPU_CUDA_CATCH
 

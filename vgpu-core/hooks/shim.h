@@ -101,6 +101,9 @@ std::uint64_t MonotonicNs();
 // 64th launch of a thread reads the coarse clock), marked (recent_kernel 2, last_kernel_time) and this process's
 // share of each device published (device_util[].sm). The other launches read one shared word.
 void BeforeLaunch();
+// HAMi's breakdown of this process's memory on `ordinal` (its contexts', the driver's own, the rest its allocations),
+// written again: after a context is made or goes, and with each launch's publication.
+void PublishMemoryBreakdown(int ordinal);
 void ForgetHamiFeedbackAfterFork();
 // The shim if it was made already (no side effects), else null.
 Shim* TheShimIfMade();

@@ -66,11 +66,35 @@ std::int32_t UtilizationSwitch(const SharedRegion& hami) {
   return std::atomic_ref<std::int32_t>(const_cast<std::int32_t&>(hami.utilization_switch)).load(std::memory_order_relaxed);
 }
 
+namespace {
+
+template <typename T>
+T Load(const T& field) {
+  return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_relaxed);
+}
+
+// `data`: what the slot holds on the device less its contexts and the driver's own memory (never below 0).
+void StoreData(DeviceMemory& used, std::uint64_t total) {
+  const std::uint64_t other = Load(used.context) + Load(used.module);
+  Store(used.data, total > other ? total - other : 0);
+}
+
+}  // namespace
+
 void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t bytes) {
   if (slot >= kMaxProcs || device >= kMaxDevices) return;
   DeviceMemory& used = hami.procs[slot].used[device];
-  Store(used.data, bytes);
   Store(used.total, bytes);
+  StoreData(used, bytes);
+}
+
+void MirrorBreakdown(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t context,
+                     std::uint64_t module) {
+  if (slot >= kMaxProcs || device >= kMaxDevices) return;
+  DeviceMemory& used = hami.procs[slot].used[device];
+  Store(used.context, context);
+  Store(used.module, module);
+  StoreData(used, Load(used.total));
 }
 
 namespace {
@@ -78,6 +102,7 @@ namespace {
 // A slot's figures (memory, utilization) back to zero, for a new or a freed slot.
 void ZeroFigures(SharedRegion& hami, std::uint32_t slot) {
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    MirrorBreakdown(hami, slot, d, 0, 0);
     MirrorUsed(hami, slot, d, 0);
     MirrorUtilization(hami, slot, d, 0);
   }

@@ -832,6 +832,13 @@ void Attachment::SetSmLimitForMonitoring(int device, std::uint32_t percent) {
   if (ValidDevice(device)) hami::MirrorSmLimit(*hami_, static_cast<std::uint32_t>(device), percent);
 }
 
+void Attachment::SetBreakdownForMonitoring(int device, std::uint64_t context, std::uint64_t module) {
+  const int mine = slot_.load(std::memory_order_acquire);
+  if (ValidDevice(device) && mine >= 0) {
+    hami::MirrorBreakdown(*hami_, static_cast<std::uint32_t>(mine), static_cast<std::uint32_t>(device), context, module);
+  }
+}
+
 void Attachment::SetUtilizationForMonitoring(int device, std::uint32_t percent) {
   const int mine = slot_.load(std::memory_order_acquire);
   if (ValidDevice(device) && mine >= 0) {

@@ -87,8 +87,12 @@ void MirrorSmLimit(SharedRegion& hami, std::uint32_t device, std::uint32_t perce
 // Slot `slot` is live for `pid` (its usage zero first, `status` last), or free (`status` first, then zeroed).
 void MirrorSlotLive(SharedRegion& hami, std::uint32_t slot, std::int32_t pid);
 void MirrorSlotFree(SharedRegion& hami, std::uint32_t slot);
-// What process slot `slot` holds on `device`, its allocations (`data`) and in total.
+// What process slot `slot` holds on `device` in total; `data` (its allocations) is the total less the slot's
+// `context` and `module` (MirrorBreakdown).
 void MirrorUsed(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t bytes);
+// Of that, its contexts' memory (`context`) and the driver's own memory for it (`module`: modules, local memory).
+void MirrorBreakdown(SharedRegion& hami, std::uint32_t slot, std::uint32_t device, std::uint64_t context,
+                     std::uint64_t module);
 // A launch at unix second `unix_s`: recent_kernel := 2 (HAMi's monitor decrements it every 5 s: the container
 // counts as active while it is above 0), unless the monitor set it to -1 (held for a higher priority) or it reads 2
 // already; last_kernel_time := unix_s.

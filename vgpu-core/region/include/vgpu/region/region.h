@@ -73,6 +73,9 @@ class Attachment {
   // This process's share of `device`'s time over the last second in percent, for HAMi's monitor only (its slot's
   // device_util[].sm; nothing while the process holds no slot).
   void SetUtilizationForMonitoring(int device, std::uint32_t percent);
+  // Of this process's usage on `device`, its contexts' and the driver's own memory, for HAMi's monitor only (its
+  // slot's used[].context and .module; .data is the rest).
+  void SetBreakdownForMonitoring(int device, std::uint64_t context, std::uint64_t module);
   // HAMi's monitor's feedback (docs/hami-cache.md, "The feedback"): recent_kernel is -1 while a container of a higher
   // priority is active (launches are held), utilization_switch 1 while another container is active on our GPUs.
   bool HamiHoldsLaunches() const { return hami::RecentKernel(*hami_) == -1; }
