@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakegpu_harness import MonitorProcess
-from test_hami_cache import read_as_hami_monitor
+from hami_reader import read_as_hami_monitor
 
 GIB = 1 << 30
 
