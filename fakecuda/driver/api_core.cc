@@ -13,6 +13,7 @@
 #include "fakecuda/state/faults.h"
 #include "internal.h"
 #include "proc_address.h"
+#include "vgpu/base/uuid.h"
 
 namespace fakecuda::driver {
 namespace {
@@ -138,10 +139,8 @@ std::vector<std::uint32_t> VisibleDevices(const model::Machine& m) {
       if (index < m.config.device_count) found = index;
     } else if (item.size() > 4 && item.substr(0, 4) == "GPU-") {
       for (std::uint32_t i = 0; i < m.config.device_count; ++i) {
-        char uuid[64];
-        const std::uint8_t* u = m.config.devices[i].uuid;
-        std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                      u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+        char uuid[vgpu::base::kGpuUuidChars + 1];
+        vgpu::base::FormatGpuUuid(m.config.devices[i].uuid, uuid);
         if (std::string_view(uuid).substr(0, item.size()) == item) found = i;
       }
     }

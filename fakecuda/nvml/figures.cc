@@ -1,5 +1,6 @@
 // Identifiers, clocks, temperature and power of a fake device, derived from its spec and utilization.
 #include "figures.h"
+#include "vgpu/base/uuid.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -67,12 +68,7 @@ bool ParseHex(std::string_view text, std::size_t max_digits, std::uint32_t limit
 }  // namespace
 
 std::string UuidString(const model::DeviceSpec& spec) {
-  const std::uint8_t* u = spec.uuid;
-  char text[48];
-  std::snprintf(text, sizeof text,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
-                u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return text;
+  return vgpu::base::GpuUuidText(spec.uuid);
 }
 
 std::string SerialString(const model::DeviceSpec& spec) {

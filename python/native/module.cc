@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "vgpu/base/uuid.h"
 #include "vgpu/policy/limiter.h"
 #include "vgpu/region/region.h"
 #include "vgpu/runner/runner.h"
@@ -139,16 +140,6 @@ std::uint64_t MonotonicNs() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-std::string UuidText(const std::uint8_t* uuid) {
-  // NVML's spelling: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
-  char text[64];
-  std::snprintf(text, sizeof text,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", uuid[0], uuid[1],
-                uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9], uuid[10], uuid[11], uuid[12],
-                uuid[13], uuid[14], uuid[15]);
-  return text;
-}
-
 template <typename Bytes>
 py::dict ComputeDict(const Bytes& compute, std::uint64_t now_ns) {
   // The raw bytes of the device's vgpu::policy::BudgetCell, copied into an aligned cell of our own.
@@ -184,7 +175,7 @@ py::dict ReadRegion(const py::object& path_object) {
   py::list devices;
   std::size_t index = 0;
   for (const auto& device : snapshot.devices) {
-    py::dict entry("index"_a = index++, "uuid"_a = UuidText(std::data(device.uuid)), "used_bytes"_a = device.used_bytes,
+    py::dict entry("index"_a = index++, "uuid"_a = vgpu::base::GpuUuidText(std::data(device.uuid)), "used_bytes"_a = device.used_bytes,
                    "cached_used_bytes"_a = device.cached_used_bytes, "limit_bytes"_a = device.limit_bytes,
                    "context_bytes"_a = device.context_bytes);
     for (auto item : ComputeDict(device.compute, now_ns)) entry[item.first] = item.second;

@@ -31,6 +31,7 @@
 #include "fakecuda/model/layout.h"
 #include "fakecuda/model/model.h"
 #include "internal.h"
+#include "vgpu/base/uuid.h"
 #include "vgpu/policy/config.h"
 #include "vgpu/region/region.h"
 
@@ -105,13 +106,6 @@ std::string PhaseArgument(const scenario::Phase& phase, std::uint64_t group) {
     text += ",collective=" + FormatDuration(phase.collective_ns) + ",ranks=" + std::to_string(phase.ranks) +
             ",every=" + std::to_string(phase.every) + ",group=" + std::to_string(group);
   }
-  return text;
-}
-
-std::string UuidText(const std::uint8_t u[16]) {
-  char text[48];
-  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   return text;
 }
 
@@ -978,7 +972,7 @@ class LiveRun {
   }
 
   int PhysicalDevice(const std::uint8_t uuid[16]) const {
-    const std::string text = UuidText(uuid);
+    const std::string text = vgpu::base::GpuUuidText(uuid);
     for (std::size_t i = 0; i < uuids_.size(); ++i) {
       if (SameText(uuids_[i], text)) return static_cast<int>(i);
     }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "conformance_support.h"
+#include "vgpu/base/uuid.h"
 
 namespace vgpu::conformance {
 namespace {
@@ -36,18 +37,7 @@ testing::AssertionResult NvmlResultIs(const char* expected_text, const char* cal
 #define ASSERT_NVML_OK(call) ASSERT_NVML(NVML_SUCCESS, call)
 
 // "GPU-" and the 16 UUID bytes as 8-4-4-4-12 lowercase hexadecimal digits, the form nvidia-smi prints.
-std::string UuidText(const CUuuid& uuid) {
-  std::string text = "GPU-";
-  char digits[3];
-  for (int index = 0; index < 16; ++index) {
-    if (index == 4 || index == 6 || index == 8 || index == 10) {
-      text += '-';
-    }
-    std::snprintf(digits, sizeof(digits), "%02x", static_cast<unsigned char>(uuid.bytes[index]));
-    text += digits;
-  }
-  return text;
-}
+std::string UuidText(const CUuuid& uuid) { return vgpu::base::GpuUuidText(uuid.bytes); }
 
 class NvmlTest : public testing::Test {
  protected:

@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "host_oom.h"
+#include "vgpu/base/uuid.h"
 #include "vgpu_tenant/spin_ptx.h"
 
 namespace {
@@ -123,14 +124,6 @@ std::uint64_t SplitMix(std::uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-std::string UuidText(const CUuuid& uuid) {
-  const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  char text[64];
-  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return text;
-}
-
 // Retains and makes current the primary context of `ordinal`, retrying CUDA_ERROR_OUT_OF_MEMORY until `deadline`.
 CUresult RetainContext(int ordinal, Clock::time_point deadline, CUcontext& context, std::uint64_t* retries = nullptr) {
   CUdevice device = 0;
@@ -161,7 +154,7 @@ int Views() {
       Print(prefix + ".total_mem.result", static_cast<int>(cuDeviceTotalMem_v2(&total, device)));
       Print(prefix + ".total_mem", total);
       CUuuid uuid{};
-      if (cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS) Print(prefix + ".uuid", UuidText(uuid));
+      if (cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS) Print(prefix + ".uuid", vgpu::base::GpuUuidText(uuid.bytes));
     }
     if (Has("ctx")) {
       CUcontext context = nullptr;

@@ -8,6 +8,7 @@
 
 #include "compute_area.h"
 #include "launch.h"
+#include "vgpu/base/uuid.h"
 #include "vgpu/verdict/verdict.h"
 
 namespace vgpu::hooks::launch {
@@ -109,10 +110,8 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
   CUdevice device = 0;
   CUuuid uuid{};
   if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) return -1;
-  char text[96];
-  const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  char text[base::kGpuUuidChars + 1];
+  base::FormatGpuUuid(uuid.bytes, text);
   nvmlDevice_t handle = nullptr;
   if (Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS) return -1;
   const int region_device = RegionDevice(ordinal);

@@ -8,6 +8,7 @@
 
 #include "shim.h"
 #include "driver_memory.h"
+#include "vgpu/base/uuid.h"
 
 namespace vgpu::hooks {
 namespace {
@@ -151,10 +152,8 @@ void MeasureContext(int ordinal, std::uint64_t charged_estimate, std::uint64_t& 
   if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
     return;
   }
-  char text[96];
-  const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  char text[base::kGpuUuidChars + 1];
+  base::FormatGpuUuid(uuid.bytes, text);
   nvmlDevice_t handle = nullptr;
   if (Real::nvmlInit_v2() != NVML_SUCCESS || Real::nvmlDeviceGetHandleByUUID(text, &handle) != NVML_SUCCESS) return;
   // This process's use of the device as NVML reports it, read twice: a value is taken only when both reads agree (a

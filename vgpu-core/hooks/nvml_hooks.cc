@@ -7,6 +7,7 @@
 
 #include "shim.h"
 #include "driver_memory.h"
+#include "vgpu/base/uuid.h"
 
 namespace vgpu::hooks {
 namespace {
@@ -106,10 +107,8 @@ int OrdinalOf(nvmlDevice_t device, nvmlReturn_t& error) {
       error = NVML_ERROR_UNKNOWN;  // this one might be it
       return kUnknown;
     }
-    char mine[64];
-    const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
-    std::snprintf(mine, sizeof mine, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                  u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    char mine[base::kGpuUuidChars + 1];
+    base::FormatGpuUuid(uuid.bytes, mine);
     if (strcasecmp(mine, text) == 0) return ordinal;
   }
   return kNotVisible;

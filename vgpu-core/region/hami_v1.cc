@@ -1,5 +1,6 @@
 // The mirror of the region into HAMi-core's v1 part (hami_v1.h, docs/hami-cache.md).
 #include "vgpu/region/hami_v1.h"
+#include "vgpu/base/uuid.h"
 
 #include <atomic>
 #include <cstdio>
@@ -21,16 +22,10 @@ void Initialize(SharedRegion& hami) {
   Store(hami.initialized_flag, kMagic);
 }
 
-void FormatUuid(const std::uint8_t uuid[16], char out[41]) {
-  std::snprintf(out, 41, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", uuid[0], uuid[1],
-                uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9], uuid[10], uuid[11], uuid[12],
-                uuid[13], uuid[14], uuid[15]);
-}
-
 void MirrorDevice(SharedRegion& hami, std::uint32_t index, const std::uint8_t uuid[16], std::uint32_t count) {
   if (index >= kMaxDevices || count > kMaxDevices) return;
-  char text[41];
-  FormatUuid(uuid, text);
+  char text[base::kGpuUuidChars + 1];
+  base::FormatGpuUuid(uuid, text);
   char* row = hami.uuids[index];
   for (std::size_t i = 0; i < kUuidBytes; ++i) row[i] = i < sizeof text ? text[i] : '\0';
   Store(hami.device_num, static_cast<std::uint64_t>(count));

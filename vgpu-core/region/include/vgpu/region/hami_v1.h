@@ -104,7 +104,5 @@ void MirrorUtilization(SharedRegion& hami, std::uint32_t slot, std::uint32_t dev
 // priority is active) and `utilization_switch` (1: another container is active on one of our GPUs).
 std::int32_t RecentKernel(const SharedRegion& hami);
 std::int32_t UtilizationSwitch(const SharedRegion& hami);
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40 characters and a NUL) from a 16-byte UUID.
-void FormatUuid(const std::uint8_t uuid[16], char out[41]);
 
 }  // namespace vgpu::region::hami
