@@ -58,6 +58,21 @@ def install_dir() -> Path | None:
     return None
 
 
+def find_built(relative: str) -> tuple[Path | None, list[Path]]:
+    """The first <candidate>/`relative` that is a file, in install_dir()'s order, and every path tried.
+
+    As in install_dir(), $VGPU_INSTALL_DIR, when set, is the only place looked at.
+    """
+    tried: list[Path] = []
+    for origin, path in candidates():
+        tried.append(path / relative)
+        if tried[-1].is_file():
+            return tried[-1], tried
+        if origin == "VGPU_INSTALL_DIR":
+            break
+    return None, tried
+
+
 def native_dirs() -> list[Path]:
     """Folders that may hold the development build of vgpu._native (<build>/python/vgpu)."""
     dirs = []

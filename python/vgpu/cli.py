@@ -2,10 +2,11 @@
 
     vgpu run SCENARIO [--mode virtual|live] [--plot FILE] [--trace FILE] [--json] [--quiet]
     vgpu check SCENARIO... [--json]
-    vgpu smi [--region PATH]... [--json] [--trace-summary FILE]
+    vgpu smi [--fake | --region PATH... | --trace-summary FILE] [--json]
 
 Exit status of `vgpu run`: 0 every expectation held, 1 some did not, 2 the scenario was refused or the run could not
-be done, 130 interrupted (Ctrl-C). `vgpu check`: 2 if any file has a problem, else 0.
+be done, 130 interrupted (Ctrl-C). `vgpu check`: 2 if any file has a problem, else 0. `vgpu smi`: 0 shown, 1 NVML
+(with --fake: fakecuda) could not be loaded or started, 2 a region or trace could not be read.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def cmd_smi(args: argparse.Namespace) -> int:
     if not args.region:
         from . import smi
         forwarded = (["--trace-summary", args.trace_summary] if args.trace_summary else []) + \
-                    (["--json"] if args.json else [])
+                    (["--fake"] if args.fake else []) + (["--json"] if args.json else [])
         return smi.main(forwarded)
     from . import scenario as scenarios
     regions = []
@@ -266,13 +267,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     smi = commands.add_parser(
         "smi", help="an nvidia-smi-like view (NVML), or container regions",
-        description="Without --region: the GPUs and their processes through NVML (the real one or fakecuda's, "
-                    "whichever libnvidia-ml.so.1 loads). With --region: each container region's per-device memory "
-                    "used and limit and its measured share of GPU time (over the last second).")
-    smi.add_argument("--region", metavar="PATH", action="append", default=[],
-                     help="a container region file (CUDA_DEVICE_MEMORY_SHARED_CACHE); repeatable")
-    smi.add_argument("--json", action="store_true", help="print JSON")
-    smi.add_argument("--trace-summary", metavar="FILE", help="summarize a FAKECUDA_TRACE file instead")
+        description="Without options: the GPUs and their processes through NVML (the real one or fakecuda's, "
+                    "whichever libnvidia-ml.so.1 the dynamic loader finds); where none loads, says what it looked "
+                    "for and the ways on. With --fake: the same view of a fake machine of fakecuda. With --region: "
+                    "each container region's per-device memory used and limit and its measured share of GPU time "
+                    "(over the last second), without NVML. Exit status: 0 shown, 1 NVML (with --fake: fakecuda) "
+                    "could not be loaded or started, 2 a region or trace could not be read.")
+    view = smi.add_mutually_exclusive_group()
+    view.add_argument("--fake", action="store_true",
+                      help="the fake machine of fakecuda (this build's or the installed package's, found as `vgpu "
+                           "run` finds it): $FAKECUDA_STATE if set, else a fresh one of $FAKECUDA_DEVICES (default "
+                           "h100-80gb)")
+    view.add_argument("--region", metavar="PATH", action="append", default=[],
+                      help="a container region file (CUDA_DEVICE_MEMORY_SHARED_CACHE); repeatable")
+    view.add_argument("--trace-summary", metavar="FILE", help="summarize a FAKECUDA_TRACE file instead")
+    smi.add_argument("--json", action="store_true", help="print JSON (--region, --trace-summary)")
     smi.set_defaults(handler=cmd_smi)
     return parser
 
