@@ -37,6 +37,7 @@
 #include "fakecuda/state/faults.h"
 #include "fakecuda/state/state.h"
 #include "figures.h"
+#include "vgpu/base/clock.h"
 
 #define NVML_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -204,11 +205,7 @@ class Garbage {
 };
 
 // The "now" of NVML timestamps (wall clock, microseconds), for garbage that runs ahead of or behind it.
-unsigned long long WallClockUs() {
-  struct timespec ts {};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<unsigned long long>(ts.tv_sec) * 1'000'000ull + static_cast<unsigned long long>(ts.tv_nsec) / 1000;
-}
+unsigned long long WallClockUs() { return vgpu::base::RealtimeNs() / 1000; }
 
 // ---- garbage: what each getter's outputs become on a hit (docs/fakecuda.md, "Fault injection") ----------
 

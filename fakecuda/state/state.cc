@@ -1,5 +1,6 @@
 // The shared state file: atomic creation, mapping, robust locking, slots with OFD-lock liveness, reaping.
 #include "fakecuda/state/state.h"
+#include "vgpu/base/clock.h"
 
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
@@ -217,29 +218,11 @@ void ClaimSlot(Attachment& a) {
 
 namespace {
 
-// A time namespace's offset of this process's CLOCK_MONOTONIC from the host's (/proc/self/timens_offsets, Linux
-// 5.6+; fixed for the namespace's life), 0 where there is none. The fake GPU, as a real one, has one clock for all.
-std::int64_t MonotonicOffsetNs() {
-  static const std::int64_t offset = [] {
-    std::ifstream in("/proc/self/timens_offsets");
-    std::string name;
-    long long seconds = 0, nanoseconds = 0;
-    while (in >> name >> seconds >> nanoseconds) {
-      if (name == "monotonic") return seconds * 1'000'000'000LL + nanoseconds;
-    }
-    return 0LL;
-  }();
-  return offset;
-}
 
 }  // namespace
 
-std::uint64_t MonotonicNs() {
-  struct timespec ts {};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  const auto own = static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
-  return static_cast<std::uint64_t>(own - MonotonicOffsetNs());
-}
+// The host's clock: the fake GPU, as a real one, has one clock for all its processes, whatever their time namespace.
+std::uint64_t MonotonicNs() { return vgpu::base::HostMonotonicNs(); }
 
 void SleepNs(std::uint64_t ns) {
   struct timespec ts {};

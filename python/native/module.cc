@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "vgpu/base/clock.h"
 #include "vgpu/base/uuid.h"
 #include "vgpu/policy/limiter.h"
 #include "vgpu/region/region.h"
@@ -134,11 +135,7 @@ py::dict ScenarioDict(const sc::Scenario& s) {
                   "faults"_a = s.faults);
 }
 
-std::uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+using vgpu::base::MonotonicNs;
 
 template <typename Bytes>
 py::dict ComputeDict(const Bytes& compute, std::uint64_t now_ns) {

@@ -31,6 +31,7 @@
 #include "fakecuda/model/layout.h"
 #include "fakecuda/model/model.h"
 #include "internal.h"
+#include "vgpu/base/clock.h"
 #include "vgpu/base/uuid.h"
 #include "vgpu/policy/config.h"
 #include "vgpu/region/region.h"
@@ -55,11 +56,7 @@ constexpr std::uint64_t kLeakSettleNs = 1 * kSecondNs;
 constexpr std::size_t kMaxLineBytes = 64 * 1024;
 constexpr std::size_t kStderrLinesKept = 4;
 
-std::uint64_t MonotonicNs() {
-  struct timespec now {};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * kSecondNs + static_cast<std::uint64_t>(now.tv_nsec);
-}
+using vgpu::base::MonotonicNs;
 
 // "1500ms", "2s", "5us", "7ns": the largest unit that keeps the value whole (vgpu-tenant's --phase syntax).
 std::string FormatDuration(std::uint64_t ns) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "nvml.h"
+#include "vgpu/base/clock.h"
 
 namespace {
 
@@ -74,11 +75,7 @@ std::uint64_t WholeNumber(const char* flag, const char* text, std::uint64_t low,
   return value;
 }
 
-std::uint64_t MonotonicNs() {
-  struct timespec now {};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(now.tv_nsec);
-}
+using vgpu::base::MonotonicNs;
 
 std::string Line(const Nvml& nvml, const std::vector<Device>& devices) {
   std::string line = "{\"ev\":\"gpu\",\"t_ns\":" + std::to_string(MonotonicNs()) + ",\"devices\":[";

@@ -1,5 +1,6 @@
 // Launches vgpu_spin through the CUDA Driver API, closed loop or at a fixed rate, and measures the run.
 #include "workload.h"
+#include "vgpu/base/clock.h"
 
 #include <poll.h>
 #include <time.h>
@@ -98,9 +99,7 @@ private:
 
 std::int64_t MonotonicNs()
 {
-    timespec now{};
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+    return static_cast<std::int64_t>(vgpu::base::MonotonicNs());
 }
 
 // Sleeps to an absolute time, so that a schedule of deadlines never drifts

@@ -8,6 +8,7 @@
 
 #include "compute_area.h"
 #include "launch.h"
+#include "vgpu/base/clock.h"
 #include "vgpu/base/uuid.h"
 #include "vgpu/verdict/verdict.h"
 
@@ -31,11 +32,7 @@ struct SampleCursor {
 };
 SampleCursor g_sample_cursors[policy::kMaxDevices];
 
-std::uint64_t RealtimeNs() {
-  struct timespec ts {};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+using base::RealtimeNs;
 
 // Others' busy fraction over NVML's newest utilization sample period: the device's busy percent over that period
 // minus the container's own measured busy time over the same period (BusyFraction; docs/compute-limit.md,

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <new>
 
+#include "vgpu/base/clock.h"
 #include "vgpu/verdict/verdict_file.h"
 
 namespace vgpu::hooks {
@@ -63,34 +64,10 @@ void AfterForkInChild() {
 
 namespace {
 
-// How far this process's CLOCK_MONOTONIC is from the host's: a time namespace's offset (Linux 5.6+; a container
-// runtime may put a container in one), fixed before the namespace's first process started. 0 where there is no
-// such namespace or its offsets cannot be read.
-std::int64_t ReadMonotonicOffsetNs() {
-  const int fd = open("/proc/self/timens_offsets", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char text[256] = {};
-  const ssize_t n = read(fd, text, sizeof text - 1);
-  close(fd);
-  const char* line = n > 0 ? std::strstr(text, "monotonic") : nullptr;
-  long long seconds = 0, nanoseconds = 0;
-  if (line == nullptr || std::sscanf(line, "monotonic %lld %lld", &seconds, &nanoseconds) != 2) return 0;
-  return seconds * 1'000'000'000LL + nanoseconds;
-}
-
-std::int64_t MonotonicOffsetNs() {
-  static const std::int64_t offset = ReadMonotonicOffsetNs();
-  return offset;
-}
 
 }  // namespace
 
-std::uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  const auto own = static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
-  return static_cast<std::uint64_t>(own - MonotonicOffsetNs());
-}
+std::uint64_t MonotonicNs() { return base::HostMonotonicNs(); }
 
 Shim& TheShim() {
   Shim* shim = g_shim.load(std::memory_order_acquire);
@@ -112,7 +89,7 @@ Shim& TheShim() {
 Shim* TheShimIfMade() { return g_shim.load(std::memory_order_acquire); }
 
 void SleepUntilNs(std::uint64_t deadline) {
-  const auto own = static_cast<std::uint64_t>(static_cast<std::int64_t>(deadline) + MonotonicOffsetNs());
+  const auto own = static_cast<std::uint64_t>(static_cast<std::int64_t>(deadline) + base::MonotonicOffsetNs());
   struct timespec ts {};
   ts.tv_sec = static_cast<time_t>(own / 1'000'000'000ull);
   ts.tv_nsec = static_cast<long>(own % 1'000'000'000ull);
@@ -353,11 +330,7 @@ int CurrentOrdinal(CUresult& error) {
 
 namespace {
 
-std::uint64_t RealtimeNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+using base::RealtimeNs;
 
 // What the shim last said about the verdict (one log line per change).
 enum VerdictState { kVerdictUsed, kVerdictMissing, kVerdictUnreadable, kVerdictMalformed, kVerdictStale, kVerdictBack };

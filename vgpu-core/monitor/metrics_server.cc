@@ -1,4 +1,5 @@
 // vgpu-monitor's /metrics over HTTP: docs/metrics.md, "The HTTP side".
+#include "vgpu/base/clock.h"
 #include "vgpu/monitor/metrics_server.h"
 
 #include <arpa/inet.h>
@@ -20,11 +21,7 @@ constexpr int kReadLimitMs = 2'000;
 constexpr int kWriteLimitMs = 5'000;
 constexpr int kStopCheckMs = 200;  // how often the idle thread looks whether it should end
 
-std::int64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
-}
+std::int64_t NowMs() { return static_cast<std::int64_t>(base::MonotonicNs() / 1'000'000); }
 
 // Waits until `fd` is ready for `events` or `deadline_ms` passes; false on the deadline or an error.
 bool WaitFor(int fd, short events, std::int64_t deadline_ms) {

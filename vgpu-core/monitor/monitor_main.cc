@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "vgpu/base/clock.h"
 #include "vgpu/monitor/metrics.h"
 #include "vgpu/monitor/metrics_server.h"
 #include "vgpu/monitor/monitor.h"
@@ -54,11 +55,7 @@ void Log(int level, const char* format, ...) {
   std::fputc('\n', stderr);
 }
 
-std::uint64_t Now(clockid_t clock) {
-  timespec ts{};
-  clock_gettime(clock, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+std::uint64_t Now(clockid_t clock) { return vgpu::base::ClockNs(clock); }
 
 struct Options {
   std::string containers;

@@ -1,5 +1,6 @@
 // The container region's OS side: atomic creation, validation, the robust lock and its repair, OFD-lock
 // liveness, reaping, and reserve/release accounting (docs/region.md).
+#include "vgpu/base/clock.h"
 #include "vgpu/region/region.h"
 
 #include "vgpu/region/hami_v1.h"
@@ -72,12 +73,8 @@ void Store(std::uint64_t& field, std::uint64_t value) {
 }
 std::uint64_t SaturatingAdd(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
-std::uint64_t ClockNs(clockid_t clock) {
-  struct timespec ts {};
-  clock_gettime(clock, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-std::uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
+using base::ClockNs;
+using base::MonotonicNs;
 
 bool ValidDevice(int device) { return device >= 0 && device < static_cast<int>(kMaxDevices); }
 

@@ -1,4 +1,5 @@
 // Creating shared files complete or not at all (shared_file.h).
+#include "vgpu/base/clock.h"
 #include "vgpu/region/shared_file.h"
 
 #include <errno.h>
@@ -18,11 +19,7 @@ namespace {
 
 std::string Named(std::string_view what, const std::string& path) { return std::string(what) + " '" + path + "'"; }
 
-std::uint64_t MonotonicNs() {
-  struct timespec ts {};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+using base::MonotonicNs;
 
 // Sizes, maps and fills the new file behind `fd` (not yet visible under its final name).
 bool Fill(int fd, std::size_t bytes, InitializeShared initialize, const void* context, const std::string& named,

@@ -1,4 +1,5 @@
 // The node's schedule file: validation, the membership lock, joining and leaving (schedule.h).
+#include "vgpu/base/clock.h"
 #include "vgpu/schedule/schedule.h"
 
 #include <errno.h>
@@ -97,11 +98,7 @@ bool Live(const Entry& entry, std::uint64_t now_ns) {
   return Load(entry.id) != 0 && beat + kStaleNs > now_ns;
 }
 
-std::uint64_t MonotonicNs() {
-  struct timespec ts {};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+using base::MonotonicNs;
 
 }  // namespace
 
