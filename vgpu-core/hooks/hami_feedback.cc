@@ -76,7 +76,8 @@ void PublishShares(Shim& shim) {
 }
 
 // A process that stops launching publishes nothing more: this thread sets its shares to 0 once no launch has
-// published one for kIdleAfterS (HAMi's monitor would otherwise show the last busy second for ever). It touches only
+// published one for kIdleAfterS (HAMi's monitor would otherwise show the last busy second for ever; a process that
+// launches less often than that reads 0 between its launches). It touches only
 // the region's mapping (kept for the life of the process) and static atomics, so it is safe to run through exit.
 void* WatchIdle(void*) {
   for (;;) {
@@ -129,8 +130,8 @@ void BeforeLaunch() {
   Shim* shim = TheShimIfMade();
   if (shim == nullptr || shim->region == nullptr) return;
   if (shim->region->HamiHoldsLaunches()) HoldWhileHamiHolds(*shim);
-  static thread_local std::uint32_t launches __attribute__((tls_model("initial-exec"))) = 0;
-  if ((launches++ & 63u) != 0) return;
+  // The coarse clock (the kernel's last tick, read from the vDSO's page: a few ns) on every launch: a thread that
+  // launches seldom still publishes every second it launches in, so that a busy process never reads as idle.
   timespec ts{};
   clock_gettime(CLOCK_REALTIME_COARSE, &ts);
   const std::int64_t now_s = static_cast<std::int64_t>(ts.tv_sec);

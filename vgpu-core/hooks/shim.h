@@ -97,9 +97,9 @@ Shim& TheShim();
 // namespace's offset; the offset is taken out (/proc/self/timens_offsets).
 std::uint64_t MonotonicNs();
 // HAMi's monitor's side of a launch (hami_feedback.cc, docs/hami-cache.md). Held first while HAMi's monitor says a
-// container of a higher priority is active (recent_kernel -1), looking again every 10 ms; then, once a second (every
-// 64th launch of a thread reads the coarse clock), marked (recent_kernel 2, last_kernel_time) and this process's
-// share of each device published (device_util[].sm). The other launches read one shared word.
+// container of a higher priority is active (recent_kernel -1), looking again every 10 ms; then, once a second (each
+// launch reads the coarse clock), marked (recent_kernel 2, last_kernel_time) and this process's share of each device
+// published (device_util[].sm). The other launches read one shared word and the coarse clock.
 void BeforeLaunch();
 // HAMi's breakdown of this process's memory on `ordinal` (its contexts', the driver's own, the rest its allocations),
 // written again: after a context is made or goes, and with each launch's publication.
