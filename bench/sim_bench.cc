@@ -23,7 +23,8 @@ Scenario EightTenants(bool record_trace, std::uint64_t seconds, bool every_kerne
   scenario.record_trace = record_trace;
   for (int i = 0; i < 8; ++i) {
     Tenant tenant;
-    tenant.name = "t" + std::to_string(i);
+    tenant.name = 't';
+    tenant.name += std::to_string(i);
     tenant.share_percent = 12;
     Process process;
     process.workload = Rate(1000, 100 * kMicrosecondNs);

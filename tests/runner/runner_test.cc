@@ -295,7 +295,10 @@ void ExpectShares(const Trace& trace, const std::string& tenant, std::int64_t de
                   double tolerance, std::uint64_t settle_ns = kSecondNs, std::uint64_t window_ns = kSecondNs) {
   const std::vector<double> shares = trace.Shares(tenant, device, window_ns);
   std::string text;
-  for (const double share : shares) text += " " + std::to_string(share);
+  for (const double share : shares) {
+    text += ' ';
+    text += std::to_string(share);
+  }
   std::printf("tenant %s device %lld windows (%%):%s\n", tenant.c_str(), static_cast<long long>(device), text.c_str());
   ASSERT_GT(shares.size(), settle_ns / window_ns) << "no judged window for " << tenant;
   for (std::size_t w = settle_ns / window_ns; w < shares.size(); ++w) {

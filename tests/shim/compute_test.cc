@@ -166,10 +166,13 @@ TEST(Compute, TheShimSleepsWithATightTimerSlackAndGivesTheThreadItsOwnBack) {
   bool tight_and_own = false;  // a thread seen at 1000 ns and later at its own again
   std::string described;
   for (const auto& [tid, slacks] : seen) {
-    described += " " + std::to_string(tid) + ":";
+    described += ' ';
+    described += std::to_string(tid);
+    described += ':';
     bool tight = false;
     for (long slack : slacks) {
-      described += " " + std::to_string(slack);
+      described += ' ';
+      described += std::to_string(slack);
       tight_and_own = tight_and_own || (tight && slack > 1000);
       tight = tight || slack == 1000;
     }
