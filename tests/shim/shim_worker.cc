@@ -10,6 +10,7 @@
 //                                                  barrier: after fd 3, wait for EOF on fd 6 before the rounds
 //   observe   limit= [device=]                     (run without the shim) poll NVML until EOF on fd 5
 //   launch    threads= seconds= short_us= long_us= long_every= [own_streams=1] [sync_every=N] [pause_us=N]
+//             [stall_us=N [stall_every_us=N]]
 //                                                  threads launching one-block spin kernels into the legacy default
 //                                                  stream, long_us one launch in long_every (drawn), short_us else;
 //                                                  sync_every: a thread synchronizes the context after every N (a
@@ -19,6 +20,9 @@
 //                                                  pause_us: after each synchronize the thread sleeps a drawn
 //                                                  pause_us/2 .. 3*pause_us/2 (a light service's requests), and a
 //                                                  loop's time runs from the end of its pause;
+//                                                  stall_us (with stall_every_us, default 1000): every
+//                                                  stall_every_us one thread in turn is held that long wherever
+//                                                  it is (SIGUSR1, sleeping in the handler: preempted);
 //                                                  prints launched=, busy_ns= (their run times), elapsed_ns=
 //   hostoom_start  limit=                          the shim's first call (cuInit) with every allocation of the shim
 //                                                  failing; then none failing: a context, and two allocations of
@@ -500,6 +504,24 @@ struct LaunchRun {
   std::vector<std::uint64_t> loops_ns;  // from one synchronize's return to the next, every thread's
 };
 
+// `launch`'s stalls (stall_us=): a thread held off its CPU for a while, wherever it is, as a loaded host's scheduler
+// holds a preempted thread. The stalled thread sleeps in this handler (nanosleep is async-signal-safe).
+std::atomic<std::uint64_t> g_stall_ns{0};
+void StallHere(int) {
+  const std::uint64_t ns = g_stall_ns.load(std::memory_order_relaxed);
+  timespec stall{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  while (nanosleep(&stall, &stall) != 0 && errno == EINTR) {
+  }
+}
+
+// Every `every` until the deadline, one of `threads` in turn is stalled (SIGUSR1: StallHere).
+void StallThreads(const LaunchRun& run, std::vector<std::thread>& threads, std::chrono::microseconds every) {
+  for (std::size_t next = 0; Clock::now() < run.deadline; next = (next + 1) % threads.size()) {
+    std::this_thread::sleep_for(every);
+    (void)pthread_kill(threads[next].native_handle(), SIGUSR1);
+  }
+}
+
 // One thread of `launch`: kernels of short_ns, long_ns one in long_every (drawn from the thread's own sequence), until
 // the deadline; with sync_every, a context synchronize after every sync_every launches, each loop's time kept.
 void LaunchThread(LaunchRun& run, std::uint64_t t) {
@@ -566,7 +588,15 @@ int Launch() {
   const auto start = Clock::now();
   run.deadline = start + std::chrono::milliseconds(Arg("seconds", 2) * 1000);
   std::vector<std::thread> threads;
+  g_stall_ns = Arg("stall_us", 0) * 1000;
+  if (g_stall_ns != 0) {
+    struct sigaction stall {};
+    stall.sa_handler = &StallHere;
+    sigemptyset(&stall.sa_mask);
+    (void)sigaction(SIGUSR1, &stall, nullptr);
+  }
   for (std::uint64_t t = 0; t < Arg("threads", 4); ++t) threads.emplace_back([&run, t] { LaunchThread(run, t); });
+  if (g_stall_ns != 0) StallThreads(run, threads, std::chrono::microseconds(Arg("stall_every_us", 1000)));
   for (auto& thread : threads) thread.join();
   CUresult r = CUDA_SUCCESS;
   if (run.failure.load() != CUDA_SUCCESS || (r = cuCtxSynchronize()) != CUDA_SUCCESS) {

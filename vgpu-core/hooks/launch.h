@@ -40,7 +40,7 @@ namespace vgpu::hooks::launch {
   X(booked_drained) X(booked_window) X(book_refused_queued) X(book_refused_window) X(whole_path) X(waited_for_completion) \
   X(waited_for_budget) X(waited_for_budget_ns) X(planned_unmeasured) X(planned_pair) X(planned_gated_pair)            \
   X(planned_window) X(settled_early) X(books_opened) X(window_books_opened) X(book_launches_granted)                   \
-  X(whole_path_charged_ns)
+  X(whole_path_charged_ns) X(waited_for_close)
 struct PathCounters {
   enum Name : int {
 #define VGPU_PATH_COUNTER_ENUM(name) name,
