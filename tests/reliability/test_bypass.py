@@ -131,7 +131,7 @@ GIB = 1024 ** 3
 def test_two_colluding_processes_do_not_raise_the_limit(fake_gpu, node_monitor, figures):
     """Two processes of one container: the second zeroes the first's figures in the region and allocates what the
     region then lets through, past the container's limit (the region alone cannot hold this: tests/region
-    RegionTamper.DISABLED_TwoProcessesCannotPassTheLimitTogetherByRewritingTheFile). The node monitor sees the
+    RegionTamper.KnownGapTwoProcessesCannotPassTheLimitTogetherByRewritingTheFile). The node monitor sees the
     driver's figures; once they show the container over, no allocation through the hooks succeeds. Fails if the
     colluders can still allocate a second after going over."""
     contain(fake_gpu, memory_limit="4Gi")

@@ -108,8 +108,9 @@ enum class OthersEstimate {
   // NVML's latest published utilization minus the tenant's busy time in that very 200 ms sample window: what a
   // shim that keeps its own busy time finer than the NVML window can compute (sim/core/README.md).
   nvml_minus_same_window,
-  // NVML's latest published utilization minus Limiter::PublishedShare (the last 750 ms in 250 ms buckets): the two
-  // cover different intervals, and a lone tenant flips between its share and 100 % (sim/core/README.md).
+  // NVML's latest published utilization minus Limiter::PublishedShare (the last whole second in 10 ms buckets): the
+  // first shim's input, which flipped a lone tenant between its share and 100 % while PublishedShare averaged 750 ms
+  // in 250 ms buckets (sim/core/README.md, finding 3).
   nvml_minus_published_share,
   // NVML's latest published utilization minus Limiter::BusyFraction over that sample's period: the container's
   // measured busy time from the shared cell's 10 ms buckets, what the shim computes from nvmlDeviceGetSamples.

@@ -1,6 +1,6 @@
 // The compute limiter (docs/compute-limit.md): a container-wide budget of GPU time per device, charged before each
 // launch with the kernel's expected GPU time and corrected with its measured time. Pure: the time is passed in,
-// nothing here sleeps or reads a clock; the shim and the simulator wrap it with their own Clock and GpuObserver.
+// nothing here sleeps or reads a clock; the shim and the simulator pass in the time and each launch's measured run.
 #pragma once
 
 #include <atomic>
