@@ -22,13 +22,13 @@ std::string Describe(const char* call, CUresult result) {
   return std::string(call) + " returned " + name + " (" + std::to_string(static_cast<int>(result)) + ")";
 }
 
-#define BENCH_CUDA(state, call)                            \
-  do {                                                     \
-    const CUresult result_ = (call);                       \
-    if (result_ != CUDA_SUCCESS) {                         \
+#define BENCH_CUDA(state, call)                                \
+  do {                                                         \
+    const CUresult result_ = (call);                           \
+    if (result_ != CUDA_SUCCESS) {                             \
       (state).SkipWithError(Describe(#call, result_).c_str()); \
-      return;                                              \
-    }                                                      \
+      return;                                                  \
+    }                                                          \
   } while (0)
 
 // cuInit, device 0, its primary context made current: what every benchmark here starts from.

@@ -66,9 +66,8 @@ BENCHMARK(ModelLaunchOneProcess)->Arg(1)->Arg(16)->Arg(256)->Unit(benchmark::kNa
 // each process runs out of work between launches, so the device changes hands at nearly every launch.
 void ModelLaunchTwoProcesses(benchmark::State& state) {
   auto machine = NewMachine(model::SchedulingMode::timeslice);
-  const std::uint32_t streams[2] = {
-      model::CreateStream(*machine, model::ClaimSlot(*machine, 100, kStartNs), 0, 0, 0),
-      model::CreateStream(*machine, model::ClaimSlot(*machine, 200, kStartNs), 0, 0, 0)};
+  const std::uint32_t streams[2] = {model::CreateStream(*machine, model::ClaimSlot(*machine, 100, kStartNs), 0, 0, 0),
+                                    model::CreateStream(*machine, model::ClaimSlot(*machine, 200, kStartNs), 0, 0, 0)};
   const model::KernelLaunch launch = OneBlockLaunch(300);
   std::uint64_t now_ns = kStartNs;
   std::uint64_t launches = 0;

@@ -71,8 +71,8 @@ std::vector<Case> Cases() {
   }
   cases.push_back({"default alone at 30 %, 1 ms kernels", {Of("a", 30, ms1, 1, Policy::default_policy)}});
   cases.push_back({"default alone at 30 %, mixed", {Of("a", 30, Mixed(), 1, Policy::default_policy)}});
-  cases.push_back({"default 30 beside force 70, 1 ms kernels",
-                   {Of("a", 30, ms1, 1, Policy::default_policy), Of("b", 70, ms1)}});
+  cases.push_back(
+      {"default 30 beside force 70, 1 ms kernels", {Of("a", 30, ms1, 1, Policy::default_policy), Of("b", 70, ms1)}});
   return cases;
 }
 
@@ -107,8 +107,9 @@ Scenario DdpScenario(std::uint32_t cap, bool neighbour, Sharing sharing, const S
 
 // Issue 20, item 4 in virtual time: kernels the job completes in the run, against uncapped.
 int PrintDdp(const Scenario& base) {
-  std::printf("\n| 2-GPU job (1 ms kernels, all_reduce of 1 ms after every 4) | kernels | of uncapped | busy per GPU, %% "
-              "| neighbour |\n|---|---|---|---|---|\n");
+  std::printf(
+      "\n| 2-GPU job (1 ms kernels, all_reduce of 1 ms after every 4) | kernels | of uncapped | busy per GPU, %% "
+      "| neighbour |\n|---|---|---|---|---|\n");
   const Result uncapped = Run(DdpScenario(0, false, Sharing::budget, base));
   if (!uncapped.error.empty()) {
     std::fprintf(stderr, "sharing_compare: ddp uncapped: %s\n", uncapped.error.c_str());
@@ -124,8 +125,9 @@ int PrintDdp(const Scenario& base) {
       }
       char other[64] = "-";
       if (neighbour) std::snprintf(other, sizeof other, "%.1f %%", result.tenants[1].mean_share * 100);
-      std::printf("| at 50 %%%s, %s | %llu | %.2f | %.1f | %s |\n", neighbour ? " beside a 50 % neighbour on GPU 0" : "",
-                  SharingName(sharing), static_cast<unsigned long long>(result.tenants[0].kernels),
+      std::printf("| at 50 %%%s, %s | %llu | %.2f | %.1f | %s |\n",
+                  neighbour ? " beside a 50 % neighbour on GPU 0" : "", SharingName(sharing),
+                  static_cast<unsigned long long>(result.tenants[0].kernels),
                   static_cast<double>(result.tenants[0].kernels) / reference, result.tenants[0].mean_share * 50, other);
     }
   }
@@ -160,7 +162,7 @@ struct Arguments {
   std::uint64_t cycle_max_ms = 0;
   std::uint64_t seconds = 6;
   std::uint64_t seed = 1;
-  std::string only;  // --case: only the cases whose name holds this
+  std::string only;   // --case: only the cases whose name holds this
   std::string trace;  // --trace: the time-division runs' traces, appended to this file (JSON lines)
   Measurement measurement = Measurement::event_pair;
   bool prompt_service = true;  // --no-prompt-service: time division without policy::TurnConfig::prompt_service
@@ -241,9 +243,10 @@ int main(int argc, char** argv) {
   if (!ParseArguments(argc, argv, a)) return 2;
   Scenario base = Calibrated(a.seconds, a.seed, a.cycle_ms, a.cycle_max_ms, a.measurement);
   base.prompt_service = a.prompt_service;
-  std::printf("| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points | first tenant's launch "
-              "wait p50 / p99 / max, ms | its call to its kernel's end, p50 / p99 / max, ms |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| case | sharing | shares (cap: got, %%) | sum %% | worst 1 s window, points | first tenant's launch "
+      "wait p50 / p99 / max, ms | its call to its kernel's end, p50 / p99 / max, ms |\n"
+      "|---|---|---|---|---|---|---|\n");
   for (const Case& c : Cases()) {
     if (!a.only.empty() && c.name.find(a.only) == std::string::npos) continue;
     for (const Sharing sharing : {Sharing::budget, Sharing::time_division}) {

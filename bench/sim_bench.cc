@@ -65,8 +65,11 @@ BENCHMARK(SimEightTenantsOneKernelPerMs)
     ->Args({0, 1, 0})
     ->Args({0, 60, 1})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(SimEightTenantsOneKernelPerMs)->ArgNames({"trace", "seconds", "every_kernel"})->Args({0, 3600, 0})
-    ->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(SimEightTenantsOneKernelPerMs)
+    ->ArgNames({"trace", "seconds", "every_kernel"})
+    ->Args({0, 3600, 0})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace vgpu::sim

@@ -83,7 +83,8 @@ void LoadKernelCosts(Driver& d) {
   if (const char* call = std::getenv("FAKECUDA_LAUNCH_CALL_NS"); call != nullptr && *call != '\0') {
     std::uint64_t ns = 0;
     const std::string_view text(call);
-    if (std::from_chars(text.data(), text.data() + text.size(), ns).ptr == text.data() + text.size() && ns <= 1'000'000) {
+    if (std::from_chars(text.data(), text.data() + text.size(), ns).ptr == text.data() + text.size() &&
+        ns <= 1'000'000) {
       d.launch_call_ns = ns;
     } else {
       state::LogError("FAKECUDA_LAUNCH_CALL_NS='%s' is not a number of nanoseconds in 0..1000000 (e.g. 3000); using 0",
@@ -97,8 +98,10 @@ void LoadKernelCosts(Driver& d) {
         ns <= 1'000'000'000) {
       d.lazy_load_ns = ns;
     } else {
-      state::LogError("FAKECUDA_LAZY_LOAD_NS='%s' is not a number of nanoseconds in 0..1000000000 (e.g. 3000000); "
-                      "using 0", load);
+      state::LogError(
+          "FAKECUDA_LAZY_LOAD_NS='%s' is not a number of nanoseconds in 0..1000000000 (e.g. 3000000); "
+          "using 0",
+          load);
     }
   }
   if (const char* loading = std::getenv("CUDA_MODULE_LOADING"); loading != nullptr && *loading != '\0') {
@@ -135,7 +138,8 @@ std::vector<std::uint32_t> VisibleDevices(const model::Machine& m) {
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
     std::uint32_t found = model::kNoSlot;
     std::uint32_t index = 0;
-    if (!item.empty() && std::from_chars(item.data(), item.data() + item.size(), index).ptr == item.data() + item.size()) {
+    if (!item.empty() &&
+        std::from_chars(item.data(), item.data() + item.size(), index).ptr == item.data() + item.size()) {
       if (index < m.config.device_count) found = index;
     } else if (item.size() > 4 && item.substr(0, 4) == "GPU-") {
       for (std::uint32_t i = 0; i < m.config.device_count; ++i) {
@@ -172,8 +176,8 @@ CUresult InitializeLocked(Driver& d) {
   if (const char* pct = std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"); pct != nullptr && *pct != '\0') {
     unsigned value = 0;
     const std::string_view text(pct);
-    if (std::from_chars(text.data(), text.data() + text.size(), value).ptr != text.data() + text.size() ||
-        value == 0 || value > 100) {
+    if (std::from_chars(text.data(), text.data() + text.size(), value).ptr != text.data() + text.size() || value == 0 ||
+        value > 100) {
       state::LogError("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='%s' is not a whole percentage in 1..100 (e.g. 50)", pct);
       d.init_error = CUDA_ERROR_NOT_INITIALIZED;
       return d.init_error;
@@ -471,71 +475,201 @@ FAKECUDA_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute att
   const int cc = static_cast<int>(s.cc_major * 10 + s.cc_minor);
   int v = 0;
   switch (attribute) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = static_cast<int>(s.max_threads_per_block); break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = static_cast<int>(s.shared_bytes_per_block); break;
-    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = static_cast<int>(s.warp_size); break;
-    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: v = 2147483647; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; break;
-    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = static_cast<int>(s.clock_khz); break;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; break;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: v = 32; break;
-    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = static_cast<int>(s.sm_count); break;
-    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = CU_COMPUTEMODE_DEFAULT; break;
-    case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: v = 512; break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = s.cc_major >= 8 ? 1 : 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = static_cast<int>(s.pci_bus); break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = static_cast<int>(s.memory_clock_khz); break;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = static_cast<int>(s.memory_bus_bits); break;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = static_cast<int>(s.l2_bytes); break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = static_cast<int>(s.max_threads_per_sm); break;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 2; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = static_cast<int>(s.cc_major); break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = static_cast<int>(s.cc_minor); break;
-    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = static_cast<int>(s.shared_bytes_per_sm); break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = static_cast<int>(s.registers_per_sm); break;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: v = static_cast<int>(physical); break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = static_cast<int>(s.shared_bytes_per_sm) - 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = static_cast<int>(s.max_blocks_per_sm); break;
-    case CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: v = static_cast<int>(s.l2_bytes / 4 * 3); break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: v = cc >= 90 ? 1 : 0; break;
-    case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: v = 2; break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: v = 131072; break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: v = 131072; break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: v = 65536; break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: v = 16384; break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: v = 16384; break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: v = 16384; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      v = static_cast<int>(s.max_threads_per_block);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
+      v = 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y:
+      v = 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z:
+      v = 64;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X:
+      v = 2147483647;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
+      v = 65535;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z:
+      v = 65535;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
+      v = static_cast<int>(s.shared_bytes_per_block);
+      break;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY:
+      v = 65536;
+      break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+      v = static_cast<int>(s.warp_size);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH:
+      v = 2147483647;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK:
+      v = 65536;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE:
+      v = static_cast<int>(s.clock_khz);
+      break;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT:
+      v = 512;
+      break;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT:
+      v = 32;
+      break;
+    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      v = static_cast<int>(s.sm_count);
+      break;
+    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
+      v = CU_COMPUTEMODE_DEFAULT;
+      break;
+    case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT:
+      v = 512;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
+      v = s.cc_major >= 8 ? 1 : 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      v = static_cast<int>(s.pci_bus);
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE:
+      v = static_cast<int>(s.memory_clock_khz);
+      break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+      v = static_cast<int>(s.memory_bus_bits);
+      break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:
+      v = static_cast<int>(s.l2_bytes);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+      v = static_cast<int>(s.max_threads_per_sm);
+      break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+      v = 2;
+      break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      v = static_cast<int>(s.cc_major);
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      v = static_cast<int>(s.cc_minor);
+      break;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR:
+      v = static_cast<int>(s.shared_bytes_per_sm);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR:
+      v = static_cast<int>(s.registers_per_sm);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID:
+      v = static_cast<int>(physical);
+      break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+      v = static_cast<int>(s.shared_bytes_per_sm) - 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR:
+      v = static_cast<int>(s.max_blocks_per_sm);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE:
+      v = static_cast<int>(s.l2_bytes / 4 * 3);
+      break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+      v = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK:
+      v = 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH:
+      v = cc >= 90 ? 1 : 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED:
+      v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO:
+      v = 2;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH:
+      v = 131072;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH:
+      v = 131072;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT:
+      v = 65536;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH:
+      v = 16384;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT:
+      v = 16384;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH:
+      v = 16384;
+      break;
     default:
       if (static_cast<int>(attribute) <= 0 || attribute >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
       v = 0;  // a valid attribute fakecuda does not model: reported as unsupported/zero
@@ -571,7 +705,8 @@ FAKECUDA_EXPORT CUresult cuDeviceGetProperties(CUdevprop* prop, CUdevice device)
 FAKECUDA_EXPORT CUresult cuDeviceCanAccessPeer(int* can_access, CUdevice device, CUdevice peer) {
   FAKECUDA_ENTER("cuDeviceCanAccessPeer");
   std::uint32_t a = 0, b = 0;
-  if (!PhysicalDevice(TheDriver(), device, a) || !PhysicalDevice(TheDriver(), peer, b)) return CUDA_ERROR_INVALID_DEVICE;
+  if (!PhysicalDevice(TheDriver(), device, a) || !PhysicalDevice(TheDriver(), peer, b))
+    return CUDA_ERROR_INVALID_DEVICE;
   if (can_access == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *can_access = a != b ? 1 : 0;
   return CUDA_SUCCESS;
@@ -749,7 +884,8 @@ FAKECUDA_EXPORT CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam*
   return CreateContext(context, flags, device);
 }
 
-FAKECUDA_EXPORT CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams* params, unsigned int flags, CUdevice device) {
+FAKECUDA_EXPORT CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams* params, unsigned int flags,
+                                        CUdevice device) {
   FAKECUDA_ENTER("cuCtxCreate_v4");
   (void)params;  // execution affinity and CIG parameters are accepted and ignored
   return CreateContext(context, flags, device);
@@ -806,8 +942,10 @@ FAKECUDA_EXPORT CUresult cuCtxSetCurrent(CUcontext handle) {
   // with CUDA_ERROR_CONTEXT_IS_DESTROYED.
   if (c == nullptr && d.destroyed_contexts.count(handle) != 0) c = reinterpret_cast<Context*>(handle);
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (stack.empty()) stack.push_back(c);
-  else stack.back() = c;
+  if (stack.empty())
+    stack.push_back(c);
+  else
+    stack.back() = c;
   return CUDA_SUCCESS;
 }
 
@@ -914,7 +1052,8 @@ FAKECUDA_EXPORT CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) 
 
 FAKECUDA_EXPORT CUresult cuCtxGetLimit(size_t* value, CUlimit limit) {
   FAKECUDA_ENTER("cuCtxGetLimit");
-  if (value == nullptr || static_cast<int>(limit) < 0 || limit >= CU_LIMIT_MAX || limit >= 16) return CUDA_ERROR_INVALID_VALUE;
+  if (value == nullptr || static_cast<int>(limit) < 0 || limit >= CU_LIMIT_MAX || limit >= 16)
+    return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);

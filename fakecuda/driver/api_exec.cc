@@ -122,7 +122,7 @@ struct ValueWait {
   unsigned int flags;
   bool wide;  // 64-bit
 };
-std::mutex g_value_mutex;  // taken inside the machine lock, never around it
+std::mutex g_value_mutex;                         // taken inside the machine lock, never around it
 std::vector<ValueWait>* g_value_waits = nullptr;  // (made on first use, lives as long as the process)
 std::atomic<std::size_t> g_value_wait_count{0};
 
@@ -138,9 +138,12 @@ bool ValueWaitHolds(const ValueWait& w) {
     case CU_STREAM_WAIT_VALUE_GEQ:  // cyclic: (int)(*addr - value) >= 0
       return w.wide ? static_cast<std::int64_t>(word - w.value) >= 0
                     : static_cast<std::int32_t>(static_cast<std::uint32_t>(word - w.value)) >= 0;
-    case CU_STREAM_WAIT_VALUE_EQ: return (word & mask) == (w.value & mask);
-    case CU_STREAM_WAIT_VALUE_AND: return (word & w.value & mask) != 0;
-    default: return (~(word | w.value) & mask) != 0;  // CU_STREAM_WAIT_VALUE_NOR
+    case CU_STREAM_WAIT_VALUE_EQ:
+      return (word & mask) == (w.value & mask);
+    case CU_STREAM_WAIT_VALUE_AND:
+      return (word & w.value & mask) != 0;
+    default:
+      return (~(word | w.value) & mask) != 0;  // CU_STREAM_WAIT_VALUE_NOR
   }
 }
 
@@ -196,7 +199,8 @@ bool ReadU64Param(const Function& f, std::size_t index, void** params, void** ex
     std::size_t size = 0;
     for (std::size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
       if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
-      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1] != nullptr) size = *static_cast<std::size_t*>(extra[i + 1]);
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1] != nullptr)
+        size = *static_cast<std::size_t*>(extra[i + 1]);
     }
     if (buffer != nullptr && size >= f.params[index].offset + 8) {
       std::memcpy(&value, static_cast<const char*>(buffer) + f.params[index].offset, sizeof value);
@@ -298,10 +302,10 @@ void SpendLaunchCall(std::uint64_t ns) {
 // ---- the driver's own memory (docs/fakecuda.md, "Memory the driver takes by itself") --------------------------------
 
 namespace {
-constexpr std::uint64_t kPageBytes = 2ull << 20;         // the driver maps its own memory in 2 MiB pages
-constexpr std::uint64_t kModuleCodeBytes = kPageBytes;   // a module's code: one page (PTX modules are small)
-constexpr std::uint64_t kDefaultStackBytes = 1024;       // CU_LIMIT_STACK_SIZE's default: in the context's overhead
-constexpr std::uint64_t kHeapSetUpBytes = kPageBytes;    // beside the heap itself (H100: 256 MiB heap took 258)
+constexpr std::uint64_t kPageBytes = 2ull << 20;        // the driver maps its own memory in 2 MiB pages
+constexpr std::uint64_t kModuleCodeBytes = kPageBytes;  // a module's code: one page (PTX modules are small)
+constexpr std::uint64_t kDefaultStackBytes = 1024;      // CU_LIMIT_STACK_SIZE's default: in the context's overhead
+constexpr std::uint64_t kHeapSetUpBytes = kPageBytes;   // beside the heap itself (H100: 256 MiB heap took 258)
 
 std::uint64_t RoundUpToPage(std::uint64_t bytes) { return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes; }
 
@@ -340,7 +344,8 @@ CUresult TakeLaunchMemory(Driver& d, Function& f, Context& c) {
     c.limits[CU_LIMIT_STACK_SIZE] = f.local_bytes;
   }
   if (f.uses_malloc && !c.heap_taken) {
-    const std::uint64_t heap = c.limits[CU_LIMIT_MALLOC_HEAP_SIZE] != 0 ? c.limits[CU_LIMIT_MALLOC_HEAP_SIZE] : 8ull << 20;
+    const std::uint64_t heap =
+        c.limits[CU_LIMIT_MALLOC_HEAP_SIZE] != 0 ? c.limits[CU_LIMIT_MALLOC_HEAP_SIZE] : 8ull << 20;
     if (!ChargeDevice(d, c.device, heap + kHeapSetUpBytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     c.charged_bytes += heap + kHeapSetUpBytes;
     c.heap_taken = true;
@@ -370,7 +375,8 @@ CUresult Launch(const LaunchRequest& r) {
   KernelNode node;
   node.function = f;
   node.name = f->name;
-  node.shape = model::LaunchShape{{r.grid[0], r.grid[1], r.grid[2]}, {r.block[0], r.block[1], r.block[2]}, r.shared_bytes};
+  node.shape =
+      model::LaunchShape{{r.grid[0], r.grid[1], r.grid[2]}, {r.block[0], r.block[1], r.block[2]}, r.shared_bytes};
   node.per_wave_ns = f->per_wave_ns;
   if (const CUresult read = ReadModelledParams(*f, r.params, r.extra, node); read != CUDA_SUCCESS) return read;
   ResolvedStream rs;
@@ -399,17 +405,26 @@ CUresult LaunchEx(const char* symbol, const CUlaunchConfig* config, CUfunction f
   bool cooperative = false;
   if (config->numAttrs > 0 && config->attrs == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned int i = 0; i < config->numAttrs; ++i) {
-    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative != 0) cooperative = true;
+    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative != 0)
+      cooperative = true;
   }
-  return Launch({symbol, f, {config->gridDimX, config->gridDimY, config->gridDimZ},
-                 {config->blockDimX, config->blockDimY, config->blockDimZ}, config->sharedMemBytes, config->hStream,
-                 params, extra, per_thread, cooperative});
+  return Launch({symbol,
+                 f,
+                 {config->gridDimX, config->gridDimY, config->gridDimZ},
+                 {config->blockDimX, config->blockDimY, config->blockDimZ},
+                 config->sharedMemBytes,
+                 config->hStream,
+                 params,
+                 extra,
+                 per_thread,
+                 cooperative});
 }
 
 // ---- streams -----------------------------------------------------------------------------------------------
 
 CUresult CreateStreamCommon(CUstream* out, unsigned int flags, int priority) {
-  if (out == nullptr || (flags & ~static_cast<unsigned int>(CU_STREAM_NON_BLOCKING)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (out == nullptr || (flags & ~static_cast<unsigned int>(CU_STREAM_NON_BLOCKING)) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   Context* c = CurrentContext(d);
@@ -576,7 +591,9 @@ CUresult LoadModule(CUmodule* out, std::string_view image) {
   }
   const model::DeviceSpec& spec = Spec(d, c->device);
   if (parsed.target_sm > static_cast<int>(spec.cc_major * 10 + spec.cc_minor)) {
-    if (state::LogLevel() >= 1) state::LogError("cuModuleLoadData: PTX targets sm_%d, the device is sm_%u%u", parsed.target_sm, spec.cc_major, spec.cc_minor);
+    if (state::LogLevel() >= 1)
+      state::LogError("cuModuleLoadData: PTX targets sm_%d, the device is sm_%u%u", parsed.target_sm, spec.cc_major,
+                      spec.cc_minor);
     return CUDA_ERROR_INVALID_PTX;
   }
   auto module = std::make_unique<Module>();
@@ -873,16 +890,36 @@ FAKECUDA_EXPORT CUresult cuFuncGetAttribute(int* value, CUfunction_attribute att
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const model::DeviceSpec& spec = Spec(d, f->module->context->device);
   switch (attribute) {
-    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = static_cast<int>(spec.max_threads_per_block); break;
-    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *value = 0; break;
-    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *value = 0; break;
-    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *value = static_cast<int>(std::min<std::uint64_t>(f->local_bytes, INT32_MAX)); break;
-    case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = 32; break;
-    case CU_FUNC_ATTRIBUTE_PTX_VERSION: *value = f->module->ptx_version; break;
-    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *value = static_cast<int>(spec.cc_major * 10 + spec.cc_minor); break;
-    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *value = 0; break;
-    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *value = f->max_dynamic_shared; break;
-    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *value = f->carveout; break;
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *value = static_cast<int>(spec.max_threads_per_block);
+      break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
+      *value = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+      *value = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
+      *value = static_cast<int>(std::min<std::uint64_t>(f->local_bytes, INT32_MAX));
+      break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS:
+      *value = 32;
+      break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+      *value = f->module->ptx_version;
+      break;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+      *value = static_cast<int>(spec.cc_major * 10 + spec.cc_minor);
+      break;
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA:
+      *value = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      *value = f->max_dynamic_shared;
+      break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      *value = f->carveout;
+      break;
     default:
       if (static_cast<int>(attribute) < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
       *value = 0;
@@ -937,17 +974,18 @@ FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks
   std::lock_guard<std::mutex> guard(d.mutex);
   Function* f = Lookup<Function>(d, handle, Kind::function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  model::LaunchShape shape{{1, 1, 1}, {static_cast<std::uint32_t>(block_size), 1, 1}, static_cast<std::uint32_t>(dynamic_shared)};
+  model::LaunchShape shape{
+      {1, 1, 1}, {static_cast<std::uint32_t>(block_size), 1, 1}, static_cast<std::uint32_t>(dynamic_shared)};
   *blocks = static_cast<int>(model::ResidentBlocksPerSm(Spec(d, f->module->context->device), shape));
   return CUDA_SUCCESS;
 }
 
 // ---- launches --------------------------------------------------------------------------------------------
 
-#define FAKECUDA_LAUNCH_KERNEL(symbol, per_thread, cooperative)                                               \
-  FAKECUDA_EXPORT CUresult symbol(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
-                                  unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,        \
-                                  void** params, void** extra) {                                               \
+#define FAKECUDA_LAUNCH_KERNEL(symbol, per_thread, cooperative)                                                      \
+  FAKECUDA_EXPORT CUresult symbol(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,  \
+                                  unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,            \
+                                  void** params, void** extra) {                                                     \
     return Launch({#symbol, f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, extra, per_thread, cooperative}); \
   }
 FAKECUDA_LAUNCH_KERNEL(cuLaunchKernel, false, false)
@@ -955,23 +993,26 @@ FAKECUDA_LAUNCH_KERNEL(cuLaunchKernel_ptsz, true, false)
 #undef FAKECUDA_LAUNCH_KERNEL
 
 FAKECUDA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                   unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
-                                                   CUstream stream, void** params) {
-  return Launch({"cuLaunchCooperativeKernel", f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, nullptr, false, true});
+                                                   unsigned int bx, unsigned int by, unsigned int bz,
+                                                   unsigned int shared, CUstream stream, void** params) {
+  return Launch(
+      {"cuLaunchCooperativeKernel", f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, nullptr, false, true});
 }
 
 extern "C" __attribute__((visibility("default"))) CUresult cuLaunchCooperativeKernel_ptsz(
     CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
     unsigned int shared, CUstream stream, void** params) {
-  return Launch({"cuLaunchCooperativeKernel_ptsz", f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, nullptr, true, true});
+  return Launch(
+      {"cuLaunchCooperativeKernel_ptsz", f, {gx, gy, gz}, {bx, by, bz}, shared, stream, params, nullptr, true, true});
 }
 
 FAKECUDA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
   return LaunchEx("cuLaunchKernelEx", config, f, params, extra, false);
 }
 
-extern "C" __attribute__((visibility("default"))) CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
-                                                                              void** params, void** extra) {
+extern "C" __attribute__((visibility("default"))) CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config,
+                                                                                 CUfunction f, void** params,
+                                                                                 void** extra) {
   return LaunchEx("cuLaunchKernelEx_ptsz", config, f, params, extra, true);
 }
 
@@ -994,7 +1035,8 @@ CUresult LaunchHostFunc(const char* symbol, CUstream handle, CUhostFn function, 
       const std::uint64_t now = state::MonotonicNs();
       QueueImplicitSync(d, lock.machine(), rs, now);
       queued = model::EnqueueGate(lock.machine(), rs.index, now, &seq) == model::EnqueueResult::ok;
-      if (!queued) wait_ns = model::LowerBoundRemainingNs(lock.machine(), rs.index, lock.machine().streams[rs.index].head);
+      if (!queued)
+        wait_ns = model::LowerBoundRemainingNs(lock.machine(), rs.index, lock.machine().streams[rs.index].head);
     }
     if (queued) {
       const CUresult submitted = SubmitHostCall({rs.context->device, rs.index, rs.generation, seq, function, data});
@@ -1028,11 +1070,13 @@ FAKECUDA_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn function, vo
   return LaunchHostFunc("cuLaunchHostFunc", stream, function, data, false);
 }
 
-extern "C" __attribute__((visibility("default"))) CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn function, void* data) {
+extern "C" __attribute__((visibility("default"))) CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn function,
+                                                                                 void* data) {
   return LaunchHostFunc("cuLaunchHostFunc_ptsz", stream, function, data, true);
 }
 
-FAKECUDA_EXPORT CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* data, unsigned int flags) {
+FAKECUDA_EXPORT CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* data,
+                                             unsigned int flags) {
   if (callback == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   auto* wrapped = new StreamCallbackData{callback, stream, data};
   const CUresult r = LaunchHostFunc("cuStreamAddCallback", stream, &RunStreamCallback, wrapped, false);
@@ -1077,9 +1121,7 @@ FAKECUDA_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
 }
 
 #undef cuStreamDestroy  // cuda.h maps the name to its newest version; this defines the older symbol
-FAKECUDA_EXPORT CUresult cuStreamDestroy(CUstream handle) {
-  return StreamDestroyEntry("cuStreamDestroy", handle);
-}
+FAKECUDA_EXPORT CUresult cuStreamDestroy(CUstream handle) { return StreamDestroyEntry("cuStreamDestroy", handle); }
 
 FAKECUDA_EXPORT CUresult cuStreamQuery(CUstream stream) {
   FAKECUDA_ENTER("cuStreamQuery");
@@ -1107,7 +1149,7 @@ FAKECUDA_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsig
 }
 
 extern "C" __attribute__((visibility("default"))) CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event,
-                                                                               unsigned int flags) {
+                                                                                  unsigned int flags) {
   FAKECUDA_ENTER("cuStreamWaitEvent_ptsz");
   return StreamWaitEvent(stream, event, flags, true);
 }
@@ -1168,10 +1210,10 @@ void ForgetValueWaitsIn(std::uintptr_t begin, std::uintptr_t end) {
 
 }  // namespace fakecuda::driver
 
-#define FAKECUDA_WAIT_VALUE(symbol, type, wide, per_thread)                                                        \
+#define FAKECUDA_WAIT_VALUE(symbol, type, wide, per_thread)                                                           \
   extern "C" __attribute__((visibility("default"))) CUresult symbol(CUstream stream, CUdeviceptr address, type value, \
-                                                                    unsigned int flags) {                          \
-    return StreamWaitValue(#symbol, stream, address, value, flags, wide, per_thread);                             \
+                                                                    unsigned int flags) {                             \
+    return StreamWaitValue(#symbol, stream, address, value, flags, wide, per_thread);                                 \
   }
 FAKECUDA_WAIT_VALUE(cuStreamWaitValue32_ptsz, cuuint32_t, false, true)
 FAKECUDA_WAIT_VALUE(cuStreamWaitValue32_v2, cuuint32_t, false, false)
@@ -1253,14 +1295,10 @@ CUresult EventDestroyEntry(const char* symbol, CUevent handle) {
 }
 }  // namespace
 
-FAKECUDA_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
-  return EventDestroyEntry("cuEventDestroy_v2", handle);
-}
+FAKECUDA_EXPORT CUresult cuEventDestroy_v2(CUevent handle) { return EventDestroyEntry("cuEventDestroy_v2", handle); }
 
 #undef cuEventDestroy  // cuda.h maps the name to its newest version; this defines the older symbol
-FAKECUDA_EXPORT CUresult cuEventDestroy(CUevent handle) {
-  return EventDestroyEntry("cuEventDestroy", handle);
-}
+FAKECUDA_EXPORT CUresult cuEventDestroy(CUevent handle) { return EventDestroyEntry("cuEventDestroy", handle); }
 
 FAKECUDA_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
   FAKECUDA_ENTER("cuEventRecord");
@@ -1279,7 +1317,7 @@ FAKECUDA_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, 
 }
 
 extern "C" __attribute__((visibility("default"))) CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream,
-                                                                                    unsigned int flags) {
+                                                                                       unsigned int flags) {
   FAKECUDA_ENTER("cuEventRecordWithFlags_ptsz");
   if ((flags & ~static_cast<unsigned int>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
   return EventRecord(event, stream, true);
@@ -1451,7 +1489,8 @@ FAKECUDA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptur
   return BeginCapture(stream, mode, false);
 }
 
-extern "C" __attribute__((visibility("default"))) CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream,
+                                                                                        CUstreamCaptureMode mode) {
   FAKECUDA_ENTER("cuStreamBeginCapture_v2_ptsz");
   return BeginCapture(stream, mode, true);
 }
@@ -1480,7 +1519,8 @@ FAKECUDA_EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureSta
   return IsCapturing(stream, status, false);
 }
 
-extern "C" __attribute__((visibility("default"))) CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status) {
+extern "C" __attribute__((visibility("default"))) CUresult cuStreamIsCapturing_ptsz(CUstream stream,
+                                                                                    CUstreamCaptureStatus* status) {
   FAKECUDA_ENTER("cuStreamIsCapturing_ptsz");
   return IsCapturing(stream, status, true);
 }
@@ -1504,16 +1544,23 @@ FAKECUDA_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph hand
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Function* f = Lookup<Function>(d, params->func, Kind::function);
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const LaunchRequest shape_check{"cuGraphAddKernelNode_v2", params->func,
+  const LaunchRequest shape_check{"cuGraphAddKernelNode_v2",
+                                  params->func,
                                   {params->gridDimX, params->gridDimY, params->gridDimZ},
-                                  {params->blockDimX, params->blockDimY, params->blockDimZ}, params->sharedMemBytes,
-                                  nullptr, params->kernelParams, params->extra, false, false};
+                                  {params->blockDimX, params->blockDimY, params->blockDimZ},
+                                  params->sharedMemBytes,
+                                  nullptr,
+                                  params->kernelParams,
+                                  params->extra,
+                                  false,
+                                  false};
   if (const CUresult v = ValidateShape(d, *f, *f->module->context, shape_check); v != CUDA_SUCCESS) return v;
   KernelNode kernel;
   kernel.function = f;
   kernel.name = f->name;
   kernel.shape = model::LaunchShape{{params->gridDimX, params->gridDimY, params->gridDimZ},
-                                    {params->blockDimX, params->blockDimY, params->blockDimZ}, params->sharedMemBytes};
+                                    {params->blockDimX, params->blockDimY, params->blockDimZ},
+                                    params->sharedMemBytes};
   kernel.per_wave_ns = f->per_wave_ns;
   if (const CUresult read = ReadModelledParams(*f, params->kernelParams, params->extra, kernel); read != CUDA_SUCCESS) {
     return read;
@@ -1533,7 +1580,8 @@ FAKECUDA_EXPORT CUresult cuGraphGetNodes(CUgraph handle, CUgraphNode* nodes, siz
   Graph* g = Lookup<Graph>(d, handle, Kind::graph);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (nodes != nullptr) {
-    for (std::size_t i = 0; i < std::min(*count, g->nodes.size()); ++i) nodes[i] = reinterpret_cast<CUgraphNode>(g->node_tokens[i].get());
+    for (std::size_t i = 0; i < std::min(*count, g->nodes.size()); ++i)
+      nodes[i] = reinterpret_cast<CUgraphNode>(g->node_tokens[i].get());
   }
   *count = g->nodes.size();
   return CUDA_SUCCESS;
@@ -1545,10 +1593,12 @@ FAKECUDA_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph 
   return Instantiate(exec, graph);
 }
 
-FAKECUDA_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+FAKECUDA_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph,
+                                                      CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
   FAKECUDA_ENTER("cuGraphInstantiateWithParams");
   const CUresult r = Instantiate(exec, graph);
-  if (params != nullptr) params->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+  if (params != nullptr)
+    params->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
   return r;
 }
 

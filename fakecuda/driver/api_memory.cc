@@ -22,7 +22,9 @@ std::size_t PageRound(std::size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
-std::uint64_t ChargeFor(std::size_t bytes) { return (bytes + kChargeGranularity - 1) / kChargeGranularity * kChargeGranularity; }
+std::uint64_t ChargeFor(std::size_t bytes) {
+  return (bytes + kChargeGranularity - 1) / kChargeGranularity * kChargeGranularity;
+}
 
 void* MapAnonymous(std::size_t bytes) {
   void* p = mmap(nullptr, PageRound(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -189,8 +191,10 @@ CUresult OrderCopy(Driver& d, std::unique_lock<std::mutex>& guard, CUstream stre
   if (rs.stream != nullptr && rs.stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   guard.unlock();
   CUresult r = CUDA_SUCCESS;
-  if (synchronous || rs.legacy) r = WaitContextIdle(rs.context);
-  else r = WaitStreamIdle(rs.context->device, rs.index, rs.generation);
+  if (synchronous || rs.legacy)
+    r = WaitContextIdle(rs.context);
+  else
+    r = WaitStreamIdle(rs.context->device, rs.index, rs.generation);
   guard.lock();
   return r;
 }
@@ -205,8 +209,8 @@ bool RangeOk(Driver& d, std::uintptr_t address, std::size_t bytes, Side side) {
   return true;
 }
 
-CUresult Copy(const char* api, std::uintptr_t destination, Side destination_side, std::uintptr_t source, Side source_side,
-              std::size_t bytes, CUstream stream, bool per_thread, bool synchronous) {
+CUresult Copy(const char* api, std::uintptr_t destination, Side destination_side, std::uintptr_t source,
+              Side source_side, std::size_t bytes, CUstream stream, bool per_thread, bool synchronous) {
   FAKECUDA_ENTER(api);
   Driver& d = TheDriver();
   std::unique_lock<std::mutex> guard(d.mutex);
@@ -264,10 +268,15 @@ CUresult Memset(const char* api, CUdeviceptr destination, std::size_t pitch, T v
 std::uintptr_t Memcpy2DAddress(CUmemorytype type, const void* host, CUdeviceptr device, bool& ok) {
   ok = true;
   switch (type) {
-    case CU_MEMORYTYPE_HOST: return reinterpret_cast<std::uintptr_t>(host);
-    case CU_MEMORYTYPE_DEVICE: return static_cast<std::uintptr_t>(device);
-    case CU_MEMORYTYPE_UNIFIED: return static_cast<std::uintptr_t>(device);
-    default: ok = false; return 0;  // arrays are accounted, not backed: copies to them are not supported
+    case CU_MEMORYTYPE_HOST:
+      return reinterpret_cast<std::uintptr_t>(host);
+    case CU_MEMORYTYPE_DEVICE:
+      return static_cast<std::uintptr_t>(device);
+    case CU_MEMORYTYPE_UNIFIED:
+      return static_cast<std::uintptr_t>(device);
+    default:
+      ok = false;
+      return 0;  // arrays are accounted, not backed: copies to them are not supported
   }
 }
 
@@ -281,11 +290,13 @@ CUresult Copy2D(const char* api, const CUDA_MEMCPY2D* p, CUstream stream, bool p
   const std::uintptr_t src = Memcpy2DAddress(p->srcMemoryType, p->srcHost, p->srcDevice, src_ok);
   const std::uintptr_t dst = Memcpy2DAddress(p->dstMemoryType, p->dstHost, p->dstDevice, dst_ok);
   if (!src_ok || !dst_ok) {
-    return p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY ? CUDA_ERROR_NOT_SUPPORTED
-                                                                                              : CUDA_ERROR_INVALID_VALUE;
+    return p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY
+               ? CUDA_ERROR_NOT_SUPPORTED
+               : CUDA_ERROR_INVALID_VALUE;
   }
   if (p->WidthInBytes == 0 || p->Height == 0) return CUDA_SUCCESS;
-  if ((p->Height > 1 && (p->srcPitch < p->WidthInBytes + p->srcXInBytes || p->dstPitch < p->WidthInBytes + p->dstXInBytes))) {
+  if ((p->Height > 1 &&
+       (p->srcPitch < p->WidthInBytes + p->srcXInBytes || p->dstPitch < p->WidthInBytes + p->dstXInBytes))) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   // Every product and sum checked: offsets from huge coordinates must not wrap into valid memory.
@@ -300,7 +311,8 @@ CUresult Copy2D(const char* api, const CUDA_MEMCPY2D* p, CUstream stream, bool p
   }
   const Side src_side = p->srcMemoryType == CU_MEMORYTYPE_DEVICE ? Side::device : Side::host;
   const Side dst_side = p->dstMemoryType == CU_MEMORYTYPE_DEVICE ? Side::device : Side::host;
-  if (!RangeOk(d, src_start, src_span, src_side) || !RangeOk(d, dst_start, dst_span, dst_side)) return CUDA_ERROR_INVALID_VALUE;
+  if (!RangeOk(d, src_start, src_span, src_side) || !RangeOk(d, dst_start, dst_span, dst_side))
+    return CUDA_ERROR_INVALID_VALUE;
   if (const CUresult r = OrderCopy(d, guard, stream, per_thread, synchronous); r != CUDA_SUCCESS) return r;
   for (std::size_t row = 0; row < p->Height; ++row) {
     std::memmove(reinterpret_cast<void*>(dst_start + row * p->dstPitch),
@@ -313,10 +325,19 @@ CUresult Copy2D(const char* api, const CUDA_MEMCPY2D* p, CUstream stream, bool p
 
 std::size_t FormatBytes(CUarray_format format) {
   switch (format) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
-    default: return 0;
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+    default:
+      return 0;
   }
 }
 
@@ -436,7 +457,8 @@ bool DeviceRangeValid(Driver& d, std::uintptr_t address, std::size_t bytes) {
   return m->second.accessible && offset < m->second.bytes && bytes <= m->second.bytes - offset;
 }
 
-void TraceAllocation(const char* event, const char* api, std::uint32_t device, std::uint64_t bytes, std::uintptr_t address) {
+void TraceAllocation(const char* event, const char* api, std::uint32_t device, std::uint64_t bytes,
+                     std::uintptr_t address) {
   if (!state::TraceEnabled()) return;
   char line[320];
   std::snprintf(line, sizeof line,
@@ -449,7 +471,8 @@ void TraceAllocation(const char* event, const char* api, std::uint32_t device, s
 void TrimPoolsAtSync(Driver& d) {
   for (std::uint32_t dev = 0; dev < model::kMaxDevices; ++dev) {
     for (Pool* pool : {d.default_pool[dev], d.current_pool[dev]}) {
-      if (pool != nullptr && pool->reserved_bytes > pool->release_threshold) TrimPool(d, *pool, pool->release_threshold);
+      if (pool != nullptr && pool->reserved_bytes > pool->release_threshold)
+        TrimPool(d, *pool, pool->release_threshold);
     }
   }
   for (const auto& [handle, kind] : d.handles) {
@@ -696,29 +719,52 @@ FAKECUDA_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a
   const Allocation& a = it->second;
   const bool host = a.kind == AllocationKind::host;
   switch (attribute) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a.context); break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a.context);
+      break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
       *static_cast<unsigned int*>(data) = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
       break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = pointer; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = pointer;
+      break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
       if (!host && a.kind != AllocationKind::managed) return CUDA_ERROR_INVALID_VALUE;
       *static_cast<void**>(data) = reinterpret_cast<void*>(pointer);
       break;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<unsigned int*>(data) = a.kind == AllocationKind::managed ? 1 : 0; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a.context != nullptr ? static_cast<int>(a.context->ordinal) : 0; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = it->first; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = a.bytes; break;
-    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<unsigned int*>(data) = 1; break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data) = it->first; break;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *static_cast<unsigned int*>(data) = 1; break;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<unsigned int*>(data) = host ? 0 : 1; break;
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: *static_cast<unsigned int*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<unsigned int*>(data) = a.kind == AllocationKind::managed ? 1 : 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = a.context != nullptr ? static_cast<int>(a.context->ordinal) : 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = it->first;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = a.bytes;
+      break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<unsigned int*>(data) = 1;
+      break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = it->first;
+      break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      *static_cast<unsigned int*>(data) = 1;
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *static_cast<unsigned int*>(data) = host ? 0 : 1;
+      break;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+      *static_cast<unsigned int*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+      break;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       if (a.pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
       *static_cast<CUmemoryPool*>(data) = reinterpret_cast<CUmemoryPool>(a.pool);
       break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -730,9 +776,12 @@ FAKECUDA_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_at
   for (unsigned int i = 0; i < count; ++i) {
     // Unlike the single query, an unknown pointer is not an error here: attributes read as zero/NULL.
     if (cuPointerGetAttribute(data[i], attributes[i], pointer) != CUDA_SUCCESS && data[i] != nullptr) {
-      if (attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) *static_cast<unsigned int*>(data[i]) = 0;
-      else if (attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *static_cast<int*>(data[i]) = -2;
-      else *static_cast<void**>(data[i]) = nullptr;
+      if (attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        *static_cast<unsigned int*>(data[i]) = 0;
+      else if (attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+        *static_cast<int*>(data[i]) = -2;
+      else
+        *static_cast<void**>(data[i]) = nullptr;
     }
   }
   return CUDA_SUCCESS;
@@ -807,10 +856,12 @@ FAKECUDA_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* device_pointe
 // ---- copies and memsets -------------------------------------------------------------------------------------------
 
 FAKECUDA_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
-  return Copy("cuMemcpyHtoD_v2", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes, nullptr, false, true);
+  return Copy("cuMemcpyHtoD_v2", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes, nullptr,
+              false, true);
 }
 FAKECUDA_EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
-  return Copy("cuMemcpyDtoH_v2", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes, nullptr, false, true);
+  return Copy("cuMemcpyDtoH_v2", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes, nullptr,
+              false, true);
 }
 FAKECUDA_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
   return Copy("cuMemcpyDtoD_v2", dst, Side::device, src, Side::device, bytes, nullptr, false, true);
@@ -819,10 +870,12 @@ FAKECUDA_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes
   return Copy("cuMemcpy", dst, Side::any, src, Side::any, bytes, nullptr, false, true);
 }
 FAKECUDA_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) {
-  return Copy("cuMemcpyHtoDAsync_v2", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes, stream, false, false);
+  return Copy("cuMemcpyHtoDAsync_v2", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes,
+              stream, false, false);
 }
 FAKECUDA_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
-  return Copy("cuMemcpyDtoHAsync_v2", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes, stream, false, false);
+  return Copy("cuMemcpyDtoHAsync_v2", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes,
+              stream, false, false);
 }
 FAKECUDA_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   return Copy("cuMemcpyDtoDAsync_v2", dst, Side::device, src, Side::device, bytes, stream, false, false);
@@ -831,32 +884,46 @@ FAKECUDA_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t 
   return Copy("cuMemcpyAsync", dst, Side::any, src, Side::any, bytes, stream, false, false);
 }
 // Per-thread default stream variants of the copies (the _ptds/_ptsz symbols).
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src, size_t bytes) {
-  return Copy("cuMemcpyHtoD_v2_ptds", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes, nullptr, true, true);
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src,
+                                                                                size_t bytes) {
+  return Copy("cuMemcpyHtoD_v2_ptds", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes,
+              nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoH_v2_ptds(void* dst, CUdeviceptr src, size_t bytes) {
-  return Copy("cuMemcpyDtoH_v2_ptds", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes, nullptr, true, true);
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoH_v2_ptds(void* dst, CUdeviceptr src,
+                                                                                size_t bytes) {
+  return Copy("cuMemcpyDtoH_v2_ptds", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes,
+              nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src,
+                                                                                size_t bytes) {
   return Copy("cuMemcpyDtoD_v2_ptds", dst, Side::device, src, Side::device, bytes, nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src,
+                                                                         size_t bytes) {
   return Copy("cuMemcpy_ptds", dst, Side::any, src, Side::any, bytes, nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) {
-  return Copy("cuMemcpyHtoDAsync_v2_ptsz", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes, stream, true, false);
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src,
+                                                                                     size_t bytes, CUstream stream) {
+  return Copy("cuMemcpyHtoDAsync_v2_ptsz", dst, Side::device, reinterpret_cast<std::uintptr_t>(src), Side::host, bytes,
+              stream, true, false);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
-  return Copy("cuMemcpyDtoHAsync_v2_ptsz", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes, stream, true, false);
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dst, CUdeviceptr src,
+                                                                                     size_t bytes, CUstream stream) {
+  return Copy("cuMemcpyDtoHAsync_v2_ptsz", reinterpret_cast<std::uintptr_t>(dst), Side::host, src, Side::device, bytes,
+              stream, true, false);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src,
+                                                                                     size_t bytes, CUstream stream) {
   return Copy("cuMemcpyDtoDAsync_v2_ptsz", dst, Side::device, src, Side::device, bytes, stream, true, false);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src,
+                                                                              size_t bytes, CUstream stream) {
   return Copy("cuMemcpyAsync_ptsz", dst, Side::any, src, Side::any, bytes, stream, true, false);
 }
 
-FAKECUDA_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* copy) { return Copy2D("cuMemcpy2D_v2", copy, nullptr, false, true); }
+FAKECUDA_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* copy) {
+  return Copy2D("cuMemcpy2D_v2", copy, nullptr, false, true);
+}
 FAKECUDA_EXPORT CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* copy) {
   return Copy2D("cuMemcpy2DUnaligned_v2", copy, nullptr, false, true);
 }
@@ -866,7 +933,8 @@ FAKECUDA_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* copy, CUstream 
 extern "C" __attribute__((visibility("default"))) CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* copy) {
   return Copy2D("cuMemcpy2D_v2_ptds", copy, nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* copy, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* copy,
+                                                                                   CUstream stream) {
   return Copy2D("cuMemcpy2DAsync_v2_ptsz", copy, stream, true, false);
 }
 
@@ -888,28 +956,36 @@ FAKECUDA_EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value,
 FAKECUDA_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
   return Memset<unsigned int>("cuMemsetD32Async", dst, count * 4, value, count, 1, stream, false, false);
 }
-FAKECUDA_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width, size_t height) {
+FAKECUDA_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width,
+                                         size_t height) {
   return Memset<unsigned char>("cuMemsetD2D8_v2", dst, pitch, value, width, height, nullptr, false, true);
 }
-FAKECUDA_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int value, size_t width, size_t height) {
+FAKECUDA_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int value, size_t width,
+                                          size_t height) {
   return Memset<unsigned int>("cuMemsetD2D32_v2", dst, pitch, value, width, height, nullptr, false, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t count) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value,
+                                                                              size_t count) {
   return Memset<unsigned char>("cuMemsetD8_v2_ptds", dst, count, value, count, 1, nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD16_v2_ptds(CUdeviceptr dst, unsigned short value, size_t count) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD16_v2_ptds(CUdeviceptr dst, unsigned short value,
+                                                                               size_t count) {
   return Memset<unsigned short>("cuMemsetD16_v2_ptds", dst, count * 2, value, count, 1, nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t count) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value,
+                                                                               size_t count) {
   return Memset<unsigned int>("cuMemsetD32_v2_ptds", dst, count * 4, value, count, 1, nullptr, true, true);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value,
+                                                                                size_t count, CUstream stream) {
   return Memset<unsigned char>("cuMemsetD8Async_ptsz", dst, count, value, count, 1, stream, true, false);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short value,
+                                                                                 size_t count, CUstream stream) {
   return Memset<unsigned short>("cuMemsetD16Async_ptsz", dst, count * 2, value, count, 1, stream, true, false);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value,
+                                                                                 size_t count, CUstream stream) {
   return Memset<unsigned int>("cuMemsetD32Async_ptsz", dst, count * 4, value, count, 1, stream, true, false);
 }
 
@@ -926,8 +1002,8 @@ CUresult AllocAsync(const char* api, CUdeviceptr* pointer, size_t bytes, CUstrea
   return AllocateFromPool(d, api, pointer, bytes, *CurrentPool(d, rs.context->device), stream, per_thread);
 }
 
-CUresult AllocFromPoolAsync(const char* api, CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool_handle, CUstream stream,
-                            bool per_thread) {
+CUresult AllocFromPoolAsync(const char* api, CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool_handle,
+                            CUstream stream, bool per_thread) {
   FAKECUDA_ENTER(api);
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
@@ -941,14 +1017,17 @@ CUresult AllocFromPoolAsync(const char* api, CUdeviceptr* pointer, size_t bytes,
 FAKECUDA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, CUstream stream) {
   return AllocAsync("cuMemAllocAsync", pointer, bytes, stream, false);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemAllocAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemAllocAsync_ptsz(CUdeviceptr* pointer, size_t bytes,
+                                                                                CUstream stream) {
   return AllocAsync("cuMemAllocAsync_ptsz", pointer, bytes, stream, true);
 }
-FAKECUDA_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool, CUstream stream) {
+FAKECUDA_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool,
+                                                 CUstream stream) {
   return AllocFromPoolAsync("cuMemAllocFromPoolAsync", pointer, bytes, pool, stream, false);
 }
-extern "C" __attribute__((visibility("default"))) CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* pointer, size_t bytes,
-                                                                                     CUmemoryPool pool, CUstream stream) {
+extern "C" __attribute__((visibility("default"))) CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* pointer,
+                                                                                        size_t bytes, CUmemoryPool pool,
+                                                                                        CUstream stream) {
   return AllocFromPoolAsync("cuMemAllocFromPoolAsync_ptsz", pointer, bytes, pool, stream, true);
 }
 FAKECUDA_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
@@ -996,7 +1075,8 @@ FAKECUDA_EXPORT CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool handle
 
 FAKECUDA_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
   FAKECUDA_ENTER("cuMemPoolCreate");
-  if (pool == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  if (pool == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::uint32_t physical = 0;
   if (!DeviceLocation(d, props->location, physical)) return CUDA_ERROR_INVALID_VALUE;
@@ -1044,10 +1124,18 @@ FAKECUDA_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool handle, CUmemPool_at
   Pool* pool = Lookup<Pool>(d, handle, Kind::pool);
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (attribute) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: pool->reuse_follow_event = *static_cast<int*>(value); break;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: pool->reuse_opportunistic = *static_cast<int*>(value); break;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: pool->reuse_internal = *static_cast<int*>(value); break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = *static_cast<cuuint64_t*>(value); break;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      pool->reuse_follow_event = *static_cast<int*>(value);
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      pool->reuse_opportunistic = *static_cast<int*>(value);
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      pool->reuse_internal = *static_cast<int*>(value);
+      break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      pool->release_threshold = *static_cast<cuuint64_t*>(value);
+      break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
       if (*static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;  // may only be reset to 0
       pool->reserved_high = pool->reserved_bytes;
@@ -1056,7 +1144,8 @@ FAKECUDA_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool handle, CUmemPool_at
       if (*static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
       pool->used_high = pool->used_bytes;
       break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -1069,15 +1158,32 @@ FAKECUDA_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool handle, CUmemPool_at
   Pool* pool = Lookup<Pool>(d, handle, Kind::pool);
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (attribute) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: *static_cast<int*>(value) = pool->reuse_follow_event; break;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: *static_cast<int*>(value) = pool->reuse_opportunistic; break;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *static_cast<int*>(value) = pool->reuse_internal; break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *static_cast<cuuint64_t*>(value) = pool->release_threshold; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *static_cast<cuuint64_t*>(value) = pool->reserved_bytes; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *static_cast<cuuint64_t*>(value) = pool->reserved_high; break;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *static_cast<cuuint64_t*>(value) = pool->used_bytes; break;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *static_cast<cuuint64_t*>(value) = pool->used_high; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      *static_cast<int*>(value) = pool->reuse_follow_event;
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      *static_cast<int*>(value) = pool->reuse_opportunistic;
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      *static_cast<int*>(value) = pool->reuse_internal;
+      break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      *static_cast<cuuint64_t*>(value) = pool->release_threshold;
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      *static_cast<cuuint64_t*>(value) = pool->reserved_bytes;
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      *static_cast<cuuint64_t*>(value) = pool->reserved_high;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      *static_cast<cuuint64_t*>(value) = pool->used_bytes;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      *static_cast<cuuint64_t*>(value) = pool->used_high;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -1137,7 +1243,8 @@ FAKECUDA_EXPORT CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* desc
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc, unsigned int levels) {
+FAKECUDA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                                unsigned int levels) {
   FAKECUDA_ENTER("cuMipmappedArrayCreate");
   if (array == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
   void* out = nullptr;
@@ -1157,15 +1264,16 @@ FAKECUDA_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity, cons
                                                        CUmemAllocationGranularity_flags option) {
   FAKECUDA_ENTER("cuMemGetAllocationGranularity");
   if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) return CUDA_ERROR_INVALID_VALUE;
+  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   if (const CUresult r = CheckProp(d, prop); r != CUDA_SUCCESS) return r;
   *granularity = kVmmGranularity;
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes, const CUmemAllocationProp* prop,
-                                     unsigned long long flags) {
+FAKECUDA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                                     const CUmemAllocationProp* prop, unsigned long long flags) {
   FAKECUDA_ENTER("cuMemCreate");
   Driver& d = TheDriver();
   if (handle == nullptr || flags != 0 || bytes == 0 || bytes % kVmmGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1188,7 +1296,8 @@ FAKECUDA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_
   }
   const CUmemGenericAllocationHandle id = d.next_vmm_handle++;
   d.vmm_handles[id] = h;
-  if (h.charged_bytes > 0) TraceAllocation("alloc", "cuMemCreate", h.device, h.charged_bytes, static_cast<std::uintptr_t>(id));
+  if (h.charged_bytes > 0)
+    TraceAllocation("alloc", "cuMemCreate", h.device, h.charged_bytes, static_cast<std::uintptr_t>(id));
   *handle = id;
   return CUDA_SUCCESS;
 }
@@ -1199,13 +1308,16 @@ FAKECUDA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = d.vmm_handles.find(handle);
   if (it == d.vmm_handles.end() || (it->second.released && it->second.retains == 0)) return CUDA_ERROR_INVALID_VALUE;
-  if (it->second.retains > 0) --it->second.retains;
-  else it->second.released = true;
+  if (it->second.retains > 0)
+    --it->second.retains;
+  else
+    it->second.released = true;
   ReleaseVmmIfUnused(d, handle);
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+FAKECUDA_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                                CUmemGenericAllocationHandle handle) {
   FAKECUDA_ENTER("cuMemGetAllocationPropertiesFromHandle");
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
@@ -1245,7 +1357,8 @@ FAKECUDA_EXPORT CUresult cuMemAddressFree(CUdeviceptr pointer, size_t bytes) {
   auto it = d.reservations.find(static_cast<std::uintptr_t>(pointer));
   if (it == d.reservations.end() || it->second != bytes) return CUDA_ERROR_INVALID_VALUE;
   auto mapped = d.mappings.lower_bound(it->first);
-  if (mapped != d.mappings.end() && mapped->first < it->first + it->second) return CUDA_ERROR_INVALID_VALUE;  // unmap first
+  if (mapped != d.mappings.end() && mapped->first < it->first + it->second)
+    return CUDA_ERROR_INVALID_VALUE;  // unmap first
   munmap(reinterpret_cast<void*>(it->first), it->second);
   d.reservations.erase(it);
   return CUDA_SUCCESS;
@@ -1254,7 +1367,8 @@ FAKECUDA_EXPORT CUresult cuMemAddressFree(CUdeviceptr pointer, size_t bytes) {
 FAKECUDA_EXPORT CUresult cuMemMap(CUdeviceptr pointer, size_t bytes, size_t offset, CUmemGenericAllocationHandle handle,
                                   unsigned long long flags) {
   FAKECUDA_ENTER("cuMemMap");
-  if (flags != 0 || bytes == 0 || bytes % kVmmGranularity != 0 || offset % kVmmGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != 0 || bytes == 0 || bytes % kVmmGranularity != 0 || offset % kVmmGranularity != 0)
+    return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   auto h = d.vmm_handles.find(handle);
@@ -1282,7 +1396,8 @@ FAKECUDA_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) {
   auto it = d.mappings.find(static_cast<std::uintptr_t>(pointer));
   if (it == d.mappings.end() || it->second.bytes != bytes) return CUDA_ERROR_INVALID_VALUE;
   // Back to a PROT_NONE reservation.
-  mmap(reinterpret_cast<void*>(it->first), bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  mmap(reinterpret_cast<void*>(it->first), bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+       -1, 0);
   const CUmemGenericAllocationHandle handle = it->second.handle;
   d.mappings.erase(it);
   auto h = d.vmm_handles.find(handle);
@@ -1302,14 +1417,18 @@ FAKECUDA_EXPORT CUresult cuMemSetAccess(CUdeviceptr pointer, size_t bytes, const
   for (std::size_t i = 0; i < count; ++i) {
     std::uint32_t physical = 0;
     if (!DeviceLocation(d, desc[i].location, physical)) return CUDA_ERROR_INVALID_DEVICE;
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) writable = readable = true;
-    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) readable = true;
-    else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      writable = readable = true;
+    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+      readable = true;
+    else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      return CUDA_ERROR_INVALID_VALUE;
   }
   const auto start = static_cast<std::uintptr_t>(pointer);
   // Every byte of the range must be mapped.
   std::uintptr_t cursor = start;
-  for (auto it = d.mappings.upper_bound(start) == d.mappings.begin() ? d.mappings.begin() : std::prev(d.mappings.upper_bound(start));
+  for (auto it = d.mappings.upper_bound(start) == d.mappings.begin() ? d.mappings.begin()
+                                                                     : std::prev(d.mappings.upper_bound(start));
        it != d.mappings.end() && it->first < start + bytes; ++it) {
     if (it->first > cursor) return CUDA_ERROR_INVALID_VALUE;
     cursor = std::max(cursor, it->first + it->second.bytes);

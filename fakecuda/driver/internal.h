@@ -28,15 +28,27 @@ CUresult EnterCall(const char* symbol);
 // EnterCall plus: the driver must be initialised (cuInit succeeded).
 CUresult EnterInitialized(const char* symbol);
 
-#define FAKECUDA_ENTER(symbol)                                                 \
-  do {                                                                         \
+#define FAKECUDA_ENTER(symbol)                                                   \
+  do {                                                                           \
     const CUresult entry_status_ = ::fakecuda::driver::EnterInitialized(symbol); \
-    if (entry_status_ != CUDA_SUCCESS) return entry_status_;                   \
+    if (entry_status_ != CUDA_SUCCESS) return entry_status_;                     \
   } while (0)
 
 // ---- checked handles ------------------------------------------------------------------------------------
 
-enum class Kind : std::uint32_t { context, stream, event, module, function, graph, graph_exec, graph_node, pool, array, mipmapped_array };
+enum class Kind : std::uint32_t {
+  context,
+  stream,
+  event,
+  module,
+  function,
+  graph,
+  graph_exec,
+  graph_node,
+  pool,
+  array,
+  mipmapped_array
+};
 
 struct Context;
 struct Stream;
@@ -50,30 +62,30 @@ struct Object {
 
 struct Context : Object {
   Context() : Object(Kind::context) {}
-  std::uint32_t device = 0;           // physical (machine) index
-  std::uint32_t ordinal = 0;          // as the application numbers devices (after CUDA_VISIBLE_DEVICES)
+  std::uint32_t device = 0;   // physical (machine) index
+  std::uint32_t ordinal = 0;  // as the application numbers devices (after CUDA_VISIBLE_DEVICES)
   unsigned int flags = 0;
   bool primary = false;
   std::uint64_t id = 0;
-  std::uint32_t null_stream = model::kNoSlot;       // shared index of the legacy default stream
+  std::uint32_t null_stream = model::kNoSlot;  // shared index of the legacy default stream
   std::uint64_t null_stream_generation = 0;
-  std::uint64_t charged_bytes = 0;                  // the context's own overhead, local memory and heap included
+  std::uint64_t charged_bytes = 0;  // the context's own overhead, local memory and heap included
   std::size_t limits[16] = {};
   // The driver's own memory that grows after creation (docs/fakecuda.md, "Memory the driver takes by itself"):
-  std::uint64_t local_per_thread = 0;               // local memory reserved per thread (0: the stack limit's default)
-  bool heap_taken = false;                          // the device-side malloc heap, set up at the first kernel using it
+  std::uint64_t local_per_thread = 0;  // local memory reserved per thread (0: the stack limit's default)
+  bool heap_taken = false;             // the device-side malloc heap, set up at the first kernel using it
 };
 
 struct Stream : Object {
   Stream() : Object(Kind::stream) {}
   Context* context = nullptr;
-  std::uint32_t index = model::kNoSlot;     // in the machine's stream table
+  std::uint32_t index = model::kNoSlot;  // in the machine's stream table
   std::uint64_t generation = 0;
   unsigned int flags = 0;
   int priority = 0;
-  struct Graph* capture = nullptr;          // non-null while capturing
+  struct Graph* capture = nullptr;  // non-null while capturing
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  bool capture_invalidated = false;         // an illegal call during capture: EndCapture fails
+  bool capture_invalidated = false;  // an illegal call during capture: EndCapture fails
   std::uint64_t capture_id = 0;
 };
 
@@ -84,9 +96,9 @@ struct Event : Object {
   std::uint32_t stream = model::kNoSlot;
   std::uint64_t generation = 0;
   std::uint64_t seq = 0;
-  std::uint64_t end_ns = 0;                 // cached once observed
-  bool awaiting_end = false;                // listed in Driver::events_awaiting_end
-  std::uint32_t device = 0;                 // physical; not a Context*: the context may go first
+  std::uint64_t end_ns = 0;   // cached once observed
+  bool awaiting_end = false;  // listed in Driver::events_awaiting_end
+  std::uint32_t device = 0;   // physical; not a Context*: the context may go first
 };
 
 struct ParamInfo {
@@ -102,39 +114,39 @@ struct Function : Object {
   std::string name;
   std::vector<ParamInfo> params;
   std::uint32_t param_bytes = 0;
-  bool spin = false;                        // the built-in vgpu_spin(ns_per_block) cost model
-  bool collective = false;                  // vgpu_collective(ns_per_block, group, size): a modelled collective
-  std::uint64_t per_wave_ns = 5000;         // for other kernels
+  bool spin = false;                 // the built-in vgpu_spin(ns_per_block) cost model
+  bool collective = false;           // vgpu_collective(ns_per_block, group, size): a modelled collective
+  std::uint64_t per_wave_ns = 5000;  // for other kernels
   int max_dynamic_shared = 48 * 1024;
   int carveout = -1;
-  bool launched = false;                    // launched before (FAKECUDA_LAZY_LOAD_NS is spent on the first launch)
-  std::uint64_t local_bytes = 0;            // per thread, from the PTX (.local arrays in its body)
-  bool uses_malloc = false;                 // its PTX calls the device-side malloc
+  bool launched = false;          // launched before (FAKECUDA_LAZY_LOAD_NS is spent on the first launch)
+  std::uint64_t local_bytes = 0;  // per thread, from the PTX (.local arrays in its body)
+  bool uses_malloc = false;       // its PTX calls the device-side malloc
 };
 
 struct Module : Object {
   Module() : Object(Kind::module) {}
   Context* context = nullptr;
-  int ptx_version = 0;                      // e.g. 88 for .version 8.8
-  int target_sm = 0;                        // e.g. 75 for .target sm_75
+  int ptx_version = 0;  // e.g. 88 for .version 8.8
+  int target_sm = 0;    // e.g. 75 for .target sm_75
   std::map<std::string, Function*> functions;
-  std::uint64_t footprint_bytes = 0;        // what the driver takes when it loads the module (code and data)
-  bool loaded = false;                      // footprint charged: at load (eager) or a function's first launch (lazy)
+  std::uint64_t footprint_bytes = 0;  // what the driver takes when it loads the module (code and data)
+  bool loaded = false;                // footprint charged: at load (eager) or a function's first launch (lazy)
 };
 
 struct KernelNode {
-  Function* function = nullptr;             // checked before use; the name is copied for after it is gone
+  Function* function = nullptr;  // checked before use; the name is copied for after it is gone
   std::string name;
   model::LaunchShape shape{};
   std::uint64_t per_wave_ns = 0;
-  std::uint64_t group = 0;                  // vgpu_collective: its group and the group's size (0: not one)
+  std::uint64_t group = 0;  // vgpu_collective: its group and the group's size (0: not one)
   std::uint32_t group_size = 0;
 };
 
 struct Graph : Object {
   Graph() : Object(Kind::graph) {}
   std::vector<KernelNode> nodes;
-  std::vector<std::unique_ptr<std::uint32_t>> node_tokens;   // CUgraphNode handles point at these
+  std::vector<std::unique_ptr<std::uint32_t>> node_tokens;  // CUgraphNode handles point at these
 };
 
 struct GraphExec : Object {
@@ -149,20 +161,20 @@ struct PoolBlock {
 
 struct Pool : Object {
   Pool() : Object(Kind::pool) {}
-  std::uint32_t device = 0;                 // physical
+  std::uint32_t device = 0;  // physical
   bool is_default = false;
   std::uint64_t release_threshold = 0;
-  std::uint64_t reserved_bytes = 0;         // charged to the device: live + cached
+  std::uint64_t reserved_bytes = 0;  // charged to the device: live + cached
   std::uint64_t reserved_high = 0;
-  std::uint64_t used_bytes = 0;             // handed out to the application
+  std::uint64_t used_bytes = 0;  // handed out to the application
   std::uint64_t used_high = 0;
   int reuse_follow_event = 1, reuse_opportunistic = 1, reuse_internal = 1;
-  std::multimap<std::size_t, std::uintptr_t> cached;   // freed blocks by size, still charged
+  std::multimap<std::size_t, std::uintptr_t> cached;  // freed blocks by size, still charged
 };
 
 struct Array : Object {
   explicit Array(Kind k = Kind::array) : Object(k) {}
-  Context* context = nullptr;               // destroyed with it
+  Context* context = nullptr;  // destroyed with it
   std::uint32_t device = 0;
   std::uint64_t charged_bytes = 0;
   CUDA_ARRAY3D_DESCRIPTOR descriptor{};
@@ -172,16 +184,16 @@ struct Array : Object {
 enum class AllocationKind : std::uint32_t { device, pitch, managed, pool, host };
 
 struct Allocation {
-  std::size_t bytes = 0;                    // what the caller asked for (pitch * height for pitch)
-  std::size_t mapped_bytes = 0;             // what was mmap'ed
+  std::size_t bytes = 0;         // what the caller asked for (pitch * height for pitch)
+  std::size_t mapped_bytes = 0;  // what was mmap'ed
   std::uint64_t charged_bytes = 0;
   std::uint32_t device = 0;
   AllocationKind kind = AllocationKind::device;
   Context* context = nullptr;
   Pool* pool = nullptr;
-  bool cached = false;                      // a stream-ordered block freed back to its pool
-  unsigned int host_flags = 0;              // cuMemHostAlloc / cuMemHostRegister flags
-  bool registered = false;                  // host: the application's own memory (cuMemHostRegister), never unmapped
+  bool cached = false;          // a stream-ordered block freed back to its pool
+  unsigned int host_flags = 0;  // cuMemHostAlloc / cuMemHostRegister flags
+  bool registered = false;      // host: the application's own memory (cuMemHostRegister), never unmapped
 };
 
 struct VmmHandle {
@@ -189,9 +201,9 @@ struct VmmHandle {
   std::size_t bytes = 0;
   std::uint32_t device = 0;
   std::uint64_t charged_bytes = 0;
-  bool released = false;                    // cuMemRelease called; freed when the last mapping goes
+  bool released = false;  // cuMemRelease called; freed when the last mapping goes
   std::uint32_t mappings = 0;
-  std::uint32_t retains = 0;                // cuMemRetainAllocationHandle calls not yet released
+  std::uint32_t retains = 0;  // cuMemRetainAllocationHandle calls not yet released
   CUmemAllocationProp prop{};
 };
 
@@ -203,13 +215,13 @@ struct VmmMapping {
 
 // All process-local driver state. One instance; rebuilt in a fork child.
 struct Driver {
-  std::mutex mutex;                         // guards everything below; taken before the machine lock
+  std::mutex mutex;  // guards everything below; taken before the machine lock
   bool initialized = false;
   CUresult init_error = CUDA_SUCCESS;
   state::Attachment* attachment = nullptr;
-  std::vector<std::uint32_t> visible;       // ordinal -> physical device
+  std::vector<std::uint32_t> visible;  // ordinal -> physical device
   std::unordered_map<const void*, Kind> handles;
-  std::unordered_set<const void*> destroyed_contexts;   // may still be current somewhere: CONTEXT_IS_DESTROYED
+  std::unordered_set<const void*> destroyed_contexts;  // may still be current somewhere: CONTEXT_IS_DESTROYED
   struct Primary {
     Context* context = nullptr;
     unsigned int retains = 0;
@@ -217,15 +229,15 @@ struct Driver {
   } primary[model::kMaxDevices];
   Pool* default_pool[model::kMaxDevices] = {};
   Pool* current_pool[model::kMaxDevices] = {};
-  std::vector<Stream*> streams;             // all live application streams (for ctx synchronize)
-  std::map<std::uintptr_t, Allocation> allocations;   // device, pitch, managed, pool blocks, host
-  std::map<std::uintptr_t, std::size_t> reservations; // VMM address ranges
-  std::map<std::uintptr_t, VmmMapping> mappings;      // VMM mapped ranges
+  std::vector<Stream*> streams;                        // all live application streams (for ctx synchronize)
+  std::map<std::uintptr_t, Allocation> allocations;    // device, pitch, managed, pool blocks, host
+  std::map<std::uintptr_t, std::size_t> reservations;  // VMM address ranges
+  std::map<std::uintptr_t, VmmMapping> mappings;       // VMM mapped ranges
   std::unordered_map<CUmemGenericAllocationHandle, VmmHandle> vmm_handles;
   CUmemGenericAllocationHandle next_vmm_handle = 0x1000;
   std::uint64_t next_context_id = 1;
   std::uint64_t next_capture_id = 1;
-  std::unordered_map<std::string, std::uint64_t> kernel_costs;   // FAKECUDA_KERNEL_COSTS
+  std::unordered_map<std::string, std::uint64_t> kernel_costs;  // FAKECUDA_KERNEL_COSTS
   // Events recorded whose completion time is not cached yet, with their stream's index: KeepEventEnds caches it
   // before the stream's ring slot that holds it is reused.
   struct AwaitingEnd {
@@ -279,7 +291,8 @@ CUresult NoContextError(Driver& d);
 // The private export table (api_memory.cc; docs/fakecuda.md): what cuGetExportTable gives for kPrivateTableId.
 const void* PrivateExportTable();
 // Its id: the 16 bytes of "fakecuda-private".
-inline constexpr char kPrivateTableId[16] = {'f', 'a', 'k', 'e', 'c', 'u', 'd', 'a', '-', 'p', 'r', 'i', 'v', 'a', 't', 'e'};
+inline constexpr char kPrivateTableId[16] = {'f', 'a', 'k', 'e', 'c', 'u', 'd', 'a',
+                                             '-', 'p', 'r', 'i', 'v', 'a', 't', 'e'};
 // The thread's context stack (top = current). Entries may have been destroyed: checked on use.
 std::vector<Context*>& ContextStack();
 
@@ -287,7 +300,7 @@ std::vector<Context*>& ContextStack();
 // shared stream index for the current context. `per_thread` is true for _ptsz/_ptds entry points.
 struct ResolvedStream {
   Context* context = nullptr;
-  Stream* stream = nullptr;                 // null for the built-in streams
+  Stream* stream = nullptr;  // null for the built-in streams
   std::uint32_t index = model::kNoSlot;
   std::uint64_t generation = 0;
   bool legacy = false;
@@ -340,7 +353,8 @@ void UnchargeDevice(Driver& d, std::uint32_t device, std::uint64_t bytes);
 // True if [address, address + bytes) lies inside memory the device can address (allocations and VMM
 // mappings with access).
 bool DeviceRangeValid(Driver& d, std::uintptr_t address, std::size_t bytes);
-void TraceAllocation(const char* event, const char* api, std::uint32_t device, std::uint64_t bytes, std::uintptr_t address);
+void TraceAllocation(const char* event, const char* api, std::uint32_t device, std::uint64_t bytes,
+                     std::uintptr_t address);
 
 // In a fork child: forget the parent's host-function worker (its thread does not exist here).
 void ForgetHostWorkerAfterFork();

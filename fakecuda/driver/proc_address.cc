@@ -29,9 +29,8 @@ ProcLookup ResolveProcAddress(std::string_view symbol, int cuda_version, std::ui
 
   // A name with per-thread variants answers a per-thread request from those alone, never from its legacy ones.
   const bool per_thread_wanted = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-  const bool has_per_thread = std::any_of(first, last, [](const ProcEntry& entry) {
-    return entry.flavour == StreamFlavour::kPerThread;
-  });
+  const bool has_per_thread =
+      std::any_of(first, last, [](const ProcEntry& entry) { return entry.flavour == StreamFlavour::kPerThread; });
   const StreamFlavour wanted =
       !has_per_thread ? StreamFlavour::kAny : (per_thread_wanted ? StreamFlavour::kPerThread : StreamFlavour::kLegacy);
 

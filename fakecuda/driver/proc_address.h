@@ -47,8 +47,8 @@ enum class StreamFlavour : std::uint8_t {
 using DriverEntryPoint = void (*)();
 
 struct ProcEntry {
-  const char* base;          // the name callers ask cuGetProcAddress for, e.g. "cuMemAlloc"
-  int version;               // the CUDA version (1000*major + 10*minor) that introduced this ABI variant, e.g. 3020
+  const char* base;  // the name callers ask cuGetProcAddress for, e.g. "cuMemAlloc"
+  int version;       // the CUDA version (1000*major + 10*minor) that introduced this ABI variant, e.g. 3020
   StreamFlavour flavour;
   DriverEntryPoint address;  // the exported function, e.g. cuMemAlloc_v2
   const char* symbol_name;   // its exported name, for logs and tests, e.g. "cuMemAlloc_v2"

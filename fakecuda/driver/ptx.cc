@@ -77,7 +77,8 @@ std::uint64_t VariableBytes(const std::vector<std::string_view>& tokens, std::si
     if (tokens[j] == "[" && j + 1 < tokens.size()) {
       std::uint64_t n = 0;
       const std::string_view number = tokens[j + 1];
-      if (std::from_chars(number.data(), number.data() + number.size(), n).ptr != number.data() + number.size()) return 0;
+      if (std::from_chars(number.data(), number.data() + number.size(), n).ptr != number.data() + number.size())
+        return 0;
       if (n != 0 && count > (std::uint64_t{1} << 40) / n) return 0;  // absurd: not a size a device could hold
       count *= n;
     }
@@ -89,10 +90,10 @@ std::uint64_t VariableBytes(const std::vector<std::string_view>& tokens, std::si
 // read, in order): module-scope .global/.const variables (not parameter qualifiers, not .extern), and in each .entry's
 // body its largest .local array and whether it calls malloc (a .func's body belongs to no entry).
 void ReadFootprints(const std::vector<std::string_view>& tokens, Module& out) {
-  int depth = 0, parens = 0;          // braces and parentheses open
-  std::size_t entries_seen = 0;       // .entry directives passed
-  Entry* pending = nullptr;           // the .entry whose body the next '{' at depth 0 opens
-  Entry* body = nullptr;              // the .entry whose body is open
+  int depth = 0, parens = 0;     // braces and parentheses open
+  std::size_t entries_seen = 0;  // .entry directives passed
+  Entry* pending = nullptr;      // the .entry whose body the next '{' at depth 0 opens
+  Entry* body = nullptr;         // the .entry whose body is open
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::string_view t = tokens[i];
     if (t == ".entry" && entries_seen < out.entries.size()) {
@@ -138,8 +139,10 @@ bool Parse(std::string_view text, Module& out, std::string& error) {
       std::string number;
       for (std::size_t j = i + 1; j < tokens.size() && j < i + 4; ++j) {
         const std::string_view part = tokens[j];
-        if (!part.empty() && (std::isdigit(static_cast<unsigned char>(part[0])) != 0 || part[0] == '.')) number += part;
-        else break;
+        if (!part.empty() && (std::isdigit(static_cast<unsigned char>(part[0])) != 0 || part[0] == '.'))
+          number += part;
+        else
+          break;
       }
       const auto dot = number.find('.');
       int major = 0, minor = 0;

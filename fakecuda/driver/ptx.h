@@ -18,15 +18,15 @@ struct Entry {
   std::string name;
   std::vector<Param> params;
   std::uint32_t param_bytes = 0;
-  std::uint64_t local_bytes = 0;   // per thread: the largest .local array in its body (ptxas's __local_depot)
-  bool uses_malloc = false;        // its body calls the device-side malloc (the driver then sets up the heap)
+  std::uint64_t local_bytes = 0;  // per thread: the largest .local array in its body (ptxas's __local_depot)
+  bool uses_malloc = false;       // its body calls the device-side malloc (the driver then sets up the heap)
 };
 
 struct Module {
-  int version = 0;       // 88 for ".version 8.8"
-  int target_sm = 0;     // 90 for ".target sm_90" or "sm_90a"
+  int version = 0;    // 88 for ".version 8.8"
+  int target_sm = 0;  // 90 for ".target sm_90" or "sm_90a"
   std::vector<Entry> entries;
-  std::uint64_t data_bytes = 0;    // module-scope .global and .const variables: loaded with the module's code
+  std::uint64_t data_bytes = 0;  // module-scope .global and .const variables: loaded with the module's code
 };
 
 // Returns false with a message naming the line and what was expected when the text is not PTX fakecuda

@@ -23,12 +23,12 @@ struct Preset {
 // H100 memory figures measured on an H100 80GB HBM3, driver 580 (DESIGN.md). T4 and A100 totals are the
 // commonly reported board figures, not measured here; their context sizes are estimates.
 constexpr Preset kPresets[] = {
-    {"tesla-t4", "Tesla T4", 40, 7, 5, 1024, 16, 49152, 65536, 1590000, 5001000, 256, 4u << 20, 70000,
-     15360, 14930, 300},
-    {"a100-40gb", "NVIDIA A100-SXM4-40GB", 108, 8, 0, 2048, 32, 49152, 167936, 1410000, 1215000, 5120,
-     40u << 20, 400000, 40960, 40337, 416},
-    {"h100-80gb", "NVIDIA H100 80GB HBM3", 132, 9, 0, 2048, 32, 49152, 233472, 1980000, 2619000, 5120,
-     50u << 20, 700000, 81559, 81079, 518},
+    {"tesla-t4", "Tesla T4", 40, 7, 5, 1024, 16, 49152, 65536, 1590000, 5001000, 256, 4u << 20, 70000, 15360, 14930,
+     300},
+    {"a100-40gb", "NVIDIA A100-SXM4-40GB", 108, 8, 0, 2048, 32, 49152, 167936, 1410000, 1215000, 5120, 40u << 20,
+     400000, 40960, 40337, 416},
+    {"h100-80gb", "NVIDIA H100 80GB HBM3", 132, 9, 0, 2048, 32, 49152, 233472, 1980000, 2619000, 5120, 50u << 20,
+     700000, 81559, 81079, 518},
 };
 
 DeviceSpec FromPreset(const Preset& p, std::uint32_t index) {
@@ -84,7 +84,8 @@ std::string ApplyOverride(DeviceSpec& spec, std::string_view item) {
   std::uint64_t number = 0;
   if (key == "memory") {
     if (!ParseBytes(value, number) || number < (64 * kMiB) + spec.reserved_bytes) {
-      return "memory='" + std::string(value) + "' is not a size of at least 64Mi plus the reserved part "
+      return "memory='" + std::string(value) +
+             "' is not a size of at least 64Mi plus the reserved part "
              "(e.g. memory=16g)";
     }
     spec.memory_bytes = number;
@@ -123,9 +124,12 @@ bool ParseBytes(std::string_view text, std::uint64_t& bytes) {
   if (suffix.empty() || suffix == "b" || suffix == "B") {
     multiplier = 1;
   } else {
-    static constexpr struct { const char* text; std::uint64_t multiplier; } kSuffixes[] = {
-        {"k", 1ull << 10}, {"K", 1ull << 10}, {"m", 1ull << 20}, {"M", 1ull << 20},
-        {"g", 1ull << 30}, {"G", 1ull << 30}, {"t", 1ull << 40}, {"T", 1ull << 40},
+    static constexpr struct {
+      const char* text;
+      std::uint64_t multiplier;
+    } kSuffixes[] = {
+        {"k", 1ull << 10},  {"K", 1ull << 10},  {"m", 1ull << 20},  {"M", 1ull << 20},
+        {"g", 1ull << 30},  {"G", 1ull << 30},  {"t", 1ull << 40},  {"T", 1ull << 40},
         {"Ki", 1ull << 10}, {"Mi", 1ull << 20}, {"Gi", 1ull << 30}, {"Ti", 1ull << 40},
     };
     bool found = false;

@@ -64,8 +64,7 @@ bool SlotHasKernelAtHead(const Machine& m, std::uint32_t device, std::uint32_t s
 // During a handover between processes no channel is served: markers wait for its end. Where handovers cost time, a
 // marker of another process than the one holding the device waits for the handover to its process, even while the
 // holder has no kernel at its head (the H100's event pairs never include a handover: docs/results-gpu.md).
-bool MarkerMayComplete(const Machine& m, std::uint32_t device, std::uint32_t slot, bool active_busy,
-                       std::uint64_t t) {
+bool MarkerMayComplete(const Machine& m, std::uint32_t device, std::uint32_t slot, bool active_busy, std::uint64_t t) {
   const DeviceTimeline& d = m.devices[device];
   if (m.config.mode == SchedulingMode::mps) return true;
   if (t < d.switch_until_ns) return false;
@@ -175,7 +174,8 @@ void CloseWindow(Machine& m, std::uint32_t device) {
   DeviceTimeline& d = m.devices[device];
   const std::uint64_t window = m.config.nvml_window_ns;
   const std::uint64_t end = d.window_start_ns + window;
-  const auto percent = static_cast<std::uint32_t>(std::min<std::uint64_t>(100, (d.window_busy_ns * 100 + window / 2) / window));
+  const auto percent =
+      static_cast<std::uint32_t>(std::min<std::uint64_t>(100, (d.window_busy_ns * 100 + window / 2) / window));
   UtilWindow& w = d.windows[d.window_count % kWindowHistory];
   w.end_ns = end;
   w.percent = percent;
@@ -221,8 +221,7 @@ void SkipIdleWindows(Machine& m, std::uint32_t device, std::uint64_t now_ns) {
 }  // namespace
 
 std::uint32_t ResidentBlocksPerSm(const DeviceSpec& spec, const LaunchShape& shape) {
-  const std::uint64_t threads =
-      static_cast<std::uint64_t>(shape.block[0]) * shape.block[1] * shape.block[2];
+  const std::uint64_t threads = static_cast<std::uint64_t>(shape.block[0]) * shape.block[1] * shape.block[2];
   if (threads == 0 || threads > spec.max_threads_per_block) return 0;
   if (shape.shared_bytes > spec.shared_bytes_per_sm) return 0;
   // Threads are allocated per warp.
@@ -231,7 +230,8 @@ std::uint32_t ResidentBlocksPerSm(const DeviceSpec& spec, const LaunchShape& sha
                                           ? (threads + warp - 1) & ~(warp - 1)  // the same, without a division
                                           : (threads + warp - 1) / warp * warp;
   std::uint64_t resident = std::min<std::uint64_t>(spec.max_blocks_per_sm, spec.max_threads_per_sm / warps_threads);
-  if (shape.shared_bytes > 0) resident = std::min<std::uint64_t>(resident, spec.shared_bytes_per_sm / shape.shared_bytes);
+  if (shape.shared_bytes > 0)
+    resident = std::min<std::uint64_t>(resident, spec.shared_bytes_per_sm / shape.shared_bytes);
   return static_cast<std::uint32_t>(std::max<std::uint64_t>(resident, 1));
 }
 
@@ -399,8 +399,10 @@ void AdvanceOne(Machine& m, std::uint32_t device, std::uint64_t now_ns, Timeline
       bool active_has_work = false;
       for (std::uint32_t k = 0; k < runnable.count; ++k) {
         const std::uint32_t slot = runnable.slots[k];
-        if (slot == d.active_slot) active_has_work = true;
-        else contended = true;
+        if (slot == d.active_slot)
+          active_has_work = true;
+        else
+          contended = true;
       }
       if (!active_has_work || (t >= d.slice_end_ns && contended)) {
         // Round robin: the next slot after the active one that has work.
@@ -425,8 +427,10 @@ void AdvanceOne(Machine& m, std::uint32_t device, std::uint64_t now_ns, Timeline
         contended = false;
         bool next_waits_on_marker = false;
         for (std::uint32_t k = 0; k < runnable.count; ++k) {
-          if (runnable.slots[k] != next) contended = true;
-          else if (runnable.marker[k]) next_waits_on_marker = true;
+          if (runnable.slots[k] != next)
+            contended = true;
+          else if (runnable.marker[k])
+            next_waits_on_marker = true;
         }
         // Its markers complete the moment it holds the device; then look again at what it has.
         if (next_waits_on_marker) continue;
@@ -615,8 +619,10 @@ void DestroyStream(Machine& m, std::uint32_t stream) {
   if (stream >= kMaxStreams) return;
   Stream& s = m.streams[stream];
   if (s.state != StreamState::live) return;
-  if (s.head >= s.tail) FreeStream(s);
-  else s.state = StreamState::draining;
+  if (s.head >= s.tail)
+    FreeStream(s);
+  else
+    s.state = StreamState::draining;
 }
 
 namespace {
@@ -808,8 +814,8 @@ std::uint32_t RepairMachine(Machine& m) {
     Stream& s = m.streams[i];
     if (s.state == StreamState::free) continue;
     const bool bad_state = static_cast<std::uint32_t>(s.state) > 2;
-    const bool bad_owner = s.slot >= kMaxProcesses || m.slots[s.slot].state != SlotState::live ||
-                           s.device >= m.config.device_count;
+    const bool bad_owner =
+        s.slot >= kMaxProcesses || m.slots[s.slot].state != SlotState::live || s.device >= m.config.device_count;
     if (bad_state || bad_owner) {
       FreeStream(s);
       ++fixes;

@@ -54,10 +54,14 @@ bool ParseHex(std::string_view text, std::size_t max_digits, std::uint32_t limit
   std::uint64_t result = 0;
   for (const char c : text) {
     std::uint32_t digit = 0;
-    if (c >= '0' && c <= '9') digit = static_cast<std::uint32_t>(c - '0');
-    else if (c >= 'a' && c <= 'f') digit = static_cast<std::uint32_t>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') digit = static_cast<std::uint32_t>(c - 'A' + 10);
-    else return false;
+    if (c >= '0' && c <= '9')
+      digit = static_cast<std::uint32_t>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      digit = static_cast<std::uint32_t>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      digit = static_cast<std::uint32_t>(c - 'A' + 10);
+    else
+      return false;
     result = result * 16 + digit;
   }
   if (result > limit) return false;
@@ -67,9 +71,7 @@ bool ParseHex(std::string_view text, std::size_t max_digits, std::uint32_t limit
 
 }  // namespace
 
-std::string UuidString(const model::DeviceSpec& spec) {
-  return vgpu::base::GpuUuidText(spec.uuid);
-}
+std::string UuidString(const model::DeviceSpec& spec) { return vgpu::base::GpuUuidText(spec.uuid); }
 
 std::string SerialString(const model::DeviceSpec& spec) {
   // FNV-1a over the UUID: stable, and distinct for distinct UUIDs in practice.
@@ -91,8 +93,8 @@ PciAddress AddressOf(const model::DeviceSpec& spec) {
 
 std::string BusIdString(const PciAddress& address, bool legacy) {
   char text[40];
-  std::snprintf(text, sizeof text, legacy ? "%04X:%02X:%02X.%X" : "%08X:%02X:%02X.%X", address.domain,
-                address.bus, address.device, address.function);
+  std::snprintf(text, sizeof text, legacy ? "%04X:%02X:%02X.%X" : "%08X:%02X:%02X.%X", address.domain, address.bus,
+                address.device, address.function);
   return text;
 }
 
@@ -166,8 +168,8 @@ double SmoothedUtilizationPercent(const model::Machine& machine, std::uint32_t d
 
 std::uint32_t TemperatureCelsius(double smoothed_percent, bool hottest) {
   const double load = std::clamp(smoothed_percent, 0.0, 100.0) / 100.0;
-  const double celsius = kIdleCelsius + (kFullLoadCelsius - kIdleCelsius) * load +
-                         (hottest ? kHottestSpotExtraCelsius : 0.0);
+  const double celsius =
+      kIdleCelsius + (kFullLoadCelsius - kIdleCelsius) * load + (hottest ? kHottestSpotExtraCelsius : 0.0);
   return static_cast<std::uint32_t>(celsius + 0.5);
 }
 

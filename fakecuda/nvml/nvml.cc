@@ -69,39 +69,39 @@ constexpr unsigned int kNoMigInstance = 0xFFFFFFFFu;
 // Every nvmlReturn_t with its nvmlErrorString text, so that messages read the same on fakecuda and on a GPU:
 // the real library's wording where pynvml records it (codes 0-18, 20, 999), the header's descriptions for
 // the rest. Also the error names FAKECUDA_FAULTS rules may use.
-#define FAKECUDA_NVML_RETURN_CODES(X)                                                                        \
-  X(NVML_SUCCESS, "Success")                                                                                 \
-  X(NVML_ERROR_UNINITIALIZED, "Uninitialized")                                                               \
-  X(NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument")                                                         \
-  X(NVML_ERROR_NOT_SUPPORTED, "Not Supported")                                                               \
-  X(NVML_ERROR_NO_PERMISSION, "Insufficient Permissions")                                                    \
-  X(NVML_ERROR_ALREADY_INITIALIZED, "Already Initialized")                                                   \
-  X(NVML_ERROR_NOT_FOUND, "Not Found")                                                                       \
-  X(NVML_ERROR_INSUFFICIENT_SIZE, "Insufficient Size")                                                       \
-  X(NVML_ERROR_INSUFFICIENT_POWER, "Insufficient External Power")                                            \
-  X(NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded")                                                       \
-  X(NVML_ERROR_TIMEOUT, "Timeout")                                                                           \
-  X(NVML_ERROR_IRQ_ISSUE, "Interrupt Request Issue")                                                         \
-  X(NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found")                                           \
-  X(NVML_ERROR_FUNCTION_NOT_FOUND, "Function Not Found")                                                     \
-  X(NVML_ERROR_CORRUPTED_INFOROM, "Corrupted infoROM")                                                       \
-  X(NVML_ERROR_GPU_IS_LOST, "GPU is lost")                                                                   \
-  X(NVML_ERROR_RESET_REQUIRED, "GPU requires restart")                                                       \
-  X(NVML_ERROR_OPERATING_SYSTEM, "The operating system has blocked the request.")                            \
-  X(NVML_ERROR_LIB_RM_VERSION_MISMATCH, "RM has detected an NVML/RM version mismatch.")                      \
-  X(NVML_ERROR_IN_USE, "In use by another client")                                                           \
-  X(NVML_ERROR_MEMORY, "Insufficient Memory")                                                                \
-  X(NVML_ERROR_NO_DATA, "No data")                                                                           \
-  X(NVML_ERROR_VGPU_ECC_NOT_SUPPORTED,                                                                       \
-    "The requested vgpu operation is not available on target device, becasue ECC is enabled")               \
-  X(NVML_ERROR_INSUFFICIENT_RESOURCES, "Ran out of critical resources, other than memory")                   \
-  X(NVML_ERROR_FREQ_NOT_SUPPORTED, "The requested frequency is not supported")                               \
-  X(NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "The provided version is invalid/unsupported")                     \
-  X(NVML_ERROR_DEPRECATED, "The requested functionality has been deprecated")                                \
-  X(NVML_ERROR_NOT_READY, "The system is not ready for the request")                                         \
-  X(NVML_ERROR_GPU_NOT_FOUND, "The GPU was not found")                                                       \
-  X(NVML_ERROR_INVALID_STATE, "The requested operation is in invalid state")                                 \
-  X(NVML_ERROR_RESET_TYPE_NOT_SUPPORTED, "Reset not supported for given device/parameters")                  \
+#define FAKECUDA_NVML_RETURN_CODES(X)                                                         \
+  X(NVML_SUCCESS, "Success")                                                                  \
+  X(NVML_ERROR_UNINITIALIZED, "Uninitialized")                                                \
+  X(NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument")                                          \
+  X(NVML_ERROR_NOT_SUPPORTED, "Not Supported")                                                \
+  X(NVML_ERROR_NO_PERMISSION, "Insufficient Permissions")                                     \
+  X(NVML_ERROR_ALREADY_INITIALIZED, "Already Initialized")                                    \
+  X(NVML_ERROR_NOT_FOUND, "Not Found")                                                        \
+  X(NVML_ERROR_INSUFFICIENT_SIZE, "Insufficient Size")                                        \
+  X(NVML_ERROR_INSUFFICIENT_POWER, "Insufficient External Power")                             \
+  X(NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded")                                        \
+  X(NVML_ERROR_TIMEOUT, "Timeout")                                                            \
+  X(NVML_ERROR_IRQ_ISSUE, "Interrupt Request Issue")                                          \
+  X(NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found")                            \
+  X(NVML_ERROR_FUNCTION_NOT_FOUND, "Function Not Found")                                      \
+  X(NVML_ERROR_CORRUPTED_INFOROM, "Corrupted infoROM")                                        \
+  X(NVML_ERROR_GPU_IS_LOST, "GPU is lost")                                                    \
+  X(NVML_ERROR_RESET_REQUIRED, "GPU requires restart")                                        \
+  X(NVML_ERROR_OPERATING_SYSTEM, "The operating system has blocked the request.")             \
+  X(NVML_ERROR_LIB_RM_VERSION_MISMATCH, "RM has detected an NVML/RM version mismatch.")       \
+  X(NVML_ERROR_IN_USE, "In use by another client")                                            \
+  X(NVML_ERROR_MEMORY, "Insufficient Memory")                                                 \
+  X(NVML_ERROR_NO_DATA, "No data")                                                            \
+  X(NVML_ERROR_VGPU_ECC_NOT_SUPPORTED,                                                        \
+    "The requested vgpu operation is not available on target device, becasue ECC is enabled") \
+  X(NVML_ERROR_INSUFFICIENT_RESOURCES, "Ran out of critical resources, other than memory")    \
+  X(NVML_ERROR_FREQ_NOT_SUPPORTED, "The requested frequency is not supported")                \
+  X(NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "The provided version is invalid/unsupported")      \
+  X(NVML_ERROR_DEPRECATED, "The requested functionality has been deprecated")                 \
+  X(NVML_ERROR_NOT_READY, "The system is not ready for the request")                          \
+  X(NVML_ERROR_GPU_NOT_FOUND, "The GPU was not found")                                        \
+  X(NVML_ERROR_INVALID_STATE, "The requested operation is in invalid state")                  \
+  X(NVML_ERROR_RESET_TYPE_NOT_SUPPORTED, "Reset not supported for given device/parameters")   \
   X(NVML_ERROR_UNKNOWN, "Unknown Error")
 
 struct ReturnCode {
@@ -146,19 +146,27 @@ bool ExportsSymbol(std::string_view symbol) {
 
 // The getters a FAKECUDA_FAULTS `garbage` rule may spoil: each runs as usual, then its outputs are replaced with
 // absurd values drawn from the rule's generator and it returns NVML_SUCCESS (the Spoil* functions below).
-constexpr std::string_view kGarbageGetters[] = {
-    "nvmlDeviceGetCount", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
-    "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetUUID", "nvmlDeviceGetIndex", "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetSamples",
-    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetComputeRunningProcesses_v3"};
+constexpr std::string_view kGarbageGetters[] = {"nvmlDeviceGetCount",
+                                                "nvmlDeviceGetCount_v2",
+                                                "nvmlDeviceGetHandleByIndex",
+                                                "nvmlDeviceGetHandleByIndex_v2",
+                                                "nvmlDeviceGetHandleByUUID",
+                                                "nvmlDeviceGetUUID",
+                                                "nvmlDeviceGetIndex",
+                                                "nvmlDeviceGetMemoryInfo",
+                                                "nvmlDeviceGetMemoryInfo_v2",
+                                                "nvmlDeviceGetUtilizationRates",
+                                                "nvmlDeviceGetSamples",
+                                                "nvmlDeviceGetComputeRunningProcesses",
+                                                "nvmlDeviceGetComputeRunningProcesses_v2",
+                                                "nvmlDeviceGetComputeRunningProcesses_v3"};
 
 bool GarbageCapable(std::string_view symbol) {
   return std::find(std::begin(kGarbageGetters), std::end(kGarbageGetters), symbol) != std::end(kGarbageGetters);
 }
 
-constexpr fakecuda::faults::Library kLibrary = {"libnvidia-ml.so.1", "nvml", "NVML_ERROR_", ErrorCodeOf,
-                                                ExportsSymbol, GarbageCapable};
+constexpr fakecuda::faults::Library kLibrary = {"libnvidia-ml.so.1", "nvml",        "NVML_ERROR_",
+                                                ErrorCodeOf,         ExportsSymbol, GarbageCapable};
 
 // A garbage hit on this thread's current call, taken by the getter once it has run. g_garbage_armed keeps the
 // thread-local out of every call of a process that never had a garbage hit.
@@ -269,7 +277,7 @@ nvmlReturn_t SpoilSamples(const char* function, nvmlReturn_t result, unsigned lo
   const unsigned long long now = WallClockUs();
   for (unsigned int i = 0; i < written; ++i) {
     unsigned long long timestamp = garbage.Next();
-    if (kind == 1) timestamp = now + 1 + (garbage.Next() >> 8) - i;                       // the future, backwards
+    if (kind == 1) timestamp = now + 1 + (garbage.Next() >> 8) - i;  // the future, backwards
     if (kind == 2) timestamp = last_seen > i ? last_seen - 1 - i - garbage.Next() % (last_seen - i) : 0;  // the past
     samples[i].timeStamp = timestamp;
     samples[i].sampleValue.ullVal = 0;
@@ -292,7 +300,8 @@ nvmlReturn_t SpoilProcesses(const char* function, nvmlReturn_t result, unsigned 
     return NVML_SUCCESS;
   }
   const std::uint64_t kind = garbage.Next() % 3;
-  const unsigned int written = kind == 2 ? capacity : 1 + static_cast<unsigned int>(garbage.Next() % std::min(capacity, 4u));
+  const unsigned int written =
+      kind == 2 ? capacity : 1 + static_cast<unsigned int>(garbage.Next() % std::min(capacity, 4u));
   for (unsigned int i = 0; i < written; ++i) {
     Info info{};
     if (kind == 2) {
@@ -455,9 +464,10 @@ nvmlReturn_t Init(const char* function, unsigned int flags) {
   if (std::string error; !fakecuda::faults::Configured(kLibrary, error)) return NVML_ERROR_DRIVER_NOT_LOADED;
   if ((flags & ~kKnownInitFlags) != 0) {
     if (state::LogLevel() >= 1) {
-      state::LogError("%s: flags %#x include unknown bits %#x; accepted: NVML_INIT_FLAG_NO_GPUS (1), "
-                      "NVML_INIT_FLAG_NO_ATTACH (2), NVML_INIT_FLAG_FORCE_INIT (4)",
-                      function, flags, flags & ~kKnownInitFlags);
+      state::LogError(
+          "%s: flags %#x include unknown bits %#x; accepted: NVML_INIT_FLAG_NO_GPUS (1), "
+          "NVML_INIT_FLAG_NO_ATTACH (2), NVML_INIT_FLAG_FORCE_INIT (4)",
+          function, flags, flags & ~kKnownInitFlags);
     }
     return NVML_ERROR_INVALID_ARGUMENT;
   }
@@ -572,8 +582,8 @@ nvmlReturn_t HandleByIndexAsIs(const char* function, unsigned int index, nvmlDev
   if (device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   if (index >= DeviceCount(*attachment)) {
     if (state::LogLevel() >= 2) {
-      state::LogError("%s: index %u is out of range: this machine has %u device(s) (FAKECUDA_DEVICES)", function,
-                      index, DeviceCount(*attachment));
+      state::LogError("%s: index %u is out of range: this machine has %u device(s) (FAKECUDA_DEVICES)", function, index,
+                      DeviceCount(*attachment));
     }
     return NVML_ERROR_INVALID_ARGUMENT;
   }
@@ -592,8 +602,10 @@ nvmlReturn_t HandleByPciBusId(const char* function, const char* bus_id, nvmlDevi
   figures::PciAddress wanted;
   if (!figures::ParseBusId(bus_id, wanted)) {
     if (state::LogLevel() >= 2) {
-      state::LogError("%s: '%.64s' is not a PCI bus id; accepted (hex): domain:bus:device.function, "
-                      "domain:bus:device, bus:device.function", function, bus_id);
+      state::LogError(
+          "%s: '%.64s' is not a PCI bus id; accepted (hex): domain:bus:device.function, "
+          "domain:bus:device, bus:device.function",
+          function, bus_id);
     }
     return NVML_ERROR_INVALID_ARGUMENT;
   }
@@ -1138,17 +1150,25 @@ namespace {
 
 bool ClockOf(nvmlClockType_t type, figures::Clock& clock) {
   switch (type) {
-    case NVML_CLOCK_GRAPHICS: clock = figures::Clock::graphics; return true;
-    case NVML_CLOCK_SM: clock = figures::Clock::sm; return true;
-    case NVML_CLOCK_MEM: clock = figures::Clock::memory; return true;
-    case NVML_CLOCK_VIDEO: clock = figures::Clock::video; return true;
-    case NVML_CLOCK_COUNT: break;
+    case NVML_CLOCK_GRAPHICS:
+      clock = figures::Clock::graphics;
+      return true;
+    case NVML_CLOCK_SM:
+      clock = figures::Clock::sm;
+      return true;
+    case NVML_CLOCK_MEM:
+      clock = figures::Clock::memory;
+      return true;
+    case NVML_CLOCK_VIDEO:
+      clock = figures::Clock::video;
+      return true;
+    case NVML_CLOCK_COUNT:
+      break;
   }
   return false;
 }
 
-nvmlReturn_t ClockInfo(const char* function, nvmlDevice_t device, nvmlClockType_t type, unsigned int* mhz,
-                       bool max) {
+nvmlReturn_t ClockInfo(const char* function, nvmlDevice_t device, nvmlClockType_t type, unsigned int* mhz, bool max) {
   state::Attachment* attachment = nullptr;
   std::uint32_t index = 0;
   if (const nvmlReturn_t r = EnterDevice(function, device, attachment, index); r != NVML_SUCCESS) return r;

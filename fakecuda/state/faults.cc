@@ -148,8 +148,8 @@ bool ParseRule(std::string_view text, std::size_t number, Rule& rule, std::strin
       std::uint64_t number_value = 0;
       const std::uint64_t lowest = is_after ? 0 : 1;
       if (!ParseWhole(value, number_value) || number_value < lowest || number_value > kMaxCallNumber) {
-        error = name + ": " + shown + " is not a whole number of calls (accepted: " + std::to_string(lowest) +
-                ".." + std::to_string(kMaxCallNumber) + ", e.g. " + std::string(key) + "=3)";
+        error = name + ": " + shown + " is not a whole number of calls (accepted: " + std::to_string(lowest) + ".." +
+                std::to_string(kMaxCallNumber) + ", e.g. " + std::string(key) + "=3)";
         return false;
       }
       (is_after ? rule.after : rule.count) = number_value;
@@ -251,13 +251,13 @@ bool Injector::Configure(const std::vector<Rule>& rules, std::uint64_t seed, con
     const bool wildcard = rule.symbol == "*";
     const bool ours_by_symbol = !wildcard && StartsWith(rule.symbol, library.symbol_prefix);
     const bool ours_by_error = StartsWith(rule.error, library.error_prefix);
-    if (wildcard && rule.garbage && library.garbage_capable == nullptr) continue;  // no getter here to spoil
+    if (wildcard && rule.garbage && library.garbage_capable == nullptr) continue;       // no getter here to spoil
     if (wildcard ? !(rule.error.empty() || ours_by_error) : !ours_by_symbol) continue;  // the other library's
     int code = 0;
     if (!rule.error.empty()) {
       if (!ours_by_error) {
-        error = name + ": error='" + rule.error + "' is not an error of " + library.name + " (accepted: " +
-                library.error_prefix + "* names for " + library.symbol_prefix + "* calls)";
+        error = name + ": error='" + rule.error + "' is not an error of " + library.name +
+                " (accepted: " + library.error_prefix + "* names for " + library.symbol_prefix + "* calls)";
         return false;
       }
       code = library.error_code_of != nullptr ? library.error_code_of(rule.error) : 0;
@@ -274,9 +274,9 @@ bool Injector::Configure(const std::vector<Rule>& rules, std::uint64_t seed, con
     }
     if (rule.garbage && !wildcard && (library.garbage_capable == nullptr || !library.garbage_capable(rule.symbol))) {
       error = name + ": CALL='" + rule.symbol + "' cannot return garbage: " +
-              (library.garbage_capable == nullptr ? std::string(library.name) + " has no getter that does"
-                                                  : "it is not one of " + std::string(library.name) +
-                                                        "'s getters that do") +
+              (library.garbage_capable == nullptr
+                   ? std::string(library.name) + " has no getter that does"
+                   : "it is not one of " + std::string(library.name) + "'s getters that do") +
               " (accepted: the NVML getters listed in docs/fakecuda.md, 'Fault injection', or '*')";
       return false;
     }
@@ -401,8 +401,8 @@ void ReadEnvironment(const Library& library) {
   }
   if (g_injector.rule_count() > 0) {
     // One printed seed: this line is what repeats (or varies) the run.
-    state::LogError("%s: fault injection on: %zu rule(s), FAKECUDA_SEED=%llu", library.name,
-                    g_injector.rule_count(), static_cast<unsigned long long>(seed));
+    state::LogError("%s: fault injection on: %zu rule(s), FAKECUDA_SEED=%llu", library.name, g_injector.rule_count(),
+                    static_cast<unsigned long long>(seed));
   }
   g_status.store(g_injector.rule_count() > 0 ? kRules : kNoRules, std::memory_order_release);
 }

@@ -77,7 +77,8 @@ bool ReadConfig(model::MachineConfig& config, std::string& error) {
     errno = 0;
     const unsigned long long us = std::strtoull(slice, &end, 10);
     if (errno != 0 || end == slice || *end != '\0' || us < 10 || us > 1'000'000 || slice[0] == '-') {
-      error = std::string("FAKECUDA_TIMESLICE_US='") + slice + "' is not a whole number of microseconds in "
+      error = std::string("FAKECUDA_TIMESLICE_US='") + slice +
+              "' is not a whole number of microseconds in "
               "10..1000000 (e.g. 2000)";
       return false;
     }
@@ -88,15 +89,18 @@ bool ReadConfig(model::MachineConfig& config, std::string& error) {
     errno = 0;
     const unsigned long long us = std::strtoull(handover, &end, 10);
     if (errno != 0 || end == handover || *end != '\0' || us > 100'000 || handover[0] == '-') {
-      error = std::string("FAKECUDA_SWITCH_US='") + handover + "' is not a whole number of microseconds in "
+      error = std::string("FAKECUDA_SWITCH_US='") + handover +
+              "' is not a whole number of microseconds in "
               "0..100000 (e.g. 160; 0 makes a handover between processes free)";
       return false;
     }
     config.switch_ns = us * 1000;
   }
   if (const char* mode = std::getenv("FAKECUDA_MODE"); mode != nullptr && *mode != '\0') {
-    if (std::strcmp(mode, "timeslice") == 0) config.mode = model::SchedulingMode::timeslice;
-    else if (std::strcmp(mode, "mps") == 0) config.mode = model::SchedulingMode::mps;
+    if (std::strcmp(mode, "timeslice") == 0)
+      config.mode = model::SchedulingMode::timeslice;
+    else if (std::strcmp(mode, "mps") == 0)
+      config.mode = model::SchedulingMode::mps;
     else {
       error = std::string("FAKECUDA_MODE='") + mode + "' is not one of: timeslice, mps";
       return false;
@@ -216,10 +220,7 @@ void ClaimSlot(Attachment& a) {
 
 }  // namespace
 
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 // The host's clock: the fake GPU, as a real one, has one clock for all its processes, whatever their time namespace.
 std::uint64_t MonotonicNs() { return vgpu::base::HostMonotonicNs(); }
@@ -274,8 +275,8 @@ Attachment* Attach(bool claim_slot, std::string& error) {
   if (claim_slot) {
     ClaimSlot(*a);
     if (a->slot == model::kNoSlot) {
-      error = "FAKECUDA_STATE='" + path + "': all " + std::to_string(model::kMaxProcesses) +
-              " process slots are in use";
+      error =
+          "FAKECUDA_STATE='" + path + "': all " + std::to_string(model::kMaxProcesses) + " process slots are in use";
       munmap(m, sizeof(Machine));
       close(fd);
       delete a;
@@ -307,9 +308,10 @@ void EnsureOwnSlot(Attachment& a) {
     const model::ProcessSlot& slot = lock.machine().slots[a.slot];
     if (slot.state == model::SlotState::live && slot.generation == a.slot_generation && slot.pid == a.pid) return;
   }
-  LogError("this process lost its slot in FAKECUDA_STATE='%s' (its descriptors were closed?); taking a new one: "
-           "memory allocated before is no longer counted",
-           a.path.c_str());
+  LogError(
+      "this process lost its slot in FAKECUDA_STATE='%s' (its descriptors were closed?); taking a new one: "
+      "memory allocated before is no longer counted",
+      a.path.c_str());
   const int fd = open(a.path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return;
   // The old number may now be one of the application's own files: never close it, just stop using it.
@@ -372,8 +374,9 @@ std::uint32_t ReapDeadProcesses(Attachment& a, std::uint64_t now_ns, bool force)
       for (std::uint32_t dev = 0; dev < m.config.device_count; ++dev) {
         if (returned[dev] == 0) continue;
         char line[200];
-        std::snprintf(line, sizeof line, "{\"ev\":\"reap\",\"pid\":%d,\"device\":%u,\"bytes\":%" PRIu64 ",\"t_ns\":%" PRIu64 "}",
-                      pid, dev, returned[dev], now_ns);
+        std::snprintf(line, sizeof line,
+                      "{\"ev\":\"reap\",\"pid\":%d,\"device\":%u,\"bytes\":%" PRIu64 ",\"t_ns\":%" PRIu64 "}", pid, dev,
+                      returned[dev], now_ns);
         TraceLine(line);
       }
     }

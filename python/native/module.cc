@@ -79,10 +79,14 @@ const char* PhaseKind(sc::Phase::Kind kind) { return kind == sc::Phase::Kind::id
 
 const char* ExpectationKind(sc::Expectation::Kind kind) {
   switch (kind) {
-    case sc::Expectation::Kind::share: return "share";
-    case sc::Expectation::Kind::min_share: return "min_share";
-    case sc::Expectation::Kind::max_share: return "max_share";
-    case sc::Expectation::Kind::oom: return "oom";
+    case sc::Expectation::Kind::share:
+      return "share";
+    case sc::Expectation::Kind::min_share:
+      return "min_share";
+    case sc::Expectation::Kind::max_share:
+      return "max_share";
+    case sc::Expectation::Kind::oom:
+      return "oom";
   }
   return "?";
 }
@@ -119,9 +123,8 @@ py::dict TenantDict(const sc::TenantSpec& t) {
   for (const sc::ProcessSpec& p : t.processes) processes.append(ProcessDict(p));
   for (const sc::Expectation& e : t.expect) expect.append(ExpectationDict(e));
   return py::dict("name"_a = t.name, "gpu_count"_a = t.gpu_count, "memory_limit_bytes"_a = t.memory_limit_bytes,
-                  "cores_percent"_a = t.cores_percent, "priority"_a = t.priority,
-                  "policy"_a = sc::PolicyName(t.policy), "devices"_a = t.devices, "processes"_a = processes,
-                  "expect"_a = expect, "line"_a = t.line);
+                  "cores_percent"_a = t.cores_percent, "priority"_a = t.priority, "policy"_a = sc::PolicyName(t.policy),
+                  "devices"_a = t.devices, "processes"_a = processes, "expect"_a = expect, "line"_a = t.line);
 }
 
 py::dict ScenarioDict(const sc::Scenario& s) {
@@ -130,9 +133,9 @@ py::dict ScenarioDict(const sc::Scenario& s) {
   return py::dict("file"_a = s.file, "name"_a = s.name, "description"_a = s.description, "gpu"_a = s.gpu,
                   "real_gpu"_a = s.real_gpu, "device_count"_a = s.device_count, "context_bytes"_a = s.context_bytes,
                   "timeslice_ns"_a = s.timeslice_ns, "switch_ns"_a = s.switch_ns, "modes"_a = Modes(s),
-                  "duration_ns"_a = s.duration_ns, "settle_ns"_a = s.settle_ns, "window_ns"_a = s.window_ns, "sample_ns"_a = s.sample_ns,
-                  "seed"_a = s.seed, "tenants"_a = tenants, "expect_leaked_bytes"_a = s.expect_leaked_bytes,
-                  "faults"_a = s.faults);
+                  "duration_ns"_a = s.duration_ns, "settle_ns"_a = s.settle_ns, "window_ns"_a = s.window_ns,
+                  "sample_ns"_a = s.sample_ns, "seed"_a = s.seed, "tenants"_a = tenants,
+                  "expect_leaked_bytes"_a = s.expect_leaked_bytes, "faults"_a = s.faults);
 }
 
 using vgpu::base::MonotonicNs;
@@ -148,9 +151,10 @@ py::dict ComputeDict(const Bytes& compute, std::uint64_t now_ns) {
   }
   std::memcpy(&cell, std::data(compute), sizeof cell);
   const double share = vgpu::policy::Limiter::PublishedShare(cell, now_ns);
-  py::object cap = cell.share_permille == 0 ? py::object(py::none()) : py::object(py::float_(cell.share_permille / 10.0));
-  return py::dict("share_percent"_a = share * 100.0, "cap_percent"_a = cap, "rate_percent"_a = cell.rate_permille / 10.0,
-                  "budget_ns"_a = cell.budget_ns);
+  py::object cap =
+      cell.share_permille == 0 ? py::object(py::none()) : py::object(py::float_(cell.share_permille / 10.0));
+  return py::dict("share_percent"_a = share * 100.0, "cap_percent"_a = cap,
+                  "rate_percent"_a = cell.rate_permille / 10.0, "budget_ns"_a = cell.budget_ns);
 }
 
 py::dict ReadRegion(const py::object& path_object) {
@@ -172,9 +176,9 @@ py::dict ReadRegion(const py::object& path_object) {
   py::list devices;
   std::size_t index = 0;
   for (const auto& device : snapshot.devices) {
-    py::dict entry("index"_a = index++, "uuid"_a = vgpu::base::GpuUuidText(std::data(device.uuid)), "used_bytes"_a = device.used_bytes,
-                   "cached_used_bytes"_a = device.cached_used_bytes, "limit_bytes"_a = device.limit_bytes,
-                   "context_bytes"_a = device.context_bytes);
+    py::dict entry("index"_a = index++, "uuid"_a = vgpu::base::GpuUuidText(std::data(device.uuid)),
+                   "used_bytes"_a = device.used_bytes, "cached_used_bytes"_a = device.cached_used_bytes,
+                   "limit_bytes"_a = device.limit_bytes, "context_bytes"_a = device.context_bytes);
     for (auto item : ComputeDict(device.compute, now_ns)) entry[item.first] = item.second;
     devices.append(entry);
   }

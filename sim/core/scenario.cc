@@ -18,8 +18,8 @@ constexpr std::size_t kMaxSegments = 100'000;  // per process: each has its own 
 bool NameIsPlain(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
   for (const char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                    c == '_' || c == '.';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
     if (!ok) return false;
   }
   return true;
@@ -35,8 +35,9 @@ std::string ValidateWorkload(const Workload& w, const std::string& where) {
   }
   if (w.jitter_permille > 999) return Field(where, "jitter_permille", w.jitter_permille, "0 .. 999, e.g. 50");
   if (w.drain && w.kind == WorkloadKind::rate) {
-    return where + "drain = true with kind rate; accepted: drain with a closed loop or mixed sizes (a rate loop does not "
-                   "synchronize)";
+    return where +
+           "drain = true with kind rate; accepted: drain with a closed loop or mixed sizes (a rate loop does not "
+           "synchronize)";
   }
   if (w.kind == WorkloadKind::mixed) {
     if (w.sizes_ns.empty()) return where + "sizes_ns is empty; accepted: one or more sizes, e.g. {5000, 20000000}";
@@ -148,17 +149,22 @@ Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t
 
 const char* PolicyName(Policy policy) {
   switch (policy) {
-    case Policy::force: return "force";
-    case Policy::default_policy: return "default";
-    case Policy::disable: return "disable";
+    case Policy::force:
+      return "force";
+    case Policy::default_policy:
+      return "default";
+    case Policy::disable:
+      return "disable";
   }
   return "?";
 }
 
 const char* SharingName(Sharing sharing) {
   switch (sharing) {
-    case Sharing::budget: return "budget";
-    case Sharing::time_division: return "time_division";
+    case Sharing::budget:
+      return "budget";
+    case Sharing::time_division:
+      return "time_division";
   }
   return "?";
 }
@@ -286,9 +292,11 @@ std::string Summary(const Result& result) {
   if (!result.error.empty()) return text + "error: " + result.error + "\n";
   char line[256];
   for (const TenantResult& tenant : result.tenants) {
-    std::snprintf(line, sizeof line, "tenant %s: cap %.1f %%, mean %.2f %%, worst window %.2f points off, %llu kernels;"
-                  " windows (%%):", tenant.name.c_str(), tenant.cap * 100, tenant.mean_share * 100,
-                  tenant.worst_window_error * 100, static_cast<unsigned long long>(tenant.kernels));
+    std::snprintf(line, sizeof line,
+                  "tenant %s: cap %.1f %%, mean %.2f %%, worst window %.2f points off, %llu kernels;"
+                  " windows (%%):",
+                  tenant.name.c_str(), tenant.cap * 100, tenant.mean_share * 100, tenant.worst_window_error * 100,
+                  static_cast<unsigned long long>(tenant.kernels));
     text += line;
     for (const double share : tenant.window_shares) {
       std::snprintf(line, sizeof line, " %.1f", share * 100);
@@ -306,8 +314,7 @@ std::string Summary(const Result& result) {
                   static_cast<unsigned long long>(result.waits[2]), static_cast<unsigned long long>(result.waits[3]),
                   static_cast<unsigned long long>(result.waits[4]), static_cast<unsigned long long>(result.waits[5]),
                   static_cast<unsigned long long>(result.waits[6]), static_cast<unsigned long long>(result.waits[7]),
-                  result.wait_total_ns / 1e6,
-                  result.wait_longest_ns / 1e6);
+                  result.wait_total_ns / 1e6, result.wait_longest_ns / 1e6);
     text += line;
   }
   return text;

@@ -5,9 +5,8 @@
 
 namespace vgpu::sim {
 
-MeasuredBy ShimMeasure::Plan(policy::Limiter& limiter, const policy::KernelKey& key,
-                             const policy::Admission& admission, std::uint64_t now_ns, bool in_flight,
-                             std::uint64_t last_queued_seq) {
+MeasuredBy ShimMeasure::Plan(policy::Limiter& limiter, const policy::KernelKey& key, const policy::Admission& admission,
+                             std::uint64_t now_ns, bool in_flight, std::uint64_t last_queued_seq) {
   std::uint64_t busy_until = busy_until_ns_;
   bool queued = policy::QueuedByEstimate(busy_until, now_ns, admission.charged_ns, !admission.known, false);
   if (queued && !WindowOpen()) {
@@ -36,8 +35,8 @@ MeasuredBy ShimMeasure::Plan(policy::Limiter& limiter, const policy::KernelKey& 
   CloseWindow(limiter, now_ns, !busy, !in_flight);  // (its idle tail runs from its last launch: before this one)
   has_mark_ = false;
   last_launch_ns_ = now_ns;
-  const bool pair = !admission.known ||
-                    policy::PairThisLaunch(admission.launches, admission.charged_ns, admission.steady, sampler_);
+  const bool pair =
+      !admission.known || policy::PairThisLaunch(admission.launches, admission.charged_ns, admission.steady, sampler_);
   return pair ? MeasuredBy::pair : MeasuredBy::unmeasured;
 }
 

@@ -61,13 +61,13 @@ class ShimMeasure {
   void SettleReady(policy::Limiter& limiter, std::uint64_t now_ns);
 
   policy::Sampler sampler_;
-  std::uint64_t busy_until_ns_ = 0;   // the host's estimate of when the stream's queued work ends
+  std::uint64_t busy_until_ns_ = 0;  // the host's estimate of when the stream's queued work ends
   std::uint64_t last_launch_ns_ = 0;
-  bool has_mark_ = false;             // the end of the last pair or window: the next window's start while busy
+  bool has_mark_ = false;  // the end of the last pair or window: the next window's start while busy
   std::uint64_t mark_seq_ = 0;
   bool any_completed_ = false;
   std::uint64_t completed_seq_ = 0;
-  std::deque<Window> windows_;        // oldest first; the open one (if any) last
+  std::deque<Window> windows_;  // oldest first; the open one (if any) last
 };
 
 }  // namespace vgpu::sim

@@ -133,18 +133,18 @@ struct SegmentPlan {
   std::uint32_t first_kind = 0;
   std::uint32_t kind_count = 0;
   std::uint32_t collective_kind = 0;  // Workload::collective_ns: its kind (after the others), else unused
-  std::uint64_t rate_origin_ns = 0;  // rate: the schedule's first launch (a seeded phase after start_ns)
+  std::uint64_t rate_origin_ns = 0;   // rate: the schedule's first launch (a seeded phase after start_ns)
 };
 
 struct ProcessState {
   const Process* spec = nullptr;
-  std::uint32_t device = 0;               // spec->device
-  std::uint32_t since_collective = 0;     // kernels launched since its last collective
+  std::uint32_t device = 0;            // spec->device
+  std::uint32_t since_collective = 0;  // kernels launched since its last collective
   std::vector<SegmentPlan> plans;
-  std::uint32_t segment = 0;          // the plan BeginCall last launched from
+  std::uint32_t segment = 0;           // the plan BeginCall last launched from
   std::uint64_t segment_launches = 0;  // launches in it so far (the rate schedule's count)
   bool crashed = false;
-  std::uint64_t crash_busy_ns = 0;     // its device time up to the crash (its slot is released then)
+  std::uint64_t crash_busy_ns = 0;  // its device time up to the crash (its slot is released then)
   std::uint32_t tenant = 0;
   std::uint32_t index_in_tenant = 0;
   std::unique_ptr<policy::Limiter> limiter;
@@ -157,7 +157,7 @@ struct ProcessState {
   std::uint32_t pending_kind = 0;
   std::uint64_t pending_duration_ns = 0;
   policy::Admission pending_admission;
-  policy::Release pending_release;     // time division: the window the pending launch goes into
+  policy::Release pending_release;  // time division: the window the pending launch goes into
   std::uint64_t turn_wait_since_ns = 0;
   bool undrained_at_arrival = false;  // time division: its kernels were in flight when the pending launch came
   // Time division: per kernel in flight (by seq), the idle window it borrowed for free (empty: none).
@@ -170,7 +170,7 @@ struct ProcessState {
   std::uint64_t turn_held_since_ns = 0;
   std::uint64_t sibling_wait_since_ns = kNever;
   std::uint64_t handover_window_ns = policy::kNoTime;  // the own window whose handover it was charged last
-  std::uint64_t last_end_ns = 0;  // of the stream's previous kernel
+  std::uint64_t last_end_ns = 0;                       // of the stream's previous kernel
   InFlightQueue in_flight;
   std::uint64_t last_queued_seq = 0;  // the stream's newest kernel (while in_flight holds any)
   std::uint64_t called_ns = 0;        // the pending launch's call reached the shim
@@ -189,7 +189,7 @@ struct TenantState {
   // Its budget per device (the shim's region has one per device); `cell` is device 0's, the one `default` observes.
   policy::BudgetCell cells[model::kMaxDevices]{};
   const policy::BudgetCell& cell() const { return cells[kNvmlDevice]; }
-  std::uint64_t gpus = 0;                   // bit d: one of its processes runs on device d
+  std::uint64_t gpus = 0;  // bit d: one of its processes runs on device d
   std::uint32_t share_permille = 1000;
   std::vector<std::uint32_t> processes;
   std::uint64_t busy_at_window_start_ns = 0;
@@ -361,8 +361,8 @@ class Engine final : public model::TimelineListener {
     state.share_permille = tenant.share_percent == 0 ? 1000 : tenant.share_percent * 10;
     policy::LimiterConfig limiter_config;
     limiter_config.share_permille = state.share_permille;
-    const bool scheduled = scenario_.sharing == Sharing::time_division && tenant.policy != Policy::disable &&
-                           state.share_permille < 1000;
+    const bool scheduled =
+        scenario_.sharing == Sharing::time_division && tenant.policy != Policy::disable && state.share_permille < 1000;
     // Scheduled, the windows hold the share: the limiter measures and estimates only.
     limiter_config.throttle = tenant.policy != Policy::disable && !scheduled;
     limiter_config.lend_when_idle = tenant.policy == Policy::default_policy && !scheduled;
@@ -519,9 +519,12 @@ class Engine final : public model::TimelineListener {
     // Under time division any completion may let a launch of another tenant go: every one is acted on.
     if (tenants_[p.tenant].processes.size() > 1 || time_division_) return 0;
     switch (p.state) {
-      case HostState::waiting_for_limiter: return 0;                               // Admit again at once
-      case HostState::waiting_for_queue: return p.spec->launch_overhead_ns;        // the next call's Admit
-      default: return kNever;
+      case HostState::waiting_for_limiter:
+        return 0;  // Admit again at once
+      case HostState::waiting_for_queue:
+        return p.spec->launch_overhead_ns;  // the next call's Admit
+      default:
+        return kNever;
     }
   }
 
@@ -679,9 +682,8 @@ class Engine final : public model::TimelineListener {
     }
     std::uint64_t begin_ns = std::max(at_ns, plan->start_ns);
     if (w.kind == WorkloadKind::rate) {
-      const auto due_ns =
-          plan->rate_origin_ns +
-          static_cast<std::uint64_t>(static_cast<double>(p.segment_launches) * 1e9 / w.launches_per_second);
+      const auto due_ns = plan->rate_origin_ns + static_cast<std::uint64_t>(static_cast<double>(p.segment_launches) *
+                                                                            1e9 / w.launches_per_second);
       begin_ns = std::max(begin_ns, due_ns);  // a late launch goes at once
     }
     SetState(index, HostState::calling);
@@ -748,17 +750,17 @@ class Engine final : public model::TimelineListener {
     // process.)
     const std::uint64_t queued_end_ns =
         p.undrained_at_arrival ? std::max(p.queued_end_ns, arrived_ns) : p.queued_end_ns;
-    policy::Release release = policy::Decide(plan_, member, p.device, published, account, tenant.turn, queued_end_ns,
-                                             p.pending_admission.charged_ns, now_ns_,
-                                             PeersHeld(tenant, member, p.device), arrived_ns);
+    policy::Release release =
+        policy::Decide(plan_, member, p.device, published, account, tenant.turn, queued_end_ns,
+                       p.pending_admission.charged_ns, now_ns_, PeersHeld(tenant, member, p.device), arrived_ns);
     if (release.at_ns <= now_ns_) release = TakeSiblingTurn(index, release);
     // A launch that cannot fit the rest of its own window, nothing of the tenant's in flight, declines that rest
     // (policy::DeclinedUntil, as the shim's turn::Look); a launch that goes takes the declining back.
     published[member].cut_in_until_ns = release.cut_in_until_ns;
     published[member].declined_until_ns =
-        release.at_ns <= now_ns_ ? 0
-                                 : policy::DeclinedUntil(plan_, member, p.device, release,
-                                                         published[member].in_flight == 0, now_ns_);
+        release.at_ns <= now_ns_
+            ? 0
+            : policy::DeclinedUntil(plan_, member, p.device, release, published[member].in_flight == 0, now_ns_);
     if (release.at_ns <= now_ns_) {
       const std::uint64_t waited_ns = waiting ? now_ns_ - p.turn_wait_since_ns : 0;
       if (waiting) {
@@ -791,8 +793,8 @@ class Engine final : public model::TimelineListener {
     const TenantState& tenant = tenants_[p.tenant];
     std::uint64_t& word = tenants_[p.tenant].sibling_turn[p.device];
     const bool past_bound = p.sibling_wait_since_ns != kNever && now_ns_ - p.sibling_wait_since_ns >= plan_.cycle_ns();
-    const std::uint64_t end_after_ns = policy::WorkEndWithMarginNs(
-        std::max(now_ns_, p.queued_end_ns) + p.pending_admission.charged_ns, now_ns_);
+    const std::uint64_t end_after_ns =
+        policy::WorkEndWithMarginNs(std::max(now_ns_, p.queued_end_ns) + p.pending_admission.charged_ns, now_ns_);
     const policy::SiblingStep step = policy::DecideSibling(
         HolderPolled(tenant, p.device, policy::UnpackSiblingTurn(word)), index + 1, p.turn_held_since_ns,
         policy::SubturnNs(plan_, static_cast<std::size_t>(tenant.member)), end_after_ns, now_ns_, past_bound);
@@ -894,8 +896,8 @@ class Engine final : public model::TimelineListener {
   void ChargeTurn(TenantState& tenant, std::uint32_t device, std::uint64_t ran_ns, std::uint64_t at_ns) {
     const auto member = static_cast<std::size_t>(tenant.member);
     const auto spanned = static_cast<std::uint64_t>(std::popcount(tenant.gpus));
-    const std::uint64_t repaid_until_ns = policy::Charge(plan_, member, tenant.AccountOn(device), ran_ns / spanned,
-                                                         at_ns);
+    const std::uint64_t repaid_until_ns =
+        policy::Charge(plan_, member, tenant.AccountOn(device), ran_ns / spanned, at_ns);
     for (std::uint32_t d = 0; d < device_count_; ++d) {
       if ((tenant.gpus >> d) & 1) published_[d][member].repaid_until_ns = repaid_until_ns;
     }
@@ -927,8 +929,8 @@ class Engine final : public model::TimelineListener {
       return;
     }
     ++p.since_collective;
-    p.pending_kind = plan.first_kind +
-                     (plan.kind_count == 1 ? 0 : static_cast<std::uint32_t>(p.random.Below(plan.kind_count)));
+    p.pending_kind =
+        plan.first_kind + (plan.kind_count == 1 ? 0 : static_cast<std::uint32_t>(p.random.Below(plan.kind_count)));
     std::uint64_t duration_ns = p.kinds[p.pending_kind].duration_ns;
     if (w.jitter_permille > 0) {
       const auto offset = static_cast<std::int64_t>(p.random.Below(2ull * w.jitter_permille + 1)) -
@@ -959,8 +961,8 @@ class Engine final : public model::TimelineListener {
     const policy::KernelKey& key = p.kinds[p.pending_kind].key;
     const bool shim_measures = scenario_.measurement == Measurement::shim;
     if (shim_measures) {
-      p.pending_measured_by = p.measure.Plan(*p.limiter, key, p.pending_admission, now_ns_, p.in_flight.size() > 0,
-                                             p.last_queued_seq);
+      p.pending_measured_by =
+          p.measure.Plan(*p.limiter, key, p.pending_admission, now_ns_, p.in_flight.size() > 0, p.last_queued_seq);
     }
     const model::EnqueueResult queued = model::EnqueueKernel(*machine_, p.stream, launch, now_ns_, &seq);
     if (queued == model::EnqueueResult::bad_group || queued == model::EnqueueResult::no_group) {
@@ -968,8 +970,12 @@ class Engine final : public model::TimelineListener {
            " (ranks " + std::to_string(launch.group_size) + "): one process per device, one size per group");
       return;
     }
-    const InFlight item{seq, p.pending_kind, p.pending_admission.charged_ns, p.pending_measured_by,
-                        p.pending_admission.launches == 0, p.called_ns};
+    const InFlight item{seq,
+                        p.pending_kind,
+                        p.pending_admission.charged_ns,
+                        p.pending_measured_by,
+                        p.pending_admission.launches == 0,
+                        p.called_ns};
     if (queued != model::EnqueueResult::ok || !p.in_flight.Push(item)) {
       Fail("process " + std::to_string(index) + "'s stream queue is full");
       return;
@@ -977,7 +983,8 @@ class Engine final : public model::TimelineListener {
     p.last_queued_seq = seq;
     if (shim_measures) p.measure.Queued(*p.limiter, key, p.pending_admission, p.pending_measured_by, seq, now_ns_);
     if (tenant.member >= 0) {
-      p.free_windows[seq % model::kStreamDepth] = p.pending_release.free ? p.pending_release.window : policy::Interval{};
+      p.free_windows[seq % model::kStreamDepth] =
+          p.pending_release.free ? p.pending_release.window : policy::Interval{};
       policy::Published& own = published_[p.device][static_cast<std::size_t>(tenant.member)];
       ++own.in_flight;
       own.released_until_ns = p.pending_release.window.end_ns;
@@ -1003,8 +1010,10 @@ class Engine final : public model::TimelineListener {
     for (std::uint32_t index = 0; index < processes_.size(); ++index) {
       ProcessState& p = processes_[index];
       if (p.crashed || p.spec->crash_ns == kNever) continue;
-      if (p.spec->crash_ns == now_ns_) Crash(index);
-      else next_crash_ns_ = std::min(next_crash_ns_, p.spec->crash_ns);
+      if (p.spec->crash_ns == now_ns_)
+        Crash(index);
+      else
+        next_crash_ns_ = std::min(next_crash_ns_, p.spec->crash_ns);
     }
   }
 
@@ -1029,8 +1038,10 @@ class Engine final : public model::TimelineListener {
       const auto ran_ns = op.started != 0 && left < static_cast<double>(op.alone_ns)
                               ? op.alone_ns - static_cast<std::uint64_t>(std::ceil(left))
                               : 0;
-      if (ran_ns > 0) p.limiter->Settle(key, item.charged_ns, ran_ns, now_ns_);
-      else p.limiter->Cancel(key, item.charged_ns);
+      if (ran_ns > 0)
+        p.limiter->Settle(key, item.charged_ns, ran_ns, now_ns_);
+      else
+        p.limiter->Cancel(key, item.charged_ns);
     }
     p.measure.Drop();
     const bool sleeping = p.state == HostState::sleeping || p.state == HostState::waiting_for_turn;
@@ -1192,13 +1203,13 @@ class Engine final : public model::TimelineListener {
   std::vector<TenantState> tenants_;
   std::vector<ProcessState> processes_;
   std::vector<std::uint32_t> process_by_stream_;
-  std::vector<std::uint64_t> wake_ns_;  // per process; kNever = none pending
+  std::vector<std::uint64_t> wake_ns_;          // per process; kNever = none pending
   std::vector<std::uint32_t> in_flight_count_;  // per process: kernels queued and not seen complete
   std::vector<std::uint8_t> reacts_;            // per process: ReactionDelayNs(its state) != kNever
   bool lending_ = false;
   std::uint32_t device_count_ = 1;
-  bool time_division_ = false;     // Scenario::sharing
-  policy::WindowPlan plan_;        // time division: the windows of the tenants with a limit
+  bool time_division_ = false;  // Scenario::sharing
+  policy::WindowPlan plan_;     // time division: the windows of the tenants with a limit
   std::vector<policy::Member> members_;
   std::vector<std::uint64_t> longest_ns_;  // per member: its longest kernel, as its processes publish it
   // Per device, per member: what its processes publish (the shim: the schedule file).

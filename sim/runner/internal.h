@@ -15,17 +15,17 @@ namespace vgpu::runner::internal {
 
 inline constexpr std::uint32_t kTraceVersion = 1;
 // Exit codes the trace gives to a status the runner decided itself.
-inline constexpr int kKilledCode = 9;   // SIGKILL
-inline constexpr int kOomCode = 3;      // vgpu-tenant's exit status for a CUDA failure, out of memory included
+inline constexpr int kKilledCode = 9;  // SIGKILL
+inline constexpr int kOomCode = 3;     // vgpu-tenant's exit status for a CUDA failure, out of memory included
 
 // One OS process of the scenario: a replica of a ProcessSpec.
 struct ProcessRun {
   std::uint32_t tenant = 0;
-  std::uint32_t index = 0;             // within its tenant, replicas in order: the trace's "process"
-  std::uint32_t global = 0;            // across the scenario: the live --seed offset
+  std::uint32_t index = 0;   // within its tenant, replicas in order: the trace's "process"
+  std::uint32_t global = 0;  // across the scenario: the live --seed offset
   const scenario::ProcessSpec* spec = nullptr;
-  std::uint32_t device = 0;            // physical device: the tenant's devices[spec->device]
-  std::uint64_t end_ns = 0;            // crash_at if any, else stop
+  std::uint32_t device = 0;  // physical device: the tenant's devices[spec->device]
+  std::uint64_t end_ns = 0;  // crash_at if any, else stop
 };
 
 // Checks what a run relies on, whether or not the scenario came from the parser (a struct built by hand must not

@@ -262,13 +262,13 @@ bool Readable(const std::string& path) { return access(path.c_str(), R_OK) == 0;
 
 std::string ExitText(int status) {
   if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("signal ") + std::to_string(WTERMSIG(status)) + " (" +
-                                  strsignal(WTERMSIG(status)) + ")";
+  if (WIFSIGNALED(status))
+    return std::string("signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
   return "status " + std::to_string(status);
 }
 
 struct Report {
-  std::uint64_t t_ns;   // CLOCK_MONOTONIC, absolute
+  std::uint64_t t_ns;  // CLOCK_MONOTONIC, absolute
   std::uint64_t busy_ns;
 };
 
@@ -284,7 +284,7 @@ struct Child {
   bool killed_late = false;
   bool killed_on_cancel = false;
   std::uint64_t start_abs = 0;
-  std::uint64_t kill_abs = 0;   // when we sent SIGKILL, if we did
+  std::uint64_t kill_abs = 0;  // when we sent SIGKILL, if we did
   std::uint64_t exit_abs = 0;
   // The last point of its busy time: when it ended and what it had done by then (ReapChildren).
   Report last{0, 0};
@@ -382,8 +382,9 @@ class LiveRun {
       install_ = from_environment != nullptr ? from_environment : "";
     }
     if (install_.empty()) {
-      error = "live mode needs the built pieces: set Options::install_dir or VGPU_INSTALL_DIR to the build folder "
-              "(the one with bin/vgpu-tenant and lib/libvgpu.so)";
+      error =
+          "live mode needs the built pieces: set Options::install_dir or VGPU_INSTALL_DIR to the build folder "
+          "(the one with bin/vgpu-tenant and lib/libvgpu.so)";
       return false;
     }
     tenant_binary_ = install_ + "/bin/vgpu-tenant";
@@ -409,7 +410,8 @@ class LiveRun {
       }
     }
     if (access(policy::SystemConfigPath(), F_OK) == 0) {
-      error = std::string("live mode: ") + policy::SystemConfigPath() + " exists, and the shim then ignores the environment: the "
+      error = std::string("live mode: ") + policy::SystemConfigPath() +
+              " exists, and the shim then ignores the environment: the "
               "scenario's limits would not apply; run on a machine without it";
       return false;
     }
@@ -437,9 +439,8 @@ class LiveRun {
     for (std::size_t i = 0; i < runs_.size(); ++i) children_[i].run = &runs_[i];
     start_order_.resize(runs_.size());
     for (std::size_t i = 0; i < runs_.size(); ++i) start_order_[i] = i;
-    std::stable_sort(start_order_.begin(), start_order_.end(), [&](std::size_t a, std::size_t b) {
-      return runs_[a].spec->start_ns < runs_[b].spec->start_ns;
-    });
+    std::stable_sort(start_order_.begin(), start_order_.end(),
+                     [&](std::size_t a, std::size_t b) { return runs_[a].spec->start_ns < runs_[b].spec->start_ns; });
     BuildEnvironments();
     return true;
   }
@@ -457,7 +458,8 @@ class LiveRun {
       const char* tmp = Env("TMPDIR");
       std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/vgpu-run.XXXXXX";
       if (mkdtemp(pattern.data()) == nullptr) {
-        error = "cannot create a work folder '" + pattern + "': " + std::strerror(errno) + "; set TMPDIR or "
+        error = "cannot create a work folder '" + pattern + "': " + std::strerror(errno) +
+                "; set TMPDIR or "
                 "Options::work_dir to a writable folder";
         return false;
       }
@@ -492,14 +494,24 @@ class LiveRun {
 
   // The runner's environment without anything that would change what the shim or the fake GPU do, then ours.
   void BuildEnvironments() {
-    static constexpr std::string_view kDropped[] = {
-        "LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DEVICE_MEMORY_LIMIT",
-        "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY", "VGPU_CONFIG_FILE",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_DEVICE_ORDER", "VGPU_COMPUTE_SHARING", "VGPU_SCHEDULE_FILE"};
+    static constexpr std::string_view kDropped[] = {"LD_PRELOAD",
+                                                    "CUDA_VISIBLE_DEVICES",
+                                                    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                                                    "CUDA_DEVICE_MEMORY_LIMIT",
+                                                    "CUDA_DEVICE_SM_LIMIT",
+                                                    "GPU_CORE_UTILIZATION_POLICY",
+                                                    "CUDA_TASK_PRIORITY",
+                                                    "VGPU_CONFIG_FILE",
+                                                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                                                    "CUDA_DEVICE_ORDER",
+                                                    "VGPU_COMPUTE_SHARING",
+                                                    "VGPU_SCHEDULE_FILE"};
     // Over fakecuda, the machine is ours; FAKECUDA_TRACE and FAKECUDA_LOG stay (they only observe).
-    static constexpr std::string_view kDroppedFake[] = {
-        "LD_LIBRARY_PATH=", "FAKECUDA_STATE=", "FAKECUDA_DEVICES=", "FAKECUDA_TIMESLICE_US=", "FAKECUDA_SWITCH_US=",
-        "FAKECUDA_FAULTS=", "FAKECUDA_SEED=", "FAKECUDA_MODE=", "FAKECUDA_KERNEL_COSTS=", "FAKECUDA_DEFAULT_KERNEL_NS="};
+    static constexpr std::string_view kDroppedFake[] = {"LD_LIBRARY_PATH=",       "FAKECUDA_STATE=",
+                                                        "FAKECUDA_DEVICES=",      "FAKECUDA_TIMESLICE_US=",
+                                                        "FAKECUDA_SWITCH_US=",    "FAKECUDA_FAULTS=",
+                                                        "FAKECUDA_SEED=",         "FAKECUDA_MODE=",
+                                                        "FAKECUDA_KERNEL_COSTS=", "FAKECUDA_DEFAULT_KERNEL_NS="};
     std::string library_path;
     std::string inherited_preload;  // the host's own preloads (a sanitizer runtime, a profiler) stay, ahead of the shim
     for (const std::string& entry : environment_) {
@@ -600,9 +612,7 @@ class LiveRun {
     return true;
   }
 
-  std::string SamplerStderr() const {
-    return sampler_stderr_.empty() ? std::string() : ": " + sampler_stderr_;
-  }
+  std::string SamplerStderr() const { return sampler_stderr_.empty() ? std::string() : ": " + sampler_stderr_; }
 
   void ReadSampler() {
     sampler_out_.Drain([&](std::string_view line) { ParseSamplerLine(line, gpu_, &uuids_, &sampler_ready_); });
@@ -844,9 +854,13 @@ class LiveRun {
     child.err.Adopt(spawned.err);
     child.started = true;
     child.start_abs = now;
-    Emit(now, Line("process").Text("tenant", s_.tenants[run.tenant].name).Number("process", run.index)
-                  .Number("pid", static_cast<std::uint64_t>(child.pid)).Number("device", run.device)
-                  .Number("t_ns", now - t0_).Done());
+    Emit(now, Line("process")
+                  .Text("tenant", s_.tenants[run.tenant].name)
+                  .Number("process", run.index)
+                  .Number("pid", static_cast<std::uint64_t>(child.pid))
+                  .Number("device", run.device)
+                  .Number("t_ns", now - t0_)
+                  .Done());
   }
 
   void ReadChildren() {
@@ -909,14 +923,16 @@ class LiveRun {
     std::int64_t code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
     std::string message;
     if (child.reaped_elsewhere) {
-      message = "its exit status was taken by someone else in this process (SIGCHLD ignored, or a wait for any "
-                "child): how it ended is unknown";
+      message =
+          "its exit status was taken by someone else in this process (SIGCHLD ignored, or a wait for any "
+          "child): how it ended is unknown";
       code = -1;
     } else if (by_sigkill && child.killed_late) {
       // Hung: an error of the run, but not one that stops the others.
       message = "still running " + std::to_string(kGraceNs / kSecondNs) + " s after its stop time: killed";
-      late_errors_ += (late_errors_.empty() ? "" : "; ") + ("tenant '" + name + "' process " +
-                      std::to_string(run.index) + " (pid " + std::to_string(child.pid) + ") " + message);
+      late_errors_ +=
+          (late_errors_.empty() ? "" : "; ") + ("tenant '" + name + "' process " + std::to_string(run.index) +
+                                                " (pid " + std::to_string(child.pid) + ") " + message);
     } else if (by_sigkill && (child.killed_at_crash || child.killed_on_cancel)) {
       text_status = "killed";
       code = kKilledCode;
@@ -924,14 +940,21 @@ class LiveRun {
       text_status = "ok";
     } else if (child.result_status == "oom") {
       text_status = "oom";
-      Emit(child.exit_abs, Line("oom").Number("t_ns", t).Text("tenant", name).Number("process", run.index)
-                               .Number("bytes", run.spec->alloc_bytes).Done());
+      Emit(child.exit_abs, Line("oom")
+                               .Number("t_ns", t)
+                               .Text("tenant", name)
+                               .Number("process", run.index)
+                               .Number("bytes", run.spec->alloc_bytes)
+                               .Done());
     } else {
       message = ExitText(status);
       for (const std::string& line : child.err_tail) message += "; " + line;
     }
     Line line("exit");
-    line.Number("t_ns", t).Text("tenant", name).Number("process", run.index).Text("status", text_status)
+    line.Number("t_ns", t)
+        .Text("tenant", name)
+        .Number("process", run.index)
+        .Text("status", text_status)
         .Signed("code", code);
     if (!message.empty()) line.Text("message", message);
     Emit(child.exit_abs, line.Done());
@@ -1018,8 +1041,8 @@ class LiveRun {
     if (after == nullptr) return before.busy_ns;
     if (after->t_ns <= before.t_ns) return after->busy_ns;
     const double fraction = static_cast<double>(t_abs - before.t_ns) / static_cast<double>(after->t_ns - before.t_ns);
-    return before.busy_ns + static_cast<std::uint64_t>(
-                                std::llround(fraction * static_cast<double>(after->busy_ns - before.busy_ns)));
+    return before.busy_ns +
+           static_cast<std::uint64_t>(std::llround(fraction * static_cast<double>(after->busy_ns - before.busy_ns)));
   }
 
   void WriteSample(const PendingSample& sample) {
@@ -1031,14 +1054,22 @@ class LiveRun {
         for (const Child& child : children_) {
           if (child.run->tenant == tn && child.run->device == tenant.devices[i]) busy += BusyAt(child, sample.t_abs);
         }
-        trace_.Write(Line("sample").Number("t_ns", t).Text("tenant", tenant.name).Number("device", tenant.devices[i])
-                         .Number("busy_ns", busy).Number("memory_bytes", sample.memory[tn][i]).Done());
+        trace_.Write(Line("sample")
+                         .Number("t_ns", t)
+                         .Text("tenant", tenant.name)
+                         .Number("device", tenant.devices[i])
+                         .Number("busy_ns", busy)
+                         .Number("memory_bytes", sample.memory[tn][i])
+                         .Done());
       }
     }
     for (std::uint32_t d = 0; d < device_count_; ++d) {
-      trace_.Write(Line("gpu").Number("t_ns", t).Number("device", d)
+      trace_.Write(Line("gpu")
+                       .Number("t_ns", t)
+                       .Number("device", d)
                        .Number("util_percent", sample.gpu[d].util_percent)
-                       .Number("memory_used_bytes", sample.gpu[d].memory_used_bytes).Done());
+                       .Number("memory_used_bytes", sample.gpu[d].memory_used_bytes)
+                       .Done());
     }
   }
 
@@ -1119,8 +1150,11 @@ class LiveRun {
       leaked += excess;
     }
     const double wall = static_cast<double>(MonotonicNs() - t0_) / static_cast<double>(kSecondNs);
-    trace_.Write(Line("end").Number("t_ns", end_abs - t0_).Number("leaked_bytes", leaked)
-                     .Number("seconds_wall", static_cast<std::uint64_t>(std::llround(wall))).Done());
+    trace_.Write(Line("end")
+                     .Number("t_ns", end_abs - t0_)
+                     .Number("leaked_bytes", leaked)
+                     .Number("seconds_wall", static_cast<std::uint64_t>(std::llround(wall)))
+                     .Done());
   }
 
   // The first failure is the run's error; it also stops the run: every process is killed, the trace closed.
@@ -1138,7 +1172,7 @@ class LiveRun {
   bool created_work_ = false;
   bool remove_work_ = true;
   std::uint32_t device_count_ = 0;
-  std::string devices_spec_;                 // FAKECUDA_DEVICES
+  std::string devices_spec_;  // FAKECUDA_DEVICES
   std::vector<std::uint64_t> reserved_bytes_;
   std::vector<std::string> base_environment_;
   std::vector<std::vector<std::string>> tenant_environments_;

@@ -63,9 +63,12 @@ std::string CheckPhase(const scenario::Phase& phase, const std::string& where) {
 
 const char* PolicyText(scenario::Policy policy) {
   switch (policy) {
-    case scenario::Policy::force: return "force";
-    case scenario::Policy::default_policy: return "default";
-    case scenario::Policy::disable: return "disable";
+    case scenario::Policy::force:
+      return "force";
+    case scenario::Policy::default_policy:
+      return "default";
+    case scenario::Policy::disable:
+      return "disable";
   }
   return "force";
 }
@@ -134,16 +137,17 @@ std::string Check(const scenario::Scenario& s, Mode mode) {
     return Field("", "duration_ns", s.duration_ns, "1 ns .. 100 h, e.g. 6000000000");
   }
   if (s.sample_ns == 0 || s.duration_ns % s.sample_ns != 0) {
-    return Field("", "sample_ns", s.sample_ns, "above 0 and dividing duration_ns (" + std::to_string(s.duration_ns) +
-                                                   "), e.g. 100000000");
+    return Field("", "sample_ns", s.sample_ns,
+                 "above 0 and dividing duration_ns (" + std::to_string(s.duration_ns) + "), e.g. 100000000");
   }
   if (s.window_ns == 0 || s.window_ns % s.sample_ns != 0 || s.duration_ns % s.window_ns != 0) {
-    return Field("", "window_ns", s.window_ns, "a multiple of sample_ns (" + std::to_string(s.sample_ns) +
-                                                   ") dividing duration_ns (" + std::to_string(s.duration_ns) + ")");
+    return Field("", "window_ns", s.window_ns,
+                 "a multiple of sample_ns (" + std::to_string(s.sample_ns) + ") dividing duration_ns (" +
+                     std::to_string(s.duration_ns) + ")");
   }
   if (s.settle_ns % s.window_ns != 0 || s.settle_ns > s.duration_ns) {
-    return Field("", "settle_ns", s.settle_ns, "a multiple of window_ns (" + std::to_string(s.window_ns) +
-                                                   ") up to duration_ns");
+    return Field("", "settle_ns", s.settle_ns,
+                 "a multiple of window_ns (" + std::to_string(s.window_ns) + ") up to duration_ns");
   }
   if (s.timeslice_ns < 1000 || s.timeslice_ns > scenario::kSecondNs) {
     return Field("", "timeslice_ns", s.timeslice_ns, "1 us .. 1 s, e.g. 2000000");
@@ -185,18 +189,18 @@ std::string Check(const scenario::Scenario& s, Mode mode) {
         return Field(at, "replicas", process.replicas, "1 .. 64");
       }
       if (process.stop_ns > s.duration_ns || process.start_ns >= process.stop_ns) {
-        return Field(at, "stop_ns", process.stop_ns, "above start_ns (" + std::to_string(process.start_ns) +
-                                                          ") and at most duration_ns (" +
-                                                          std::to_string(s.duration_ns) + ")");
+        return Field(at, "stop_ns", process.stop_ns,
+                     "above start_ns (" + std::to_string(process.start_ns) + ") and at most duration_ns (" +
+                         std::to_string(s.duration_ns) + ")");
       }
       if (process.crash_at_ns && (*process.crash_at_ns < process.start_ns || *process.crash_at_ns >= process.stop_ns)) {
-        return Field(at, "crash_at_ns", *process.crash_at_ns, "in [start_ns, stop_ns) = [" +
-                                                                 std::to_string(process.start_ns) + ", " +
-                                                                 std::to_string(process.stop_ns) + ")");
+        return Field(at, "crash_at_ns", *process.crash_at_ns,
+                     "in [start_ns, stop_ns) = [" + std::to_string(process.start_ns) + ", " +
+                         std::to_string(process.stop_ns) + ")");
       }
       if (process.device >= tenant.devices.size()) {
-        return Field(at, "device", process.device, "a CUDA ordinal of the tenant's devices, 0 .. " +
-                                                       std::to_string(tenant.devices.size() - 1));
+        return Field(at, "device", process.device,
+                     "a CUDA ordinal of the tenant's devices, 0 .. " + std::to_string(tenant.devices.size() - 1));
       }
       if (process.work.empty()) return at + "work is empty; accepted: one or more phases, e.g. [{kernels: 1ms}]";
       for (std::size_t w = 0; w < process.work.size(); ++w) {
@@ -427,8 +431,8 @@ Outcome Run(const scenario::Scenario& scenario, const Options& options) {
   if (options.trace_path.empty()) outcome.trace = trace.TakeText();
   struct timespec ended {};
   clock_gettime(CLOCK_MONOTONIC, &ended);
-  outcome.wall_seconds = static_cast<double>(ended.tv_sec - started.tv_sec) +
-                         static_cast<double>(ended.tv_nsec - started.tv_nsec) * 1e-9;
+  outcome.wall_seconds =
+      static_cast<double>(ended.tv_sec - started.tv_sec) + static_cast<double>(ended.tv_nsec - started.tv_nsec) * 1e-9;
   if (options.progress && outcome.ok) {
     try {
       options.progress(1.0, "done");

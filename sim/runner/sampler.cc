@@ -109,7 +109,9 @@ bool WaitUntil(std::uint64_t deadline_ns) {
   for (;;) {
     const std::uint64_t now = MonotonicNs();
     if (now >= deadline_ns) return true;
-    struct pollfd input {STDIN_FILENO, POLLIN, 0};
+    struct pollfd input {
+      STDIN_FILENO, POLLIN, 0
+    };
     const int timeout_ms = static_cast<int>((deadline_ns - now + 999'999) / 1'000'000);
     const int ready = poll(&input, 1, timeout_ms);
     if (ready < 0 && errno != EINTR) return true;  // cannot watch stdin: keep sampling until killed
@@ -141,9 +143,10 @@ int main(int argc, char** argv) {
         wanted = WholeNumber("--devices", argv[++i], 1, kMaxDevices);
       }
     } else if (flag == "--help" || flag == "-h") {
-      std::puts("usage: vgpu-sampler [--devices K] [--every-ms N | --once]\n"
-                "Prints NVML's utilization and used memory of devices 0 .. K-1 as a JSON line every N ms (default\n"
-                "100) until standard input closes, or once with --once. Loads libnvidia-ml.so.1 (LD_LIBRARY_PATH).");
+      std::puts(
+          "usage: vgpu-sampler [--devices K] [--every-ms N | --once]\n"
+          "Prints NVML's utilization and used memory of devices 0 .. K-1 as a JSON line every N ms (default\n"
+          "100) until standard input closes, or once with --once. Loads libnvidia-ml.so.1 (LD_LIBRARY_PATH).");
       return 0;
     } else {
       Fail(2, "unknown argument '" + flag + "'; accepted: --devices K, --every-ms N, --once, --help");

@@ -22,9 +22,12 @@ constexpr std::size_t kMaxSegments = 1'000'000;
 
 sim::Policy SimPolicy(scenario::Policy policy) {
   switch (policy) {
-    case scenario::Policy::force: return sim::Policy::force;
-    case scenario::Policy::default_policy: return sim::Policy::default_policy;
-    case scenario::Policy::disable: return sim::Policy::disable;
+    case scenario::Policy::force:
+      return sim::Policy::force;
+    case scenario::Policy::default_policy:
+      return sim::Policy::default_policy;
+    case scenario::Policy::disable:
+      return sim::Policy::disable;
   }
   return sim::Policy::force;
 }
@@ -33,8 +36,9 @@ sim::Policy SimPolicy(scenario::Policy policy) {
 bool ToWorkload(const scenario::Phase& phase, sim::Workload& workload, std::string& error) {
   workload = sim::Workload{};
   if (phase.collective_ns != 0) {
-    error = "collective: the simulator runs each device alone, so a collective among devices runs live only; "
-            "accepted in virtual mode: phases without collective:";
+    error =
+        "collective: the simulator runs each device alone, so a collective among devices runs live only; "
+        "accepted in virtual mode: phases without collective:";
     return false;
   }
   workload.queue_depth = phase.depth;
@@ -87,8 +91,10 @@ bool ToSegments(const scenario::ProcessSpec& spec, std::vector<sim::Segment>& se
       now = segment.stop_ns;
       segments.push_back(std::move(segment));
       if (segments.size() > kMaxSegments) {
-        error = "work: " + std::to_string(segments.size()) + "+ phases between start and stop (repeat: true); "
-                "accepted in virtual mode: at most " + std::to_string(kMaxSegments) + "; use longer phases";
+        error = "work: " + std::to_string(segments.size()) +
+                "+ phases between start and stop (repeat: true); "
+                "accepted in virtual mode: at most " +
+                std::to_string(kMaxSegments) + "; use longer phases";
         return false;
       }
     }
@@ -258,8 +264,8 @@ void AddTenants(const scenario::Scenario& s, std::uint32_t d, const std::vector<
 
 // Runs device `d`'s simulation (nothing if no tenant runs there) into `result`, reporting progress as the share
 // `d / device_count` onwards; false, with `error`, when cancelled or refused.
-bool SimulateDevice(const scenario::Scenario& s, std::uint32_t d, std::uint32_t device_count,
-                    sim::Scenario& simulation, const Options& options, sim::Result& result, std::string& error) {
+bool SimulateDevice(const scenario::Scenario& s, std::uint32_t d, std::uint32_t device_count, sim::Scenario& simulation,
+                    const Options& options, sim::Result& result, std::string& error) {
   std::uint64_t next_report_ns = scenario::kSecondNs;
   simulation.progress = [&](std::uint64_t now_ns) {
     if (options.cancel != nullptr && options.cancel->load()) return false;
@@ -319,12 +325,21 @@ void WriteEvent(const scenario::Scenario& s, const Event& event, const std::vect
   switch (event.kind) {
     case EventKind::start:
       memory.memory_bytes += ledger[event.process].held_bytes;
-      trace.Write(Line("process").Text("tenant", name).Number("process", run.index).Number("pid", 0)
-                      .Number("device", run.device).Number("t_ns", event.t_ns).Done());
+      trace.Write(Line("process")
+                      .Text("tenant", name)
+                      .Number("process", run.index)
+                      .Number("pid", 0)
+                      .Number("device", run.device)
+                      .Number("t_ns", event.t_ns)
+                      .Done());
       break;
     case EventKind::oom:
-      trace.Write(Line("oom").Number("t_ns", event.t_ns).Text("tenant", name).Number("process", run.index)
-                      .Number("bytes", ledger[event.process].oom_bytes).Done());
+      trace.Write(Line("oom")
+                      .Number("t_ns", event.t_ns)
+                      .Text("tenant", name)
+                      .Number("process", run.index)
+                      .Number("bytes", ledger[event.process].oom_bytes)
+                      .Done());
       break;
     case EventKind::oom_exit:
     case EventKind::exit: {
@@ -332,8 +347,13 @@ void WriteEvent(const scenario::Scenario& s, const Event& event, const std::vect
       const bool killed = event.kind == EventKind::exit && run.spec->crash_at_ns.has_value();
       const char* status = event.kind == EventKind::oom_exit ? "oom" : killed ? "killed" : "ok";
       const int code = event.kind == EventKind::oom_exit ? kOomCode : killed ? kKilledCode : 0;
-      trace.Write(Line("exit").Number("t_ns", event.t_ns).Text("tenant", name).Number("process", run.index)
-                      .Text("status", status).Number("code", static_cast<std::uint64_t>(code)).Done());
+      trace.Write(Line("exit")
+                      .Number("t_ns", event.t_ns)
+                      .Text("tenant", name)
+                      .Number("process", run.index)
+                      .Text("status", status)
+                      .Number("code", static_cast<std::uint64_t>(code))
+                      .Done());
       break;
     }
   }
@@ -355,16 +375,25 @@ void WriteSamples(const scenario::Scenario& s, std::uint64_t k, const std::vecto
           k == 0 || row < 0 ? 0 : results[d].tenants[static_cast<std::size_t>(row)].busy_samples_ns[k - 1];
       device_busy[d] += busy;
       device_memory[d] += rows[d][t].memory_bytes;
-      trace.Write(Line("sample").Number("t_ns", t_ns).Text("tenant", s.tenants[t].name).Number("device", d)
-                      .Number("busy_ns", busy).Number("memory_bytes", rows[d][t].memory_bytes).Done());
+      trace.Write(Line("sample")
+                      .Number("t_ns", t_ns)
+                      .Text("tenant", s.tenants[t].name)
+                      .Number("device", d)
+                      .Number("busy_ns", busy)
+                      .Number("memory_bytes", rows[d][t].memory_bytes)
+                      .Done());
     }
   }
   for (std::uint32_t d = 0; d < device_count; ++d) {
     const std::uint64_t period_busy = k == 0 ? 0 : device_busy[d] - std::min(device_busy[d], device_busy_before[d]);
     const std::uint64_t util = std::min<std::uint64_t>(100, (period_busy * 100 + s.sample_ns / 2) / s.sample_ns);
     device_busy_before[d] = device_busy[d];
-    trace.Write(Line("gpu").Number("t_ns", t_ns).Number("device", d).Number("util_percent", util)
-                    .Number("memory_used_bytes", specs[d].reserved_bytes + device_memory[d]).Done());
+    trace.Write(Line("gpu")
+                    .Number("t_ns", t_ns)
+                    .Number("device", d)
+                    .Number("util_percent", util)
+                    .Number("memory_used_bytes", specs[d].reserved_bytes + device_memory[d])
+                    .Done());
   }
 }
 
@@ -415,8 +444,8 @@ Outcome RunVirtual(const scenario::Scenario& s, const Options& options, TraceSin
     }
   }
   // Wall time is the one thing a virtual run cannot repeat: 0 keeps its trace the same, byte for byte.
-  trace.Write(Line("end").Number("t_ns", s.duration_ns).Number("leaked_bytes", leaked_bytes)
-                  .Number("seconds_wall", 0).Done());
+  trace.Write(
+      Line("end").Number("t_ns", s.duration_ns).Number("leaked_bytes", leaked_bytes).Number("seconds_wall", 0).Done());
   outcome.ok = true;
   return outcome;
 }

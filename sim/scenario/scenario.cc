@@ -255,7 +255,8 @@ class Checker {
     if (text == nullptr) return std::nullopt;
     std::uint64_t ns = 0;
     switch (values::ParseDuration(*text, ns)) {
-      case values::DurationStatus::ok: break;
+      case values::DurationStatus::ok:
+        break;
       case values::DurationStatus::malformed:
         Add(node.line, path, Shown(node) + " is not a duration; expected " + values::kDurationForms);
         return std::nullopt;
@@ -331,8 +332,8 @@ class Checker {
       return;
     }
     if (!CheckMapping(root, "",
-                      {"name", "description", "gpu", "timeslice", "switch", "mode", "duration", "settle", "window", "sample",
-                       "seed", "sharing", "tenants", "expect", "faults"},
+                      {"name", "description", "gpu", "timeslice", "switch", "mode", "duration", "settle", "window",
+                       "sample", "seed", "sharing", "tenants", "expect", "faults"},
                       "a mapping of keys (name, gpu, duration, tenants, ...)")) {
       return;
     }
@@ -623,7 +624,8 @@ class Checker {
     if (processes > kMaxProcessesInAll) {
       Add(node.key_line, "tenants",
           "the tenants start " + std::to_string(processes) + " processes (replicas counted); expected at most " +
-              std::to_string(kMaxProcessesInAll) + " (the fake machine's process slots, one kept for the live runner's sampler)");
+              std::to_string(kMaxProcessesInAll) +
+              " (the fake machine's process slots, one kept for the live runner's sampler)");
     }
   }
 
@@ -906,8 +908,8 @@ class Checker {
   }
 
   bool CheckPhase(const Node& node, const std::string& path, Phase& phase) {
-    if (!CheckMapping(node, path, {"kernels", "idle", "for", "depth", "rate", "blocks", "jitter", "collective", "ranks",
-                                   "every"},
+    if (!CheckMapping(node, path,
+                      {"kernels", "idle", "for", "depth", "rate", "blocks", "jitter", "collective", "ranks", "every"},
                       "a phase (kernels: 1ms or idle: 1s, with for:, depth:, ...)")) {
       return false;
     }
@@ -1013,8 +1015,9 @@ class Checker {
     const Node* every = node.Find("every");
     if (collective == nullptr && ranks == nullptr && every == nullptr) return;
     if (collective == nullptr || ranks == nullptr) {
-      Add(node.line, path, "a collective needs both collective: (its kernel's duration) and ranks: (how many "
-                           "processes, one per device), e.g. collective: 1ms, ranks: 2");
+      Add(node.line, path,
+          "a collective needs both collective: (its kernel's duration) and ranks: (how many "
+          "processes, one per device), e.g. collective: 1ms, ranks: 2");
       return;
     }
     if (auto ns = Duration(*collective, Join(path, "collective"), kMicrosecondNs, kMaxDurationNs, "1ms")) {
@@ -1025,8 +1028,7 @@ class Checker {
       phase.ranks = static_cast<std::uint32_t>(*value);
     }
     if (every == nullptr) return;
-    if (auto value = Whole(*every, Join(path, "every"), 1, kMaxInFlight,
-                           "1 .. 128 kernels between two collectives")) {
+    if (auto value = Whole(*every, Join(path, "every"), 1, kMaxInFlight, "1 .. 128 kernels between two collectives")) {
       phase.every = static_cast<std::uint32_t>(*value);
     }
   }
@@ -1357,9 +1359,12 @@ Loaded LoadFile(const std::string& path) {
 
 const char* PolicyName(Policy policy) {
   switch (policy) {
-    case Policy::force: return "force";
-    case Policy::default_policy: return "default";
-    case Policy::disable: return "disable";
+    case Policy::force:
+      return "force";
+    case Policy::default_policy:
+      return "default";
+    case Policy::disable:
+      return "disable";
   }
   return "?";
 }

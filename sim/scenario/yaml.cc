@@ -509,8 +509,10 @@ class Reader {
     const std::uint32_t line = cursor.line;
     switch (first) {
       case '&':
-      case '*': Fail(line, "anchors (&name) and aliases (*name) are not supported; write the value out");
-      case '!': Fail(line, "tags (!name) are not supported; write the value without one");
+      case '*':
+        Fail(line, "anchors (&name) and aliases (*name) are not supported; write the value out");
+      case '!':
+        Fail(line, "tags (!name) are not supported; write the value without one");
       case '|':
       case '>':
         Fail(line, std::string("block scalars ('") + first +
@@ -523,8 +525,10 @@ class Reader {
       case '[':
       case ']':
       case '{':
-      case '}': Fail(line, std::string("a value cannot start with '") + first + "'; put it in quotes");
-      default: break;
+      case '}':
+        Fail(line, std::string("a value cannot start with '") + first + "'; put it in quotes");
+      default:
+        break;
     }
     if ((first == '?' || first == ':' || (first == '-' && in_flow)) && cursor.BlankAfter()) {
       Fail(line, std::string("a value cannot be '") + first + "' followed by a blank; put it in quotes");
@@ -597,28 +601,69 @@ class Reader {
     const char code = cursor.Peek(1);
     cursor.pos += 2;
     switch (code) {
-      case '0': out += '\0'; return;
-      case 'a': out += '\a'; return;
-      case 'b': out += '\b'; return;
+      case '0':
+        out += '\0';
+        return;
+      case 'a':
+        out += '\a';
+        return;
+      case 'b':
+        out += '\b';
+        return;
       case 't':
-      case '\t': out += '\t'; return;
-      case 'n': out += '\n'; return;
-      case 'v': out += '\v'; return;
-      case 'f': out += '\f'; return;
-      case 'r': out += '\r'; return;
-      case 'e': out += '\x1b'; return;
-      case ' ': out += ' '; return;
-      case '"': out += '"'; return;
-      case '/': out += '/'; return;
-      case '\\': out += '\\'; return;
-      case 'N': AppendUtf8(out, 0x85); return;
-      case '_': AppendUtf8(out, 0xa0); return;
-      case 'L': AppendUtf8(out, 0x2028); return;
-      case 'P': AppendUtf8(out, 0x2029); return;
-      case 'x': AppendUtf8(out, ParseHex(cursor, 2, at)); return;
-      case 'u': AppendUtf8(out, ParseHex(cursor, 4, at)); return;
-      case 'U': AppendUtf8(out, ParseHex(cursor, 8, at)); return;
-      default: break;
+      case '\t':
+        out += '\t';
+        return;
+      case 'n':
+        out += '\n';
+        return;
+      case 'v':
+        out += '\v';
+        return;
+      case 'f':
+        out += '\f';
+        return;
+      case 'r':
+        out += '\r';
+        return;
+      case 'e':
+        out += '\x1b';
+        return;
+      case ' ':
+        out += ' ';
+        return;
+      case '"':
+        out += '"';
+        return;
+      case '/':
+        out += '/';
+        return;
+      case '\\':
+        out += '\\';
+        return;
+      case 'N':
+        AppendUtf8(out, 0x85);
+        return;
+      case '_':
+        AppendUtf8(out, 0xa0);
+        return;
+      case 'L':
+        AppendUtf8(out, 0x2028);
+        return;
+      case 'P':
+        AppendUtf8(out, 0x2029);
+        return;
+      case 'x':
+        AppendUtf8(out, ParseHex(cursor, 2, at));
+        return;
+      case 'u':
+        AppendUtf8(out, ParseHex(cursor, 4, at));
+        return;
+      case 'U':
+        AppendUtf8(out, ParseHex(cursor, 8, at));
+        return;
+      default:
+        break;
     }
     if (code == '\0') {
       Fail(cursor.line, "a '\\' at the end of the line (a value must fit on one line)");

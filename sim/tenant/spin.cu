@@ -14,11 +14,10 @@
 // Nanoseconds of the GPU-wide wall clock. %globaltimer rather than clock64():
 // clock64 counts SM cycles, whose rate changes with the clock boost, while the
 // tenant asks for microseconds of wall time.
-__device__ __forceinline__ unsigned long long globaltimer_ns()
-{
-    unsigned long long now_ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now_ns));
-    return now_ns;
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long now_ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now_ns));
+  return now_ns;
 }
 
 // A gap between two consecutive clock reads longer than this means the block
@@ -39,36 +38,31 @@ constexpr unsigned long long kSwitchedOutGapNs = 10000;
 // its SM slot (what the tenant models: occupancy for a given time) without
 // taking issue cycles from other work on the same SM, and one reader means the
 // block ends exactly when its one clock says so.
-__device__ __forceinline__ void spin_block(unsigned long long ns_per_block)
-{
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-        unsigned long long ran_ns = 0;
-        unsigned long long previous_ns = globaltimer_ns();
-        while (ran_ns < ns_per_block) {
-            const unsigned long long now_ns = globaltimer_ns();
-            const unsigned long long step_ns = now_ns - previous_ns;
-            if (step_ns < kSwitchedOutGapNs) {
-                ran_ns += step_ns;
-            }
-            previous_ns = now_ns;
-        }
+__device__ __forceinline__ void spin_block(unsigned long long ns_per_block) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    unsigned long long ran_ns = 0;
+    unsigned long long previous_ns = globaltimer_ns();
+    while (ran_ns < ns_per_block) {
+      const unsigned long long now_ns = globaltimer_ns();
+      const unsigned long long step_ns = now_ns - previous_ns;
+      if (step_ns < kSwitchedOutGapNs) {
+        ran_ns += step_ns;
+      }
+      previous_ns = now_ns;
     }
-    __syncthreads();
+  }
+  __syncthreads();
 }
 
-extern "C" __global__ void vgpu_spin(unsigned long long ns_per_block)
-{
-    spin_block(ns_per_block);
-}
+extern "C" __global__ void vgpu_spin(unsigned long long ns_per_block) { spin_block(ns_per_block); }
 
 // A collective kernel, as NCCL's: on fakecuda it cannot do its work until the kernels of the same `group` and
 // round have started on the group's other `size` - 1 devices (it holds its device meanwhile), then runs
 // ns_per_block like vgpu_spin. On a real GPU nothing here waits for peers: it is vgpu_spin with two more
 // arguments, so a scenario that uses it runs everywhere (the wait is modelled on fakecuda only).
 extern "C" __global__ void vgpu_collective(unsigned long long ns_per_block, unsigned long long group,
-                                           unsigned long long size)
-{
-    (void)group;
-    (void)size;
-    spin_block(ns_per_block);
+                                           unsigned long long size) {
+  (void)group;
+  (void)size;
+  spin_block(ns_per_block);
 }

@@ -14,15 +14,15 @@ namespace vgpu::tenant {
 // A CUDA call that failed: its result and the exported name of the function
 // (the versioned one, cuMemAlloc_v2, as a trace or a shim sees it).
 struct CudaFailure {
-    CUresult result;
-    const char* call;
+  CUresult result;
+  const char* call;
 };
 
 // Blocks per SM that can be resident at once, and so how many waves B blocks
 // take: the same formula fakecuda's cost model uses, from device attributes
 // alone (the spin kernel needs no shared memory and few registers).
-std::uint64_t WavesFor(std::uint64_t blocks, std::uint64_t threads_per_block, int sm_count,
-                       int max_threads_per_sm, int max_blocks_per_sm);
+std::uint64_t WavesFor(std::uint64_t blocks, std::uint64_t threads_per_block, int sm_count, int max_threads_per_sm,
+                       int max_blocks_per_sm);
 
 // Runs the workload. Fills *result as it goes (kernels launched, elapsed time,
 // bytes allocated), so that on a CudaFailure the caller still reports how far

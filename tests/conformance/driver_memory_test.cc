@@ -20,7 +20,8 @@ std::string ModulePtx() {
   return R"(.version 8.0
 .target sm_75
 .address_size 64
-.global .align 4 .b8 module_data[)" + std::to_string(kModuleData) + R"(];
+.global .align 4 .b8 module_data[)" +
+         std::to_string(kModuleData) + R"(];
 .extern .func (.param .b64 func_retval0) malloc
 (
   .param .b64 malloc_param_0

@@ -530,9 +530,9 @@ TEST_F(NvmlWithContextTest, BusyDeviceUtilizationSamplesArePercentWithCpuTimesta
   ASSERT_GE(count, 2u);
   EXPECT_EQ(type, NVML_VALUE_TYPE_UNSIGNED_INT);
   samples.resize(count);
-  const auto newest = std::max_element(samples.begin(), samples.end(), [](const nvmlSample_t& a, const nvmlSample_t& b) {
-    return a.timeStamp < b.timeStamp;
-  });
+  const auto newest =
+      std::max_element(samples.begin(), samples.end(),
+                       [](const nvmlSample_t& a, const nvmlSample_t& b) { return a.timeStamp < b.timeStamp; });
   std::printf("%u utilization samples; newest %llu us, %u; the one before it %llu us\n", count, newest->timeStamp,
               newest->sampleValue.uiVal, count > 1 ? samples[count - 2].timeStamp : 0ull);
   EXPECT_GE(newest->sampleValue.uiVal, 50u) << "a kernel ran throughout the newest sample's period";
@@ -540,9 +540,9 @@ TEST_F(NvmlWithContextTest, BusyDeviceUtilizationSamplesArePercentWithCpuTimesta
   EXPECT_LE(newest->timeStamp, MicrosecondsSinceEpoch());
   EXPECT_GE(newest->timeStamp + 5'000'000ull, MicrosecondsSinceEpoch()) << "the newest sample is recent";
   unsigned int none = capacity;
-  EXPECT_NVML(NVML_ERROR_NOT_FOUND, nvmlDeviceGetSamples(device, NVML_GPU_UTILIZATION_SAMPLES,
-                                                         MicrosecondsSinceEpoch() + 60'000'000ull, &type, &none,
-                                                         samples.data()));
+  EXPECT_NVML(NVML_ERROR_NOT_FOUND,
+              nvmlDeviceGetSamples(device, NVML_GPU_UTILIZATION_SAMPLES, MicrosecondsSinceEpoch() + 60'000'000ull,
+                                   &type, &none, samples.data()));
   ASSERT_CU_OK(cuCtxSynchronize());
   EXPECT_CU_OK(cuModuleUnload(module));
 }

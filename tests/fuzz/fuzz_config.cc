@@ -57,8 +57,8 @@ using vgpu::policy::kMaxDevices;
   std::abort();
 }
 
-#define CHECK(condition, ...) \
-  do {                         \
+#define CHECK(condition, ...)                          \
+  do {                                                 \
     if (!(condition)) Fail(#condition, ##__VA_ARGS__); \
   } while (false)
 
@@ -77,8 +77,8 @@ constexpr const char* kOversubscribe = "CUDA_OVERSUBSCRIBE";
 
 const std::set<std::string>& ContractNames() {
   static const std::set<std::string> names = [] {
-    std::set<std::string> all{kMemory,   kSm,      kCache,    kPolicy,         kLog,          kVerdict,
-                              kHeadroom, kSharing, kSchedule, kPriority, kDisableControl, kOversubscribe};
+    std::set<std::string> all{kMemory,  kSm,       kCache,    kPolicy,         kLog,          kVerdict, kHeadroom,
+                              kSharing, kSchedule, kPriority, kDisableControl, kOversubscribe};
     for (int i = 0; i < kMaxDevices; ++i) {
       all.insert(std::string(kMemory) + "_" + std::to_string(i));
       all.insert(std::string(kSm) + "_" + std::to_string(i));
@@ -96,9 +96,9 @@ std::optional<std::uint64_t> OracleSize(std::string_view text) {
   std::size_t digits = 0;
   while (digits < text.size() && IsDigit(text[digits])) ++digits;
   if (digits == 0) return std::nullopt;
-  static const std::pair<std::string_view, int> kSuffixes[] = {
-      {"", 0},   {"b", 0},   {"k", 10},  {"K", 10},  {"Ki", 10}, {"m", 20},  {"M", 20},  {"Mi", 20},
-      {"g", 30}, {"G", 30},  {"Gi", 30}, {"t", 40},  {"T", 40},  {"Ti", 40}};
+  static const std::pair<std::string_view, int> kSuffixes[] = {{"", 0},    {"b", 0},  {"k", 10},  {"K", 10}, {"Ki", 10},
+                                                               {"m", 20},  {"M", 20}, {"Mi", 20}, {"g", 30}, {"G", 30},
+                                                               {"Gi", 30}, {"t", 40}, {"T", 40},  {"Ti", 40}};
   int shift = -1;
   for (const auto& [suffix, bits] : kSuffixes) {
     if (text.substr(digits) == suffix) shift = bits;
@@ -201,14 +201,14 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     }
   }
   if (const auto text = Find(entries, kCache)) {
-    const bool absolute = !text->empty() && text->front() == '/' && text->size() <= 4095 &&
-                          text->find('\0') == std::string::npos;
+    const bool absolute =
+        !text->empty() && text->front() == '/' && text->size() <= 4095 && text->find('\0') == std::string::npos;
     if (!text->empty() && !absolute) return refuse(kCache);
     config.region_path = *text;
   }
   if (const auto text = Find(entries, kVerdict)) {
-    const bool absolute = !text->empty() && text->front() == '/' && text->size() <= 4095 &&
-                          text->find('\0') == std::string::npos;
+    const bool absolute =
+        !text->empty() && text->front() == '/' && text->size() <= 4095 && text->find('\0') == std::string::npos;
     if (!text->empty() && !absolute) return refuse(kVerdict);
     config.verdict_path = *text;
   }
@@ -222,8 +222,8 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
     }
   }
   if (const auto text = Find(entries, kSchedule)) {
-    const bool absolute = !text->empty() && text->front() == '/' && text->size() <= 4095 &&
-                          text->find('\0') == std::string::npos;
+    const bool absolute =
+        !text->empty() && text->front() == '/' && text->size() <= 4095 && text->find('\0') == std::string::npos;
     if (!absolute) return refuse(kSchedule);
     config.schedule_path = *text;
   }
@@ -262,10 +262,9 @@ Expected OracleConfig(const Entries& entries, std::string_view source) {
 bool SameConfig(const Config& a, const Config& b) {
   return a.memory_limit_bytes == b.memory_limit_bytes && a.sm_limit_percent == b.sm_limit_percent &&
          a.region_path == b.region_path && a.verdict_path == b.verdict_path && a.sharing == b.sharing &&
-         a.schedule_path == b.schedule_path &&
-         a.driver_headroom_bytes == b.driver_headroom_bytes && a.policy == b.policy && a.log_level == b.log_level &&
-         a.task_priority == b.task_priority && a.control_disabled == b.control_disabled &&
-         a.oversubscribe == b.oversubscribe && a.source == b.source;
+         a.schedule_path == b.schedule_path && a.driver_headroom_bytes == b.driver_headroom_bytes &&
+         a.policy == b.policy && a.log_level == b.log_level && a.task_priority == b.task_priority &&
+         a.control_disabled == b.control_disabled && a.oversubscribe == b.oversubscribe && a.source == b.source;
 }
 
 // A message the shim prints once on stderr: one line, printable ASCII, bounded, starting "vgpu: ".
@@ -351,8 +350,8 @@ FileOracle OracleFile(std::string_view text) {
   for (;;) {
     ++number;
     const std::size_t newline = text.find('\n', start);
-    const std::string_view line = Trim(text.substr(start, newline == std::string_view::npos ? std::string_view::npos
-                                                                                          : newline - start));
+    const std::string_view line =
+        Trim(text.substr(start, newline == std::string_view::npos ? std::string_view::npos : newline - start));
     if (!line.empty() && line.front() != '#') {
       const std::size_t equals = line.find('=');
       const std::string_view key = Trim(line.substr(0, equals));

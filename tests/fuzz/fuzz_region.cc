@@ -325,9 +325,9 @@ bool Replaceable(Kind kind, const std::vector<unsigned char>& contents) {
 
 // Step 2 of an input: Open accepts a valid file (and its invariants hold, Attached), replaces a replaceable one by a
 // fresh region (nothing of the old file left, no temporary beside it), and refuses anything else, leaving it as it was.
-void CheckAttach(const std::string& path, const std::string& file, Kind kind, const std::vector<unsigned char>& contents,
-                 bool valid, const std::vector<std::string>& entries_before, const Region& written, bool owner_died,
-                 const std::uint8_t* data, std::size_t size) {
+void CheckAttach(const std::string& path, const std::string& file, Kind kind,
+                 const std::vector<unsigned char>& contents, bool valid, const std::vector<std::string>& entries_before,
+                 const Region& written, bool owner_died, const std::uint8_t* data, std::size_t size) {
   const bool replaceable = !valid && Replaceable(kind, contents);
   std::string error, note;
   Attachment* attachment = Attachment::Open(path, error, &note);
@@ -382,12 +382,21 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
 
   std::size_t length = kRegionBytes;
   switch (size_code & 7) {
-    case 3: length = kRegionBytes + 1 + 16 * (size_code >> 3); break;
-    case 4: length = payload_size; break;
-    case 5: length = kRegionBytes - 1 - 64 * (size_code >> 3); break;
+    case 3:
+      length = kRegionBytes + 1 + 16 * (size_code >> 3);
+      break;
+    case 4:
+      length = payload_size;
+      break;
+    case 5:
+      length = kRegionBytes - 1 - 64 * (size_code >> 3);
+      break;
     case 6:
-    case 7: length = size_code >> 3; break;
-    default: break;
+    case 7:
+      length = size_code >> 3;
+      break;
+    default:
+      break;
   }
   static std::vector<unsigned char> image;
   image.assign(length, 0);
@@ -407,8 +416,8 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
   // The file: HAMi-core's part, then the image (a tiny file: the part's first bytes alone).
   static std::vector<unsigned char> contents;
   const bool tiny = (size_code & 7) >= 6;
-  contents.assign(g_prefix.begin(), g_prefix.begin() + static_cast<long>(tiny ? std::min(length, g_prefix.size())
-                                                                                : g_prefix.size()));
+  contents.assign(g_prefix.begin(),
+                  g_prefix.begin() + static_cast<long>(tiny ? std::min(length, g_prefix.size()) : g_prefix.size()));
   if (!tiny) contents.insert(contents.end(), image.begin(), image.end());
 
   const std::string path = g_folder + "/region";
@@ -445,8 +454,8 @@ void OneInput(const std::uint8_t* data, std::size_t size) {
     std::memcpy(&magic, image.data() + offsetof(Region, magic), sizeof magic);
     std::memcpy(&version, image.data() + offsetof(Region, version), sizeof version);
     std::memcpy(&region_bytes, image.data() + offsetof(Region, region_bytes), sizeof region_bytes);
-    valid = magic == vgpu::region::kRegionMagic && version == vgpu::region::kRegionVersion &&
-            region_bytes == kRegionBytes;
+    valid =
+        magic == vgpu::region::kRegionMagic && version == vgpu::region::kRegionVersion && region_bytes == kRegionBytes;
   }
   const Region& written = RegionOf(image, 0);
 
@@ -581,8 +590,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // $TMPDIR, else /dev/shm (a 290 KiB file written per input on a disk file system makes the run wait for the disk),
   // else /tmp.
   const char* base = std::getenv("TMPDIR");
-  const std::string scratch = base != nullptr && base[0] == '/' ? base
-                              : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
+  const std::string scratch = base != nullptr && base[0] == '/'      ? base
+                              : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm"
+                                                                     : "/tmp";
   std::string pattern = scratch + "/vgpu-fuzz-region.XXXXXX";
   if (mkdtemp(pattern.data()) == nullptr) Fail("mkdtemp", Describe(errno));
   g_folder = pattern;

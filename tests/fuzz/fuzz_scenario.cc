@@ -27,8 +27,7 @@ namespace {
 using namespace vgpu::scenario;
 
 [[noreturn]] void Fail(const char* what, const std::string& detail = {}) {
-  std::fprintf(stderr, "fuzz_scenario: invariant broken: %s%s%s\n", what, detail.empty() ? "" : "\n  ",
-               detail.c_str());
+  std::fprintf(stderr, "fuzz_scenario: invariant broken: %s%s%s\n", what, detail.empty() ? "" : "\n  ", detail.c_str());
   std::abort();
 }
 
@@ -49,10 +48,14 @@ bool ValidUtf8(std::string_view text) {
       ++i;
       continue;
     }
-    if (lead >= 0xc2 && lead <= 0xdf) length = 2, low = 0x80, code = lead & 0x1fu;
-    else if (lead >= 0xe0 && lead <= 0xef) length = 3, low = 0x800, code = lead & 0x0fu;
-    else if (lead >= 0xf0 && lead <= 0xf4) length = 4, low = 0x10000, code = lead & 0x07u;
-    else return false;
+    if (lead >= 0xc2 && lead <= 0xdf)
+      length = 2, low = 0x80, code = lead & 0x1fu;
+    else if (lead >= 0xe0 && lead <= 0xef)
+      length = 3, low = 0x800, code = lead & 0x0fu;
+    else if (lead >= 0xf0 && lead <= 0xf4)
+      length = 4, low = 0x10000, code = lead & 0x07u;
+    else
+      return false;
     if (i + length > text.size()) return false;
     for (std::size_t k = 1; k < length; ++k) {
       const auto next = static_cast<unsigned char>(text[i + k]);
@@ -68,8 +71,8 @@ bool ValidUtf8(std::string_view text) {
 bool IsName(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   for (const char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                    c == '_' || c == '.';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
     if (!ok) return false;
   }
   return true;
@@ -232,9 +235,15 @@ std::string Write(const Scenario& s) {
         case Expectation::Kind::oom:
           y += std::string("      - oom: ") + (e.oom ? "true" : "false") + "\n";
           continue;
-        case Expectation::Kind::share: y += "      - share: " + Number(e.percent) + "\n"; break;
-        case Expectation::Kind::min_share: y += "      - min_share: " + Number(e.percent) + "\n"; break;
-        case Expectation::Kind::max_share: y += "      - max_share: " + Number(e.percent) + "%\n"; break;
+        case Expectation::Kind::share:
+          y += "      - share: " + Number(e.percent) + "\n";
+          break;
+        case Expectation::Kind::min_share:
+          y += "      - min_share: " + Number(e.percent) + "\n";
+          break;
+        case Expectation::Kind::max_share:
+          y += "      - max_share: " + Number(e.percent) + "%\n";
+          break;
       }
       if (e.tolerance_points) y += "        tolerance: " + Number(*e.tolerance_points) + "\n";
       if (e.worst_window_points) y += "        worst_window: " + Number(*e.worst_window_points) + "\n";

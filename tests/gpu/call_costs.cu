@@ -21,7 +21,8 @@ double NowNs() {
 }
 
 // The median over batches of the mean cost of one call; `after_batch` runs untimed between batches (a drain).
-double Cost(const std::function<void()>& call, const std::function<void()>& after_batch = [] {}) {
+double Cost(
+    const std::function<void()>& call, const std::function<void()>& after_batch = [] {}) {
   constexpr int kBatch = 2000, kBatches = 21;
   std::vector<double> means;
   for (int b = -1; b < kBatches; ++b) {
@@ -84,14 +85,18 @@ int main() {
   // Queued launches of an empty kernel, with and without an event recorded after each one and after every 32nd.
   int n = 0;
   Report("launch(queued)", Cost([&] { empty_kernel<<<1, 1, 0, stream>>>(); }, drain));
-  Report("launch+cuEventRecord(queued)", Cost([&] {
-           empty_kernel<<<1, 1, 0, stream>>>();
-           cuEventRecord(a, stream);
-         }, drain));
-  Report("launch+cuEventRecord/32(queued)", Cost([&] {
-           empty_kernel<<<1, 1, 0, stream>>>();
-           if (++n % 32 == 0) cuEventRecord(a, stream);
-         }, drain));
+  Report("launch+cuEventRecord(queued)", Cost(
+                                             [&] {
+                                               empty_kernel<<<1, 1, 0, stream>>>();
+                                               cuEventRecord(a, stream);
+                                             },
+                                             drain));
+  Report("launch+cuEventRecord/32(queued)", Cost(
+                                                [&] {
+                                                  empty_kernel<<<1, 1, 0, stream>>>();
+                                                  if (++n % 32 == 0) cuEventRecord(a, stream);
+                                                },
+                                                drain));
   Report("launch+sync", Cost([&] {
            empty_kernel<<<1, 1, 0, stream>>>();
            cuStreamSynchronize(stream);

@@ -81,15 +81,16 @@ void Step(const char* name, const char* note = "") {
   const double own = OwnMiB();
   size_t free_bytes = 0, total = 0;
   cuMemGetInfo(&free_bytes, &total);
-  std::printf("STEP {\"step\": \"%s\", \"nvml_MiB\": %.0f, \"delta_MiB\": %.0f, \"free_MiB\": %.0f, \"note\": \"%s\"}\n",
-              name, own, own - g_last_mib, free_bytes / kMiB, note);
+  std::printf(
+      "STEP {\"step\": \"%s\", \"nvml_MiB\": %.0f, \"delta_MiB\": %.0f, \"free_MiB\": %.0f, \"note\": \"%s\"}\n", name,
+      own, own - g_last_mib, free_bytes / kMiB, note);
   std::fflush(stdout);
   g_last_mib = own;
 }
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    const auto result_ = (call);                                                             \
+#define CHECK(call)                                                                                       \
+  do {                                                                                                    \
+    const auto result_ = (call);                                                                          \
     if (static_cast<int>(result_) != 0) std::printf("ERROR %s = %d\n", #call, static_cast<int>(result_)); \
   } while (0)
 
@@ -101,8 +102,8 @@ void OpenNvml() {
   CHECK(cuDeviceGetUuid_v2(&uuid, device));
   char text[96];
   const auto* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   CHECK(nvmlDeviceGetHandleByUUID(text, &g_nvml));
 }
 
@@ -144,8 +145,9 @@ void Ipc(const char* self) {
     return;
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  std::printf("STEP {\"step\": \"ipc parent: while the child holds it\", \"nvml_MiB\": %.0f, \"child_nvml_MiB\": %.0f}\n",
-              OwnMiB(), OwnMiB(child));
+  std::printf(
+      "STEP {\"step\": \"ipc parent: while the child holds it\", \"nvml_MiB\": %.0f, \"child_nvml_MiB\": %.0f}\n",
+      OwnMiB(), OwnMiB(child));
   int status = 0;
   waitpid(child, &status, 0);
   CHECK(cuMemFree(pointer));
@@ -305,8 +307,8 @@ int LimitsFill() {
   }
   cudaGetLastError();
   Step("filled in 2 MiB blocks to OOM");
-  std::printf("RESULT {\"mode\": \"limits-fill\", \"blocks_2MiB\": %d, \"MiB_filled\": %d, \"nvml_MiB\": %.0f}\n", blocks,
-              2 * blocks, OwnMiB());
+  std::printf("RESULT {\"mode\": \"limits-fill\", \"blocks_2MiB\": %d, \"MiB_filled\": %d, \"nvml_MiB\": %.0f}\n",
+              blocks, 2 * blocks, OwnMiB());
   std::fflush(stdout);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // held: the host sampler reads the peak
   return 0;
@@ -326,9 +328,11 @@ int AllocLoop(int count) {
     cuMemFree(p);
   }
   const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / count;
-  std::printf("RESULT {\"mode\": \"alloc-loop\", \"pairs\": %d, \"ns_per_pair\": %.0f, \"preload\": \"%s\", \"limit\": \"%s\"}\n",
-              count, ns, std::getenv("LD_PRELOAD") ? std::getenv("LD_PRELOAD") : "",
-              std::getenv("CUDA_DEVICE_MEMORY_LIMIT") ? std::getenv("CUDA_DEVICE_MEMORY_LIMIT") : "");
+  std::printf(
+      "RESULT {\"mode\": \"alloc-loop\", \"pairs\": %d, \"ns_per_pair\": %.0f, \"preload\": \"%s\", \"limit\": "
+      "\"%s\"}\n",
+      count, ns, std::getenv("LD_PRELOAD") ? std::getenv("LD_PRELOAD") : "",
+      std::getenv("CUDA_DEVICE_MEMORY_LIMIT") ? std::getenv("CUDA_DEVICE_MEMORY_LIMIT") : "");
   return 0;
 }
 
@@ -343,9 +347,11 @@ int LaunchLoop(int count) {
   }
   CHECK(cudaDeviceSynchronize());
   const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / count;
-  std::printf("RESULT {\"mode\": \"launch-loop\", \"launches\": %d, \"ns_per_launch\": %.0f, \"preload\": \"%s\", \"limit\": \"%s\"}\n",
-              count, ns, std::getenv("LD_PRELOAD") ? std::getenv("LD_PRELOAD") : "",
-              std::getenv("CUDA_DEVICE_MEMORY_LIMIT") ? std::getenv("CUDA_DEVICE_MEMORY_LIMIT") : "");
+  std::printf(
+      "RESULT {\"mode\": \"launch-loop\", \"launches\": %d, \"ns_per_launch\": %.0f, \"preload\": \"%s\", \"limit\": "
+      "\"%s\"}\n",
+      count, ns, std::getenv("LD_PRELOAD") ? std::getenv("LD_PRELOAD") : "",
+      std::getenv("CUDA_DEVICE_MEMORY_LIMIT") ? std::getenv("CUDA_DEVICE_MEMORY_LIMIT") : "");
   return 0;
 }
 

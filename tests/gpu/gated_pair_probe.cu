@@ -46,16 +46,17 @@ __global__ void Spin(unsigned long long* span, unsigned long long spin_ns) {
 
 double NowNs() {
   return static_cast<double>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    const auto status_ = (call);                                                          \
-    if (static_cast<int>(status_) != 0) {                                                 \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    const auto status_ = (call);                                                                   \
+    if (static_cast<int>(status_) != 0) {                                                          \
       std::fprintf(stderr, "gated_pair_probe: %s failed: %d\n", #call, static_cast<int>(status_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 }  // namespace
@@ -110,7 +111,9 @@ int main(int argc, char** argv) {
       std::vector<double> excess, host;
       for (int i = 0; i < launches + 10; ++i) {  // (the first 10: warm-up, not kept)
         const double t0 = NowNs();
-        if (gated) CHECK(cuStreamWaitValue32(reinterpret_cast<CUstream>(stream), flag_device, ++sequence, CU_STREAM_WAIT_VALUE_GEQ));
+        if (gated)
+          CHECK(cuStreamWaitValue32(reinterpret_cast<CUstream>(stream), flag_device, ++sequence,
+                                    CU_STREAM_WAIT_VALUE_GEQ));
         CHECK(cudaEventRecord(start, stream));
         for (int k = 0; k < kernels; ++k) Spin<<<1, 32, 0, stream>>>(span + 2 * k, spin_ns);
         if (gated) __atomic_store_n(flag, sequence, __ATOMIC_RELEASE);
@@ -128,9 +131,10 @@ int main(int argc, char** argv) {
         host.push_back(t1 - t0);
       }
       const Spread e = Of(excess), h = Of(host);
-      std::printf("{\"mode\":\"%s\",\"spin_ns\":%llu,\"launches\":%d,\"pair_minus_span_ns\":[%.0f,%.0f,%.0f],"
-                  "\"host_ns\":[%.0f,%.0f,%.0f]}\n",
-                  mode, kernels == 0 ? 0ull : spin_ns, launches, e.p10, e.median, e.p90, h.p10, h.median, h.p90);
+      std::printf(
+          "{\"mode\":\"%s\",\"spin_ns\":%llu,\"launches\":%d,\"pair_minus_span_ns\":[%.0f,%.0f,%.0f],"
+          "\"host_ns\":[%.0f,%.0f,%.0f]}\n",
+          mode, kernels == 0 ? 0ull : spin_ns, launches, e.p10, e.median, e.p90, h.p10, h.median, h.p90);
       std::fflush(stdout);
     }
   }

@@ -95,9 +95,12 @@ std::string Quantiles(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   double sum = 0;
   for (double v : values) sum += v;
-  const auto at = [&](double q) { return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))]; };
+  const auto at = [&](double q) {
+    return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))];
+  };
   char text[160];
-  std::snprintf(text, sizeof text, "[%.1f,%.1f,%.1f,%.1f]", at(0.5), at(0.9), at(0.99), sum / static_cast<double>(values.size()));
+  std::snprintf(text, sizeof text, "[%.1f,%.1f,%.1f,%.1f]", at(0.5), at(0.9), at(0.99),
+                sum / static_cast<double>(values.size()));
   return text;
 }
 
@@ -106,7 +109,11 @@ class Bench {
  public:
   Bench(CUfunction function, CUstream stream, LaunchFunction driver, SyncFunction driver_sync, std::size_t evict_bytes,
         unsigned long long spin_ns)
-      : function_(function), stream_(stream), driver_(driver), driver_sync_(driver_sync), evict_(evict_bytes),
+      : function_(function),
+        stream_(stream),
+        driver_(driver),
+        driver_sync_(driver_sync),
+        evict_(evict_bytes),
         ns_(spin_ns) {}
 
   LaunchFunction hooked() const { return &cuLaunchKernel; }  // through the PLT: the shim's hook under LD_PRELOAD
@@ -171,9 +178,10 @@ class Bench {
       ratios.push_back(a / b - 1);
     }
     const Spread added = Of(ratios);
-    std::printf("{\"pattern\":\"%s\",\"hooked_ns\":%.1f,\"driver_ns\":%.1f,\"added\":%.4f,\"added_p10\":%.4f,"
-                "\"added_p90\":%.4f,\"pairs\":%zu}\n",
-                name, Of(through_shim).median, Of(straight).median, added.median, added.p10, added.p90, ratios.size());
+    std::printf(
+        "{\"pattern\":\"%s\",\"hooked_ns\":%.1f,\"driver_ns\":%.1f,\"added\":%.4f,\"added_p10\":%.4f,"
+        "\"added_p90\":%.4f,\"pairs\":%zu}\n",
+        name, Of(through_shim).median, Of(straight).median, added.median, added.p10, added.p90, ratios.size());
   }
 
   // One line per kind of single call: p50 / p90 / p99 / mean per path (a median that moves is a cost on every call; a
@@ -223,8 +231,8 @@ void MeasureTouches(Bench& bench, const char* touch) {
   static std::size_t stride = 0;
   static LaunchFunction driver = nullptr;
   driver = bench.driver();
-  const LaunchFunction through_touch = [](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                          unsigned by, unsigned bz, unsigned shared, CUstream s, void** p, void** e) {
+  const LaunchFunction through_touch = [](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                          unsigned bz, unsigned shared, CUstream s, void** p, void** e) {
     for (long i = 0; i < k; ++i) sink += pages[static_cast<std::size_t>(i) * stride];
     return driver(f, gx, gy, gz, bx, by, bz, shared, s, p, e);  // (driver: never the hook)
   };
@@ -263,9 +271,10 @@ bool SetUp(const std::string& ptx, CUfunction& function, CUstream& stream) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 4) {
-    std::fprintf(stderr, "usage: launch_ab SPIN_PTX [EVICT_KIB [SPIN_NS]] (the vgpu_spin kernel, e.g. sim/tenant/spin.ptx; "
-                         "EVICT_KIB: before each timed launch, untimed, write this many KiB, as a real driver's launch "
-                         "does; SPIN_NS: how long each kernel spins, 0 by default: it returns at once)\n");
+    std::fprintf(stderr,
+                 "usage: launch_ab SPIN_PTX [EVICT_KIB [SPIN_NS]] (the vgpu_spin kernel, e.g. sim/tenant/spin.ptx; "
+                 "EVICT_KIB: before each timed launch, untimed, write this many KiB, as a real driver's launch "
+                 "does; SPIN_NS: how long each kernel spins, 0 by default: it returns at once)\n");
     return 2;
   }
   std::ifstream ptx_file(argv[1]);

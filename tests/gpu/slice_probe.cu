@@ -93,8 +93,8 @@ const char* StrArg(int argc, char** argv, const char* name, const char* fallback
 }
 
 long long HostNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -167,9 +167,10 @@ int main(int argc, char** argv) {
   std::size_t preempted = 0;
   for (std::size_t i = 0; i < issued; ++i) {
     const Record& r = host[i];
-    std::fprintf(out, "{\"i\":%zu,\"entry\":%llu,\"exit\":%llu,\"ran\":%llu,\"gaps\":%u,\"event_ns\":%.0f,"
-                 "\"launched\":%lld,\"completed\":%lld,\"gap\":[", i, r.entry, r.exit, r.ran, r.gaps,
-                 event_ms[i] * 1e6, launched[i], completed[i]);
+    std::fprintf(out,
+                 "{\"i\":%zu,\"entry\":%llu,\"exit\":%llu,\"ran\":%llu,\"gaps\":%u,\"event_ns\":%.0f,"
+                 "\"launched\":%lld,\"completed\":%lld,\"gap\":[",
+                 i, r.entry, r.exit, r.ran, r.gaps, event_ms[i] * 1e6, launched[i], completed[i]);
     for (unsigned g = 0; g < std::min<unsigned>(r.gaps, kMaxGaps); ++g) {
       std::fprintf(out, "%s[%llu,%llu]", g ? "," : "", r.gap[g][0], r.gap[g][1]);
       gap_total += r.gap[g][1] - r.gap[g][0];
@@ -181,7 +182,8 @@ int main(int argc, char** argv) {
     preempted += r.gaps > 0;
   }
   const double wall = static_cast<double>(completed[issued - 1] - launched[0]);
-  std::fprintf(out, "{\"summary\":true,\"kernels\":%zu,\"kernel_us\":%.1f,\"blocks\":%d,\"depth\":%d,\"duty\":%.3f,"
+  std::fprintf(out,
+               "{\"summary\":true,\"kernels\":%zu,\"kernel_us\":%.1f,\"blocks\":%d,\"depth\":%d,\"duty\":%.3f,"
                "\"wall_ns\":%.0f,\"ran_ns\":%.0f,\"event_ns\":%.0f,\"span_ns\":%.0f,\"gap_ns\":%llu,"
                "\"preempted\":%zu,\"gpu_t0\":%llu,\"host_t0\":%lld}\n",
                issued, kernel_us, blocks, depth, duty, wall, ran, event, span, gap_total, preempted, gpu_t0, host_t0);

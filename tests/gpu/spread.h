@@ -10,6 +10,8 @@ struct Spread {
 
 inline Spread Of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
-  const auto at = [&](double q) { return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))]; };
+  const auto at = [&](double q) {
+    return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))];
+  };
   return {at(0.5), at(0.1), at(0.9)};
 }

@@ -94,9 +94,9 @@ TEST(MonitorContainer, BadMetricsKeysAreRefusedNamingTheKeyAndTheValue) {
   EXPECT_NE(quoted.find("VGPU_POD_NAME 'a\"b' is not a Kubernetes name"), std::string::npos) << quoted;
   const std::string spaced = ParseError("a", "VGPU_CGROUP=/a\nVGPU_CONTAINER_NAME=a b\n");
   EXPECT_NE(spaced.find("VGPU_CONTAINER_NAME"), std::string::npos) << spaced;
-  EXPECT_NE(ParseError("a", "VGPU_CGROUP=/a\nVGPU_POD_NAMESPACE=" + std::string(254, 'n') + "\n")
-                .find("VGPU_POD_NAMESPACE"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseError("a", "VGPU_CGROUP=/a\nVGPU_POD_NAMESPACE=" + std::string(254, 'n') + "\n").find("VGPU_POD_NAMESPACE"),
+      std::string::npos);
   EXPECT_NE(ParseError("a", "VGPU_CGROUP=/a\nVGPU_POD_NAME=\n").find("VGPU_POD_NAME ''"), std::string::npos);
 }
 

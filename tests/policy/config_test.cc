@@ -106,16 +106,16 @@ TEST(ParseSize, FieldNotesCases) {
   EXPECT_EQ(bytes, 10 * kGiB);
   ASSERT_TRUE(ParseSize("4T", bytes));  // read as 4 bytes when 't' was not a suffix
   EXPECT_EQ(bytes, 4 * kTiB);
-  EXPECT_FALSE(ParseSize("-1", bytes));  // read as 2^64-1
+  EXPECT_FALSE(ParseSize("-1", bytes));   // read as 2^64-1
   EXPECT_FALSE(ParseSize("abc", bytes));  // read as unlimited
-  ASSERT_TRUE(ParseSize("0m", bytes));  // crashed later; here simply 0 = no limit
+  ASSERT_TRUE(ParseSize("0m", bytes));    // crashed later; here simply 0 = no limit
   EXPECT_EQ(bytes, 0u);
 }
 
 TEST(ParseSize, RejectsEverythingElse) {
   const std::vector<std::string> rejected = {
-      "",    "-1",   "+1",  "4x",  "4 g", " 4g", "4g ", "4\n", "1.5g", "0x10", "abc", "4KiB", "4kb",  "4ki",
-      "4KI", "4gi",  "4gg", "4B",  "g",   "Ki",  "b",   "4e3", "1,000", "１",   "4_g", "\t4",  "4Ti4",
+      "",    "-1",  "+1",  "4x", "4 g", " 4g", "4g ", "4\n", "1.5g",  "0x10", "abc", "4KiB", "4kb",  "4ki",
+      "4KI", "4gi", "4gg", "4B", "g",   "Ki",  "b",   "4e3", "1,000", "１",   "4_g", "\t4",  "4Ti4",
   };
   for (const auto& text : rejected) {
     std::uint64_t bytes = 777;
@@ -161,8 +161,7 @@ TEST(ParseConfig, ZeroMeansNoLimit) {
 TEST(ParseConfig, FieldNotesSizes) {
   EXPECT_EQ(ParseConfigOk({{"CUDA_DEVICE_MEMORY_LIMIT", "010g"}}).memory_limit_bytes[0], 10 * kGiB);
   EXPECT_EQ(ParseConfigOk({{"CUDA_DEVICE_MEMORY_LIMIT", "4T"}}).memory_limit_bytes[15], 4 * kTiB);
-  ExpectNamesVariableAndValue(ParseConfigError({{"CUDA_DEVICE_MEMORY_LIMIT", "-1"}}), "CUDA_DEVICE_MEMORY_LIMIT",
-                              "-1");
+  ExpectNamesVariableAndValue(ParseConfigError({{"CUDA_DEVICE_MEMORY_LIMIT", "-1"}}), "CUDA_DEVICE_MEMORY_LIMIT", "-1");
   ExpectNamesVariableAndValue(ParseConfigError({{"CUDA_DEVICE_MEMORY_LIMIT", "abc"}}), "CUDA_DEVICE_MEMORY_LIMIT",
                               "abc");
 }
@@ -223,8 +222,8 @@ TEST(ParseConfig, SmLimitIsAWholePercent) {
   EXPECT_EQ(ParseConfigOk({{"CUDA_DEVICE_SM_LIMIT", "050"}}).sm_limit_percent[0], 50u);  // decimal, not octal
   EXPECT_EQ(ParseConfigOk({{"CUDA_DEVICE_SM_LIMIT", "1"}}).sm_limit_percent[0], 1u);
   EXPECT_EQ(ParseConfigOk({{"CUDA_DEVICE_SM_LIMIT", "99"}}).sm_limit_percent[0], 99u);
-  for (const std::string bad : {"101", "-5", "+5", "50%", "5.5", "", " 50", "0x10", "5k", "abc",
-                                "99999999999999999999999"}) {
+  for (const std::string bad :
+       {"101", "-5", "+5", "50%", "5.5", "", " 50", "0x10", "5k", "abc", "99999999999999999999999"}) {
     ExpectNamesVariableAndValue(ParseConfigError({{"CUDA_DEVICE_SM_LIMIT", bad}}), "CUDA_DEVICE_SM_LIMIT", bad);
   }
 }
@@ -243,8 +242,9 @@ TEST(ParseConfig, SharedCacheIsAnAbsolutePathOrEmpty) {
 // VGPU_DRIVER_HEADROOM: a size (as the limits are written) that leaves something of every limited slice.
 TEST(ParseConfig, DriverHeadroomIsASizeUnderEveryLimit) {
   EXPECT_EQ(ParseConfigOk({}).driver_headroom_bytes, 0u);
-  EXPECT_EQ(ParseConfigOk({{"CUDA_DEVICE_MEMORY_LIMIT", "4Gi"}, {"VGPU_DRIVER_HEADROOM", "16Mi"}}).driver_headroom_bytes,
-            16u << 20);
+  EXPECT_EQ(
+      ParseConfigOk({{"CUDA_DEVICE_MEMORY_LIMIT", "4Gi"}, {"VGPU_DRIVER_HEADROOM", "16Mi"}}).driver_headroom_bytes,
+      16u << 20);
   EXPECT_EQ(ParseConfigOk({{"VGPU_DRIVER_HEADROOM", "010m"}}).driver_headroom_bytes, 10u << 20) << "never octal";
   for (const std::string bad : {"-1", "16MiB", "1.5m", "abc", "", "99999999999999999999t"}) {
     ExpectNamesVariableAndValue(ParseConfigError({{"VGPU_DRIVER_HEADROOM", bad}}), "VGPU_DRIVER_HEADROOM", bad);
@@ -275,16 +275,15 @@ TEST(ParseConfig, SharingIsLimiterOrTimeDivisionAndTheScheduleFileAnAbsolutePath
 
 TEST(ParseConfig, PolicyNamesInLowerOrUpperCase) {
   const std::vector<std::pair<std::string, ComputePolicy>> accepted = {
-      {"default", ComputePolicy::standard}, {"DEFAULT", ComputePolicy::standard},
-      {"force", ComputePolicy::force},      {"FORCE", ComputePolicy::force},
-      {"disable", ComputePolicy::disable},  {"DISABLE", ComputePolicy::disable},
+      {"default", ComputePolicy::standard}, {"DEFAULT", ComputePolicy::standard}, {"force", ComputePolicy::force},
+      {"FORCE", ComputePolicy::force},      {"disable", ComputePolicy::disable},  {"DISABLE", ComputePolicy::disable},
   };
   for (const auto& [text, policy] : accepted) {
     EXPECT_EQ(ParseConfigOk({{"GPU_CORE_UTILIZATION_POLICY", text}}).policy, policy) << text;
   }
   for (const std::string bad : {"Force", "", "none", " force", "force ", "forced", "0"}) {
-    ExpectNamesVariableAndValue(ParseConfigError({{"GPU_CORE_UTILIZATION_POLICY", bad}}),
-                                "GPU_CORE_UTILIZATION_POLICY", bad);
+    ExpectNamesVariableAndValue(ParseConfigError({{"GPU_CORE_UTILIZATION_POLICY", bad}}), "GPU_CORE_UTILIZATION_POLICY",
+                                bad);
   }
 }
 
@@ -326,9 +325,9 @@ TEST(ParseSwitch, AcceptsExactlyGosParseBoolSpellings) {
     EXPECT_TRUE(ParseSwitch(no, value)) << no;
     EXPECT_FALSE(value) << no;
   }
-  for (const std::string& bad : std::vector<std::string>{"", "yes", "no", "on", "off", "tRUE", "TRue", " true", "true ",
-                                                         "true\n", "2", "-1", "01", "truefalse",
-                                                         std::string("true\0", 5)}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "yes", "no", "on", "off", "tRUE", "TRue", " true", "true ", "true\n", "2", "-1",
+                                "01", "truefalse", std::string("true\0", 5)}) {
     bool value = true;
     EXPECT_FALSE(ParseSwitch(bad, value)) << Printable(bad);
     EXPECT_TRUE(value) << "written on failure: " << Printable(bad);
@@ -385,8 +384,8 @@ TEST(ParseConfig, DisableControlTrueLeavesNoLimitAndReadsNothingElse) {
 }
 
 TEST(ParseConfig, DisableControlFalseOrUnsetKeepsEveryLimit) {
-  for (const Values& values : {Values{}, Values{{"CUDA_DISABLE_CONTROL", "false"}},
-                               Values{{"CUDA_DISABLE_CONTROL", "0"}}}) {
+  for (const Values& values :
+       {Values{}, Values{{"CUDA_DISABLE_CONTROL", "false"}}, Values{{"CUDA_DISABLE_CONTROL", "0"}}}) {
     Values with_limits = values;
     with_limits["CUDA_DEVICE_MEMORY_LIMIT_0"] = "1024m";
     with_limits["CUDA_DEVICE_SM_LIMIT"] = "30";
@@ -430,14 +429,14 @@ TEST(ParseConfig, OversubscribeIsASwitchThatLeavesTheMemoryLimitsAsGiven) {
 
 TEST(ParseConfig, EveryErrorNamesVariableValueSourceAndExample) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"CUDA_DEVICE_MEMORY_LIMIT", "4x"},        {"CUDA_DEVICE_MEMORY_LIMIT", ""},
-      {"CUDA_DEVICE_MEMORY_LIMIT", "1.5g"},      {"CUDA_DEVICE_MEMORY_LIMIT", "0x10"},
-      {"CUDA_DEVICE_MEMORY_LIMIT", "4 g"},       {"CUDA_DEVICE_MEMORY_LIMIT", "4KiB"},
-      {"CUDA_DEVICE_MEMORY_LIMIT", "+1"},        {"CUDA_DEVICE_MEMORY_LIMIT", "18446744073709551616"},
-      {"CUDA_DEVICE_MEMORY_LIMIT_0", "-1"},      {"CUDA_DEVICE_MEMORY_LIMIT_7", "abc"},
-      {"CUDA_DEVICE_MEMORY_LIMIT_15", "4x"},     {"CUDA_DEVICE_SM_LIMIT", "101"},
-      {"CUDA_DEVICE_SM_LIMIT_9", "-5"},          {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "rel"},
-      {"GPU_CORE_UTILIZATION_POLICY", "hard"},   {"LIBCUDA_LOG_LEVEL", "9"},
+      {"CUDA_DEVICE_MEMORY_LIMIT", "4x"},      {"CUDA_DEVICE_MEMORY_LIMIT", ""},
+      {"CUDA_DEVICE_MEMORY_LIMIT", "1.5g"},    {"CUDA_DEVICE_MEMORY_LIMIT", "0x10"},
+      {"CUDA_DEVICE_MEMORY_LIMIT", "4 g"},     {"CUDA_DEVICE_MEMORY_LIMIT", "4KiB"},
+      {"CUDA_DEVICE_MEMORY_LIMIT", "+1"},      {"CUDA_DEVICE_MEMORY_LIMIT", "18446744073709551616"},
+      {"CUDA_DEVICE_MEMORY_LIMIT_0", "-1"},    {"CUDA_DEVICE_MEMORY_LIMIT_7", "abc"},
+      {"CUDA_DEVICE_MEMORY_LIMIT_15", "4x"},   {"CUDA_DEVICE_SM_LIMIT", "101"},
+      {"CUDA_DEVICE_SM_LIMIT_9", "-5"},        {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "rel"},
+      {"GPU_CORE_UTILIZATION_POLICY", "hard"}, {"LIBCUDA_LOG_LEVEL", "9"},
   };
   for (const auto& [variable, value] : cases) {
     const std::string error = ParseConfigError({{variable, value}});
@@ -463,8 +462,8 @@ TEST(ParseConfig, LeavesOutputUntouchedOnError) {
   config.source = "before";
   config.memory_limit_bytes[0] = 42;
   std::string error;
-  EXPECT_FALSE(ParseConfig(FromMap({{"CUDA_DEVICE_MEMORY_LIMIT", "1g"}, {"LIBCUDA_LOG_LEVEL", "7"}}), "test", config,
-                           error));
+  EXPECT_FALSE(
+      ParseConfig(FromMap({{"CUDA_DEVICE_MEMORY_LIMIT", "1g"}, {"LIBCUDA_LOG_LEVEL", "7"}}), "test", config, error));
   EXPECT_EQ(config.source, "before");
   EXPECT_EQ(config.memory_limit_bytes[0], 42u);
 }
@@ -494,11 +493,11 @@ TEST(ParseConfig, EmptyLookupIsAnErrorNotAnException) {
 // Key names
 
 TEST(IsConfigKey, KnowsTheContractNames) {
-  for (const std::string key : {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-                                "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL", "VGPU_DRIVER_HEADROOM",
-                                "CUDA_TASK_PRIORITY", "CUDA_DISABLE_CONTROL", "CUDA_OVERSUBSCRIBE",
-                                "CUDA_DEVICE_MEMORY_LIMIT_0",
-                                "CUDA_DEVICE_MEMORY_LIMIT_15", "CUDA_DEVICE_SM_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_10"}) {
+  for (const std::string key :
+       {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL", "VGPU_DRIVER_HEADROOM", "CUDA_TASK_PRIORITY",
+        "CUDA_DISABLE_CONTROL", "CUDA_OVERSUBSCRIBE", "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_MEMORY_LIMIT_15",
+        "CUDA_DEVICE_SM_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_10"}) {
     EXPECT_TRUE(IsConfigKey(key)) << key;
   }
   for (const std::string key : {"CUDA_DEVICE_MEMORY_LIMIT_16", "CUDA_DEVICE_MEMORY_LIMIT_20",
@@ -565,12 +564,10 @@ TEST(ParseConfigFile, ReadsKeyValueLinesCommentsAndBlankLines) {
   Entries entries;
   std::string error;
   ASSERT_TRUE(ParseFile(text, entries, error)) << error;
-  const Entries expected = {{"CUDA_DEVICE_MEMORY_LIMIT", "4Gi"},
-                            {"CUDA_DEVICE_MEMORY_LIMIT_1", "8g"},
-                            {"CUDA_DEVICE_SM_LIMIT", "30"},
-                            {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/run/vgpu/pod#1.cache"},
-                            {"GPU_CORE_UTILIZATION_POLICY", ""},
-                            {"LIBCUDA_LOG_LEVEL", "2"}};
+  const Entries expected = {
+      {"CUDA_DEVICE_MEMORY_LIMIT", "4Gi"}, {"CUDA_DEVICE_MEMORY_LIMIT_1", "8g"},
+      {"CUDA_DEVICE_SM_LIMIT", "30"},      {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/run/vgpu/pod#1.cache"},
+      {"GPU_CORE_UTILIZATION_POLICY", ""}, {"LIBCUDA_LOG_LEVEL", "2"}};
   EXPECT_EQ(entries, expected);
 }
 
@@ -693,8 +690,8 @@ TEST_F(LoadConfigTest, EnvironmentSharedCacheIsKept) {
 TEST_F(LoadConfigTest, SystemFileWinsOverEnvironment) {
   const std::string system = Write("system.conf", "CUDA_DEVICE_MEMORY_LIMIT=2g\n");
   SetEnv("CUDA_DEVICE_MEMORY_LIMIT", "1g");
-  SetEnv("CUDA_DEVICE_SM_LIMIT", "abc");              // ignored entirely, even though broken
-  SetEnv("CUDA_DEVICE_MEMORY_LIMIT_20", "1g");        // ignored too: the environment is not consulted
+  SetEnv("CUDA_DEVICE_SM_LIMIT", "abc");        // ignored entirely, even though broken
+  SetEnv("CUDA_DEVICE_MEMORY_LIMIT_20", "1g");  // ignored too: the environment is not consulted
   Config config;
   std::string error;
   ASSERT_TRUE(LoadConfig(config, error, system.c_str())) << error;
@@ -908,12 +905,60 @@ std::uint64_t TestSeed() {
 }
 
 const std::vector<std::string>& Pieces() {
-  static const std::vector<std::string> pieces = {
-      "0", "1", "7", "9", "00", "010", "100", "101", "b", "k", "K", "Ki", "m", "M", "Mi", "g", "G", "Gi", "t",
-      "T", "Ti", "B", "i", "x", "-", "+", ".", " ", "\t", "\r", "\n", "#", "=", "_", "/", "'", "\\",
-      "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "_0", "_15", "_16", "_20", "_01",
-      "CUDA_DEVICE_MEMORY_SHARED_CACHE", "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL", "force", "default",
-      "disable", "18446744073709551615", "18446744073709551616", "16777215", "16777216"};
+  static const std::vector<std::string> pieces = {"0",
+                                                  "1",
+                                                  "7",
+                                                  "9",
+                                                  "00",
+                                                  "010",
+                                                  "100",
+                                                  "101",
+                                                  "b",
+                                                  "k",
+                                                  "K",
+                                                  "Ki",
+                                                  "m",
+                                                  "M",
+                                                  "Mi",
+                                                  "g",
+                                                  "G",
+                                                  "Gi",
+                                                  "t",
+                                                  "T",
+                                                  "Ti",
+                                                  "B",
+                                                  "i",
+                                                  "x",
+                                                  "-",
+                                                  "+",
+                                                  ".",
+                                                  " ",
+                                                  "\t",
+                                                  "\r",
+                                                  "\n",
+                                                  "#",
+                                                  "=",
+                                                  "_",
+                                                  "/",
+                                                  "'",
+                                                  "\\",
+                                                  "CUDA_DEVICE_MEMORY_LIMIT",
+                                                  "CUDA_DEVICE_SM_LIMIT",
+                                                  "_0",
+                                                  "_15",
+                                                  "_16",
+                                                  "_20",
+                                                  "_01",
+                                                  "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                                                  "GPU_CORE_UTILIZATION_POLICY",
+                                                  "LIBCUDA_LOG_LEVEL",
+                                                  "force",
+                                                  "default",
+                                                  "disable",
+                                                  "18446744073709551615",
+                                                  "18446744073709551616",
+                                                  "16777215",
+                                                  "16777216"};
   return pieces;
 }
 
@@ -935,8 +980,8 @@ std::string RandomText(Random& random) {
 // arithmetic instead of an overflow check. (Not std::regex: GCC 12 warns inside it under the sanitizer presets.)
 bool OracleSize(const std::string& text, std::uint64_t& bytes) {
   static const std::vector<std::pair<std::string, int>> suffixes = {
-      {"Ki", 10}, {"Mi", 20}, {"Gi", 30}, {"Ti", 40}, {"k", 10}, {"K", 10}, {"m", 20}, {"M", 20},
-      {"g", 30},  {"G", 30},  {"t", 40},  {"T", 40},  {"b", 0},  {"", 0}};
+      {"Ki", 10}, {"Mi", 20}, {"Gi", 30}, {"Ti", 40}, {"k", 10}, {"K", 10}, {"m", 20},
+      {"M", 20},  {"g", 30},  {"G", 30},  {"t", 40},  {"T", 40}, {"b", 0},  {"", 0}};
   for (const auto& [suffix, shift] : suffixes) {
     if (text.size() < suffix.size() || text.compare(text.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
@@ -970,8 +1015,8 @@ const std::vector<std::string>& AllKeys() {
 }
 
 const std::vector<std::string>& PlausibleValues() {
-  static const std::vector<std::string> values = {"0", "1", "4g", "4Gi", "010g", "100", "50", "force", "FORCE",
-                                                  "default", "disable", "/tmp/x", "", "2", "4"};
+  static const std::vector<std::string> values = {"0",     "1",       "4g",      "4Gi",    "010g", "100", "50", "force",
+                                                  "FORCE", "default", "disable", "/tmp/x", "",     "2",   "4"};
   return values;
 }
 
@@ -1035,18 +1080,24 @@ TEST(Randomized, ParseConfigFileIsTotal) {
     const std::size_t lines = random.Below(6);
     for (std::size_t line = 0; line < lines; ++line) {
       switch (random.Below(4)) {
-        case 0: text += RandomText(random); break;
-        case 1: text += "# " + RandomText(random); break;
-        default: text += AllKeys()[random.Below(AllKeys().size())] + " = " + RandomValue(random); break;
+        case 0:
+          text += RandomText(random);
+          break;
+        case 1:
+          text += "# " + RandomText(random);
+          break;
+        default:
+          text += AllKeys()[random.Below(AllKeys().size())] + " = " + RandomValue(random);
+          break;
       }
       text += random.Below(8) == 0 ? "\r\n" : "\n";
     }
     Entries entries;
     std::string error;
     const std::string where = "iteration " + std::to_string(iteration);
-    if (ParseConfigFile(text, "random.conf",
-                        [&entries](std::string_view key, std::string_view value) { entries.emplace_back(key, value); },
-                        error)) {
+    if (ParseConfigFile(
+            text, "random.conf",
+            [&entries](std::string_view key, std::string_view value) { entries.emplace_back(key, value); }, error)) {
       for (const auto& [key, value] : entries) ASSERT_TRUE(IsConfigKey(key)) << where << ": " << key;
       // And on through ParseConfig, as LoadConfig does with a file.
       Values values(entries.begin(), entries.end());

@@ -76,7 +76,7 @@ TEST(Limiter, AThrottledProcessRunsInBurstsOfThePace) {
   Limiter two_percent(small, Share(20));
   const Admission first = two_percent.Admit(kKernel, 0);
   two_percent.Settle(kKernel, first.charged_ns, 500 * kUs, 0);  // 100 us of debt after this one
-  const Admission second = two_percent.Admit(kKernel, 0);    // and 500 us more
+  const Admission second = two_percent.Admit(kKernel, 0);       // and 500 us more
   EXPECT_EQ(second.ready_at_ns, (600 * kUs + 125 * kUs) * 1000 / 20);
 }
 
@@ -215,7 +215,8 @@ TEST(Limiter, WhatLaunchesCostIsTheirChargeCorrectedToWhatTheyRanWhetherOrNotItT
     EXPECT_EQ(spent(), first) << "admitted, at the default charge";
     limiter.Settle(kKernel, first, 30 * kUs, 0);
     EXPECT_EQ(spent(), 30 * kUs) << "then what it measured";
-    for (const std::uint64_t run : {30 * kUs, 30 * kUs, 2 * kMs}) limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, run, 0);
+    for (const std::uint64_t run : {30 * kUs, 30 * kUs, 2 * kMs})
+      limiter.Settle(kKernel, limiter.Admit(kKernel, 0).charged_ns, run, 0);
     const std::uint64_t measured = 30 * kUs * 3 + 2 * kMs;  // the kernel's mean: a quarter of it
     ASSERT_EQ(spent(), measured);
     const policy::Admission unmeasured = limiter.Admit(kKernel, 0);
@@ -360,9 +361,9 @@ TEST(Limiter, QueuedUnmeasuredWorkIsBounded) {
   Limiter limiter(cell, config);
   const Admission learn = limiter.Admit(kKernel, 0);
   limiter.Settle(kKernel, learn.charged_ns, 4 * kMs, 0);
-  EXPECT_FALSE(limiter.Admit(kKernel, 0).wait_for_completion);   // 4 ms queued
-  EXPECT_FALSE(limiter.Admit(kKernel, 0).wait_for_completion);   // 8 ms
-  EXPECT_TRUE(limiter.Admit(kKernel, 0).wait_for_completion);    // 12 ms > 10: settle something first
+  EXPECT_FALSE(limiter.Admit(kKernel, 0).wait_for_completion);  // 4 ms queued
+  EXPECT_FALSE(limiter.Admit(kKernel, 0).wait_for_completion);  // 8 ms
+  EXPECT_TRUE(limiter.Admit(kKernel, 0).wait_for_completion);   // 12 ms > 10: settle something first
   limiter.Settle(kKernel, 4 * kMs, 4 * kMs, 5 * kMs);
   EXPECT_FALSE(limiter.Admit(kKernel, 5 * kMs).wait_for_completion);
 }

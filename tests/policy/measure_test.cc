@@ -14,7 +14,7 @@ TEST(QueuedByEstimate, OnlyBehindAtLeastHalfTheLaunchsChargeOfKnownWorkWithNoBoo
   // pair (its span would be mostly its own start).
   EXPECT_TRUE(QueuedByEstimate(1'600'000, 1'000'000, 1'000'000, false, false));
   EXPECT_FALSE(QueuedByEstimate(1'500'000, 1'000'000, 1'000'000, false, false));
-  EXPECT_FALSE(QueuedByEstimate(500'000, 1'000'000, 1'000'000, false, false));  // the stream drained by the estimate
+  EXPECT_FALSE(QueuedByEstimate(500'000, 1'000'000, 1'000'000, false, false));   // the stream drained by the estimate
   EXPECT_FALSE(QueuedByEstimate(9'000'000, 1'000'000, 1'000'000, true, false));  // unknown cost: a pair, always
   EXPECT_FALSE(QueuedByEstimate(9'000'000, 1'000'000, 1'000'000, false, true));  // a book is open on the stream
 }

@@ -10,12 +10,12 @@ namespace vgpu::policy {
 namespace {
 
 TEST(MeasuredOneIn, AboutOncePerSpacingOfRunTimeWithinItsBounds) {
-  EXPECT_EQ(MeasuredOneIn(1'000'000, false), 1u);     // a 1 ms kernel: every launch
-  EXPECT_EQ(MeasuredOneIn(25'000, false), 10u);       // 25 us: one in 10 (250 us apart)
-  EXPECT_EQ(MeasuredOneIn(1'000, false), 64u);        // at least one in 64
-  EXPECT_EQ(MeasuredOneIn(0, false), 64u);            // unknown: as the shortest
-  EXPECT_EQ(MeasuredOneIn(100'000, true), 10u);       // steady: 1 ms apart
-  EXPECT_EQ(MeasuredOneIn(1'000, true), 256u);        // at least one in 256
+  EXPECT_EQ(MeasuredOneIn(1'000'000, false), 1u);  // a 1 ms kernel: every launch
+  EXPECT_EQ(MeasuredOneIn(25'000, false), 10u);    // 25 us: one in 10 (250 us apart)
+  EXPECT_EQ(MeasuredOneIn(1'000, false), 64u);     // at least one in 64
+  EXPECT_EQ(MeasuredOneIn(0, false), 64u);         // unknown: as the shortest
+  EXPECT_EQ(MeasuredOneIn(100'000, true), 10u);    // steady: 1 ms apart
+  EXPECT_EQ(MeasuredOneIn(1'000, true), 256u);     // at least one in 256
 }
 
 TEST(Sampler, DrawsOneInNOnAverage) {

@@ -32,8 +32,9 @@ void ExpectPieces(const WindowPlan& plan, std::size_t m, const std::vector<Inter
 // ---- the windows of a cycle ----------------------------------------------------------------------------------
 
 TEST(WindowPlan, SharesOfOneGpuAreConsecutiveWindowsInIdOrder) {
-  const WindowPlan plan = Plan({{.id = 2, .share_permille = 700, .gpus = 1}, {.id = 1, .share_permille = 300, .gpus = 1}});
-  ExpectPieces(plan, 1, {{0, 6 * kMs}});          // id 1 first
+  const WindowPlan plan =
+      Plan({{.id = 2, .share_permille = 700, .gpus = 1}, {.id = 1, .share_permille = 300, .gpus = 1}});
+  ExpectPieces(plan, 1, {{0, 6 * kMs}});  // id 1 first
   ExpectPieces(plan, 0, {{6 * kMs, 20 * kMs}});
   EXPECT_EQ(plan.granted_permille(0), 700u);
   EXPECT_EQ(plan.granted_permille(1), 300u);
@@ -42,7 +43,8 @@ TEST(WindowPlan, SharesOfOneGpuAreConsecutiveWindowsInIdOrder) {
 }
 
 TEST(WindowPlan, SharesThatSumPastTheGpuAreScaledDownTogether) {
-  const WindowPlan plan = Plan({{.id = 1, .share_permille = 600, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
+  const WindowPlan plan =
+      Plan({{.id = 1, .share_permille = 600, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
   EXPECT_EQ(plan.granted_permille(0), 500u);
   EXPECT_EQ(plan.granted_permille(1), 500u);
 }
@@ -97,8 +99,7 @@ TEST(WindowPlan, BadInputIsRefusedNamingTheMemberTheValueAndWhatIsAccepted) {
                                            {.id = 7, .share_permille = 10, .gpus = 1}},
                        kCycle),
             "member 1 (id 7): the same id as member 0");
-  EXPECT_EQ(plan.Build(std::vector<Member>{}, 10),
-            "cycle = 10 ns; accepted: 100000 .. 10000000000 (100 us .. 10 s)");
+  EXPECT_EQ(plan.Build(std::vector<Member>{}, 10), "cycle = 10 ns; accepted: 100000 .. 10000000000 (100 us .. 10 s)");
   std::vector<Member> many(kMaxMembers + 1);
   EXPECT_EQ(plan.Build(many, kCycle), "65 members; accepted: at most 64");
 }
@@ -106,7 +107,8 @@ TEST(WindowPlan, BadInputIsRefusedNamingTheMemberTheValueAndWhatIsAccepted) {
 // ---- time over windows -----------------------------------------------------------------------------------------
 
 TEST(WindowPlan, WindowAtFindsTheWindowHoldingATimeOrTheNextAndJoinsPiecesAcrossTheCycleEnd) {
-  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  const WindowPlan plan =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   Interval w = plan.WindowAt(0, 3 * kMs);
   EXPECT_EQ(w.start_ns, 0u);
   EXPECT_EQ(w.end_ns, 6 * kMs);
@@ -146,7 +148,8 @@ TEST(WindowPlan, WindowAtFindsTheWindowHoldingATimeOrTheNextAndJoinsPiecesAcross
 }
 
 TEST(WindowPlan, AfterOwnTimeIsTheInverseOfOwnTimeIn) {
-  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  const WindowPlan plan =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   EXPECT_EQ(plan.OwnTimeIn(0, 0, 20 * kMs), 6 * kMs);
   EXPECT_EQ(plan.OwnTimeIn(0, 4 * kMs, 22 * kMs), 4 * kMs);
   EXPECT_EQ(plan.OwnTimeIn(1, 4 * kMs, 22 * kMs), 14 * kMs);
@@ -168,13 +171,14 @@ TEST(WindowPlan, AfterOwnTimeIsTheInverseOfOwnTimeIn) {
 // ---- the account ---------------------------------------------------------------------------------------------
 
 TEST(Account, WindowTimeIsCreditRunTimeSpendsItAndCreditIsCappedAtFourCyclesWindows) {
-  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  const WindowPlan plan =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   Account account;
   Accrue(plan, 0, account, 4 * kMs);
   EXPECT_EQ(account.balance_ns, 4 * static_cast<std::int64_t>(kMs));
   EXPECT_EQ(Charge(plan, 0, account, 3 * kMs, 5 * kMs), 0u);  // 5 ms of window, 3 ran: 2 ms credit, no debt
   EXPECT_EQ(account.balance_ns, 2 * static_cast<std::int64_t>(kMs));
-  Accrue(plan, 0, account, 200 * kMs);                          // idle for ten cycles: credit stops at 4 x 6 ms
+  Accrue(plan, 0, account, 200 * kMs);  // idle for ten cycles: credit stops at 4 x 6 ms
   EXPECT_EQ(account.balance_ns, 24 * static_cast<std::int64_t>(kMs));
   // A 38 ms kernel: 14 ms of debt, repaid by its windows' time: [200, 206) 6, [220, 226) 6, [240, 242) 2.
   EXPECT_EQ(Charge(plan, 0, account, 38 * kMs, 200 * kMs), 242 * kMs);
@@ -205,7 +209,8 @@ TEST(CycleFor, GrowsWithTheMembersSharingOneGpu) {
   members.resize(2);
   EXPECT_EQ(CycleFor(members, short_kernels, kCycle, 640 * kMs), kCycle) << "two";
   std::vector<Member> spread;
-  for (std::uint64_t id = 1; id <= 4; ++id) spread.push_back({.id = id, .share_permille = 500, .gpus = 1ull << (id % 2)});
+  for (std::uint64_t id = 1; id <= 4; ++id)
+    spread.push_back({.id = id, .share_permille = 500, .gpus = 1ull << (id % 2)});
   EXPECT_EQ(CycleFor(spread, short_kernels, kCycle, 640 * kMs), kCycle) << "two on each of two GPUs";
 }
 
@@ -277,7 +282,8 @@ TEST(Decide, CreditDoesNotQueueWorkPastTheWindowsEndWhileTheNextOwnerWaits) {
   EXPECT_EQ(p.Decide(1, 20'100 * kUs, 1'500 * kUs, 19 * kMs).reason, WaitReason::fit);
   // A member spanning GPUs keeps its credit's reach (its ranks' windows are aligned for their collectives), and so
   // does a member whose next neighbour spans GPUs (it wins back what that one's queued work takes).
-  const WindowPlan spanning = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 3}});
+  const WindowPlan spanning =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 3}});
   const std::size_t one = 0, two = 1;  // on GPU 0 only; on GPUs 0 and 1
   const auto at_end_of = [&](std::size_t me, std::size_t waiter) {
     std::vector<Published> published(2);
@@ -286,7 +292,8 @@ TEST(Decide, CreditDoesNotQueueWorkPastTheWindowsEndWhileTheNextOwnerWaits) {
     EXPECT_EQ(spanning.OwnerAt(0, w.end_ns), static_cast<int>(waiter));
     const Account credit{50 * static_cast<std::int64_t>(kMs), w.end_ns - kMs};
     return policy::Decide(spanning, me, 0, published, credit, p.config, w.end_ns + 500 * kUs, 1'500 * kUs,
-                          w.end_ns - kMs).reason;
+                          w.end_ns - kMs)
+        .reason;
   };
   EXPECT_EQ(at_end_of(two, one), WaitReason::none) << "the member spanning GPUs";
   EXPECT_EQ(at_end_of(one, two), WaitReason::none) << "the member whose next neighbour spans GPUs";
@@ -312,7 +319,7 @@ TEST(Decide, TheRestOfAWindowItsOwnerDeclinesIsTakenByAnotherCharged) {
   EXPECT_EQ(r.at_ns, 18 * kMs + kDeclineLookNs) << "b may decline";
   p.published[1].declined_until_ns = 20 * kMs;
   EXPECT_EQ(p.Decide(0, 0, kMs, 18 * kMs).reason, WaitReason::fit) << "charged: without credit, a 1 ms kernel there "
-                                                                       "would leave a 1 ms in debt";
+                                                                      "would leave a 1 ms in debt";
   EXPECT_EQ(p.Decide(0, 0, kMs, 19'500 * kUs).reason, WaitReason::none) << "half of it in a's own window";
   p.accounts[0] = Account{static_cast<std::int64_t>(kMs), 18 * kMs};
   r = p.Decide(0, 0, kMs, 18 * kMs);
@@ -322,7 +329,8 @@ TEST(Decide, TheRestOfAWindowItsOwnerDeclinesIsTakenByAnotherCharged) {
   p.published[1].in_flight = 1;
   EXPECT_NE(p.Decide(0, 0, kMs, 18 * kMs).reason, WaitReason::none) << "not beside b's work";
   // Members spanning GPUs neither decline nor take declined rests.
-  const WindowPlan spanning = Plan({{.id = 1, .share_permille = 300, .gpus = 3}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  const WindowPlan spanning =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 3}, {.id = 2, .share_permille = 700, .gpus = 1}});
   EXPECT_EQ(DeclinedUntil(spanning, 0, 0, {kNoTime, WaitReason::fit, {0, 6 * kMs}, false}, true, 5 * kMs), 0u);
 }
 
@@ -464,9 +472,12 @@ TEST(PromptService, ALightMemberCutsInAtTheNextBoundaryOfTheOwnersWork) {
   p.accounts[0].balance_ns = static_cast<std::int64_t>(kMs / 2);
   EXPECT_EQ(decide(0, 7 * kMs, 7 * kMs).reason, WaitReason::window);
   // Nor a member spanning GPUs (its windows are aligned for its collectives).
-  const WindowPlan spanning = Plan({{.id = 1, .share_permille = 300, .gpus = 3}, {.id = 2, .share_permille = 700, .gpus = 1}});
-  EXPECT_EQ(policy::Decide(spanning, 0, 0, p.published, Account{static_cast<std::int64_t>(6 * kMs), 7 * kMs},
-                           p.config, 0, kMs, 7 * kMs, false, 7 * kMs).cut_in_until_ns, 0u);
+  const WindowPlan spanning =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 3}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  EXPECT_EQ(policy::Decide(spanning, 0, 0, p.published, Account{static_cast<std::int64_t>(6 * kMs), 7 * kMs}, p.config,
+                           0, kMs, 7 * kMs, false, 7 * kMs)
+                .cut_in_until_ns,
+            0u);
 }
 
 // The owner of the window sees the ask and releases nothing while it lasts, looking again soon; for one cycle of a
@@ -526,7 +537,8 @@ TEST(PromptService, CreditIsSpentInTheWindowOfAnOwnerWithNoWorkCharged) {
   EXPECT_EQ(r.window.end_ns, 2 * kMs + p.config.borrow_ahead_ns);
   p.published[0].waiting = 1;
   EXPECT_EQ(policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs).reason,
-            WaitReason::window) << "a's work came";
+            WaitReason::window)
+      << "a's work came";
   p.published[0].waiting = 0;
   p.config.borrow_idle = true;  // `default`: that window is borrowed for free, its credit kept
   r = policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs);
@@ -535,7 +547,8 @@ TEST(PromptService, CreditIsSpentInTheWindowOfAnOwnerWithNoWorkCharged) {
   p.config.borrow_idle = false;
   p.accounts[1].balance_ns = 0;
   EXPECT_EQ(policy::Decide(p.plan, 1, 0, p.published, p.accounts[1], p.config, 0, kMs, 2 * kMs).reason,
-            WaitReason::window) << "no credit";
+            WaitReason::window)
+      << "no credit";
 }
 
 TEST(Decide, DefaultWithNobodyElseWantingTheGpuBorrowsAllOfItEvenItsOwnWindowInDebt) {
@@ -560,7 +573,8 @@ TEST(Decide, DefaultWithNobodyElseWantingTheGpuBorrowsAllOfItEvenItsOwnWindowInD
   p.published[1].waiting = 1;
   r = policy::Decide(p.plan, 0, 0, p.published, p.accounts[0], p.config, 0, kMs, 2 * kMs);
   EXPECT_EQ(r.reason, WaitReason::debt);
-  const WindowPlan gap = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
+  const WindowPlan gap =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
   // a [0, 6), b [6, 18), free [18, 20): a borrows at 19 up to 20 and on into its own window (not in debt).
   r = policy::Decide(gap, 0, 0, p.published, Account{}, p.config, 0, 1'500 * kUs, 19 * kMs);
   EXPECT_TRUE(r.free);
@@ -581,7 +595,8 @@ TEST(Decide, AMemberNotScheduledOnTheGpuIsLeftToTheDriver) {
 
 TEST(HandoverCharge, AMemberPaysOneHandoverPerWindowWhenTheGpuComesFromAnothersWork) {
   // 30 / 70 books the whole cycle: two handovers of 160 us a cycle, nothing absorbs them.
-  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  const WindowPlan plan =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   std::vector<Published> published(2);
   published[1].released_until_ns = kCycle;  // member 1 released into its window ending where member 0's next begins
   const Release go{kCycle + 100 * kUs, WaitReason::none, {kCycle + 100 * kUs, kCycle + 6 * kMs}, false};
@@ -594,7 +609,8 @@ TEST(HandoverCharge, AMemberPaysOneHandoverPerWindowWhenTheGpuComesFromAnothersW
 }
 
 TEST(HandoverCharge, NothingIsChargedAfterAnIdleNeighbourOrOutsideTheMembersOwnWindow) {
-  const WindowPlan plan = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
+  const WindowPlan plan =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 700, .gpus = 1}});
   std::vector<Published> published(2);
   published[1].released_until_ns = 6 * kMs;  // its latest work went into a window a whole cycle before
   std::uint64_t charged = kNoTime;
@@ -614,10 +630,12 @@ TEST(HandoverCharge, TimeNobodyOwnsAbsorbsHandoversFirst) {
   const Release go{kCycle, WaitReason::none, {kCycle, kCycle + 6 * kMs}, false};
   std::uint64_t charged = kNoTime;
   // 30 / 60: 2 ms nobody owns, more than the two handovers.
-  const WindowPlan slack = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
+  const WindowPlan slack =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 600, .gpus = 1}});
   EXPECT_EQ(HandoverCharge(slack, 0, 0, published, go, charged, 160 * kUs, kCycle), 0u);
   // 30 / 69.8: 40 us nobody owns of the 320 us of handovers: each member pays 7/8 of one.
-  const WindowPlan tight = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 698, .gpus = 1}});
+  const WindowPlan tight =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 698, .gpus = 1}});
   EXPECT_EQ(HandoverCharge(tight, 0, 0, published, go, charged, 160 * kUs, kCycle), 140 * kUs);
 }
 
@@ -721,17 +739,20 @@ TEST(WhatRan, AMemberOnOneGpuIsChargedWhatRanAndBesideOthersKeepsThemOffWhileIts
   const WindowPlan alone = Plan({{.id = 1, .share_permille = 300, .gpus = 1}});
   EXPECT_TRUE(ChargesWhatRan(alone, 0));
   EXPECT_FALSE(KeepsOthersOffWhileUndrained(alone, 0)) << "nobody to keep off";
-  const WindowPlan apart = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 2}});
+  const WindowPlan apart =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 2}});
   for (std::size_t m = 0; m < 2; ++m) {
     EXPECT_TRUE(ChargesWhatRan(apart, m));
     EXPECT_FALSE(KeepsOthersOffWhileUndrained(apart, m)) << "a neighbour on another GPU does not count";
   }
-  const WindowPlan beside = Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 1}});
+  const WindowPlan beside =
+      Plan({{.id = 1, .share_permille = 300, .gpus = 1}, {.id = 2, .share_permille = 500, .gpus = 1}});
   for (std::size_t m = 0; m < 2; ++m) {
     EXPECT_TRUE(ChargesWhatRan(beside, m));
     EXPECT_TRUE(KeepsOthersOffWhileUndrained(beside, m));
   }
-  const WindowPlan job = Plan({{.id = 1, .share_permille = 500, .gpus = 3}, {.id = 2, .share_permille = 500, .gpus = 1}});
+  const WindowPlan job =
+      Plan({{.id = 1, .share_permille = 500, .gpus = 3}, {.id = 2, .share_permille = 500, .gpus = 1}});
   EXPECT_FALSE(ChargesWhatRan(job, 0)) << "a job spanning two GPUs";
   EXPECT_FALSE(KeepsOthersOffWhileUndrained(job, 0)) << "a DDP rank waiting for its peers would hold its neighbour off";
   EXPECT_TRUE(KeepsOthersOffWhileUndrained(job, 1));
@@ -785,7 +806,8 @@ TEST(WhatRan, LumpsPastTheBoundAreChargedInFullOverTheNextCharges) {
 }
 
 TEST(SiblingTurn, TheSubturnIsTheMembersWindowAndAtLeastTwoMilliseconds) {
-  const WindowPlan plan = Plan({{.id = 1, .share_permille = 400, .gpus = 1}, {.id = 2, .share_permille = 50, .gpus = 1}});
+  const WindowPlan plan =
+      Plan({{.id = 1, .share_permille = 400, .gpus = 1}, {.id = 2, .share_permille = 50, .gpus = 1}});
   EXPECT_EQ(SubturnNs(plan, 0), 8 * kMs);
   EXPECT_EQ(SubturnNs(plan, 1), 2 * kMs);
 }

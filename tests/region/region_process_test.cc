@@ -131,8 +131,8 @@ TEST(RegionCreation, AStartupStormDoesNotSerializeOnAnythingSlow) {
       const auto ended = std::chrono::steady_clock::now();
       CHILD_CHECK(attachment != nullptr, 1);
       CHILD_CHECK(attachment->Reserve(0, 1, kNoLimit), 2);
-      times->attach_ns[k].store(static_cast<std::uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(ended - begun).count()));
+      times->attach_ns[k].store(
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(ended - begun).count()));
       return 0;
     }));
   }
@@ -221,13 +221,13 @@ TEST(RegionConcurrency, ProcessesAndThreadsHammeringOneLimitNeverPassIt) {
   EXPECT_EQ(test::WaitExit(watcher, 10s), 0);
 
   const std::uint64_t steps = static_cast<std::uint64_t>(kProcesses) * kThreads * kStepsPerThread;
-  std::printf("[ figures  ] %llu steps in %.2f s (%.2f us each); granted %llu, refused %llu; watcher: %llu samples, "
-              "max %.1f%% of the limit\n",
-              static_cast<unsigned long long>(steps), seconds, seconds * 1e6 / static_cast<double>(steps),
-              static_cast<unsigned long long>(shared->granted.load()),
-              static_cast<unsigned long long>(shared->refused.load()),
-              static_cast<unsigned long long>(shared->samples.load()),
-              100.0 * static_cast<double>(shared->max_seen.load()) / static_cast<double>(kLimit));
+  std::printf(
+      "[ figures  ] %llu steps in %.2f s (%.2f us each); granted %llu, refused %llu; watcher: %llu samples, "
+      "max %.1f%% of the limit\n",
+      static_cast<unsigned long long>(steps), seconds, seconds * 1e6 / static_cast<double>(steps),
+      static_cast<unsigned long long>(shared->granted.load()), static_cast<unsigned long long>(shared->refused.load()),
+      static_cast<unsigned long long>(shared->samples.load()),
+      100.0 * static_cast<double>(shared->max_seen.load()) / static_cast<double>(kLimit));
   EXPECT_EQ(shared->above_limit.load(), 0u) << "the watcher saw usage above the limit";
   EXPECT_LE(shared->max_seen.load(), kLimit);
   EXPECT_GT(shared->samples.load(), 100u);
@@ -328,10 +328,14 @@ INSTANTIATE_TEST_SUITE_P(EveryPoint, RegionOwnerDeath,
                                            AttachmentTestPeer::kReapBetweenWrites),
                          [](const ::testing::TestParamInfo<int>& point_info) {
                            switch (point_info.param) {
-                             case AttachmentTestPeer::kClaiming: return std::string("Claiming");
-                             case AttachmentTestPeer::kReserveBetweenWrites: return std::string("ReserveBetweenWrites");
-                             case AttachmentTestPeer::kReleaseBetweenWrites: return std::string("ReleaseBetweenWrites");
-                             default: return std::string("ReapBetweenWrites");
+                             case AttachmentTestPeer::kClaiming:
+                               return std::string("Claiming");
+                             case AttachmentTestPeer::kReserveBetweenWrites:
+                               return std::string("ReserveBetweenWrites");
+                             case AttachmentTestPeer::kReleaseBetweenWrites:
+                               return std::string("ReleaseBetweenWrites");
+                             default:
+                               return std::string("ReapBetweenWrites");
                            }
                          });
 
@@ -341,8 +345,8 @@ constexpr int kSurvivors = 2;
 constexpr int kLanes = 4;
 
 struct StormShared {
-  std::atomic<int> stop{0};      // survivors: stop changing usage and report it
-  std::atomic<int> resume{0};    // survivors: carry on, then give everything back and exit
+  std::atomic<int> stop{0};    // survivors: stop changing usage and report it
+  std::atomic<int> resume{0};  // survivors: carry on, then give everything back and exit
   std::atomic<int> reported{0};
   std::atomic<std::uint64_t> own[kSurvivors];
   std::atomic<std::uint64_t> survivor_grants{0};
@@ -490,10 +494,11 @@ TEST(RegionKill, HundredsOfRandomKillsLeaveExactUsageAndNoDeadlock) {
   EXPECT_EQ(test::LiveSlots(observer->region()), 1);
   EXPECT_EQ(observer->Used(0), 0u);
 
-  std::printf("[ figures  ] %d kills in %.2f s, %d inside the lock; survivors got %llu grants; max usage seen "
-              "%.1f%% of the limit\n",
-              kills, storm_s, kills_inside_lock, static_cast<unsigned long long>(shared->survivor_grants.load()),
-              100.0 * static_cast<double>(max_seen) / static_cast<double>(kStormLimit));
+  std::printf(
+      "[ figures  ] %d kills in %.2f s, %d inside the lock; survivors got %llu grants; max usage seen "
+      "%.1f%% of the limit\n",
+      kills, storm_s, kills_inside_lock, static_cast<unsigned long long>(shared->survivor_grants.load()),
+      100.0 * static_cast<double>(max_seen) / static_cast<double>(kStormLimit));
   EXPECT_EQ(above_limit, 0u);
   EXPECT_GE(kills, kKills);
   EXPECT_GT(kills_inside_lock, 0) << "no kill landed inside the lock: the test lost its point";

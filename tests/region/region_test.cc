@@ -729,8 +729,10 @@ TEST(RegionFigures, ReserveReleaseAndAttachCost) {
   for (int i = 0; i < kAttaches; ++i) MustOpen(path);
   const double attach_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / kAttaches;
-  std::printf("[ figures  ] Reserve+Release pair %.0f ns, Used() %.1f ns, attach+detach with 200 live slots "
-              "%.1f us\n", pair_ns, used_ns, attach_us);
+  std::printf(
+      "[ figures  ] Reserve+Release pair %.0f ns, Used() %.1f ns, attach+detach with 200 live slots "
+      "%.1f us\n",
+      pair_ns, used_ns, attach_us);
   RecordProperty("reserve_release_pair_ns", static_cast<int>(pair_ns));
   RecordProperty("attach_us", static_cast<int>(attach_us));
   EXPECT_LT(pair_ns, 50'000.0) << "pathologically slow";

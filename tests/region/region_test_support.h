@@ -76,7 +76,9 @@ struct AttachmentTestPeer {
   static void StallHook(Point) {
     if (static_cast<int>(NextStall() % 100) >= stall_percent) return;
     stall_flag->store(1);
-    struct timespec pause_time {0, static_cast<long>(NextStall() % static_cast<std::uint64_t>(stall_max_us)) * 1000};
+    struct timespec pause_time {
+      0, static_cast<long>(NextStall() % static_cast<std::uint64_t>(stall_max_us)) * 1000
+    };
     nanosleep(&pause_time, nullptr);
     stall_flag->store(0);
   }
@@ -241,10 +243,12 @@ struct Pipe {
   bool ReadBytes(std::size_t count, std::chrono::milliseconds timeout) const {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (count > 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                              std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
-      struct pollfd ready {read_end, POLLIN, 0};
+      struct pollfd ready {
+        read_end, POLLIN, 0
+      };
       if (poll(&ready, 1, static_cast<int>(left.count())) <= 0) continue;
       char buffer[64];
       const ssize_t got = read(read_end, buffer, count < sizeof buffer ? count : sizeof buffer);
@@ -258,19 +262,18 @@ struct Pipe {
 inline Attachment* OpenOrNull(const std::string& path) {
   std::string error;
   Attachment* attachment = Attachment::Open(path, error);
-  if (attachment == nullptr) std::fprintf(stderr, "child %d: Open('%s') failed: %s\n", getpid(), path.c_str(),
-                                          error.c_str());
+  if (attachment == nullptr)
+    std::fprintf(stderr, "child %d: Open('%s') failed: %s\n", getpid(), path.c_str(), error.c_str());
   return attachment;
 }
 
 // In children: report what failed and return its code (gtest assertions do not cross fork).
-#define CHILD_CHECK(condition, code)                                                              \
-  do {                                                                                            \
-    if (!(condition)) {                                                                           \
-      std::fprintf(stderr, "child %d: %s:%d: check failed: %s\n", getpid(), __FILE__, __LINE__,    \
-                   #condition);                                                                   \
-      return (code);                                                                              \
-    }                                                                                             \
+#define CHILD_CHECK(condition, code)                                                                         \
+  do {                                                                                                       \
+    if (!(condition)) {                                                                                      \
+      std::fprintf(stderr, "child %d: %s:%d: check failed: %s\n", getpid(), __FILE__, __LINE__, #condition); \
+      return (code);                                                                                         \
+    }                                                                                                        \
   } while (0)
 
 // The sum of the live slots' usage on `device`: what the device total must equal whenever the lock is free.
@@ -286,8 +289,8 @@ inline std::uint64_t LiveSlotSum(const Region& region, int device) {
 inline std::string DescribeLock(const Region& region) {
   unsigned word = 0;
   int owner = 0;
-  std::memcpy(&word, region.lock_storage, sizeof word);            // __lock
-  std::memcpy(&owner, region.lock_storage + 8, sizeof owner);      // __owner
+  std::memcpy(&word, region.lock_storage, sizeof word);        // __lock
+  std::memcpy(&owner, region.lock_storage + 8, sizeof owner);  // __owner
   char text[160];
   std::snprintf(text, sizeof text, "lock word 0x%08x (tid %u%s%s), __owner %d", word, word & 0x3fffffffu,
                 (word & 0x80000000u) != 0 ? ", waiters" : "", (word & 0x40000000u) != 0 ? ", owner died" : "", owner);
@@ -300,13 +303,22 @@ inline std::string DescribeThreads(pid_t pid) {
   std::error_code error;
   for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
     std::string stat, wchan, syscall;
-    { std::ifstream in(task.path() / "stat"); std::getline(in, stat); }
-    { std::ifstream in(task.path() / "wchan"); std::getline(in, wchan); }
-    { std::ifstream in(task.path() / "syscall"); std::getline(in, syscall); }
+    {
+      std::ifstream in(task.path() / "stat");
+      std::getline(in, stat);
+    }
+    {
+      std::ifstream in(task.path() / "wchan");
+      std::getline(in, wchan);
+    }
+    {
+      std::ifstream in(task.path() / "syscall");
+      std::getline(in, syscall);
+    }
     const std::size_t state = stat.rfind(')');
     text += " [tid " + task.path().filename().string() + " state " +
-            (state != std::string::npos && state + 2 < stat.size() ? stat.substr(state + 2, 1) : "?") +
-            " wchan " + wchan + " syscall " + syscall.substr(0, 40) + "]";
+            (state != std::string::npos && state + 2 < stat.size() ? stat.substr(state + 2, 1) : "?") + " wchan " +
+            wchan + " syscall " + syscall.substr(0, 40) + "]";
   }
   return text;
 }

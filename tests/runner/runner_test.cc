@@ -24,9 +24,9 @@
 namespace vgpu::runner {
 namespace {
 
+using scenario::kMicrosecondNs;
 using scenario::kMillisecondNs;
 using scenario::kSecondNs;
-using scenario::kMicrosecondNs;
 constexpr std::uint64_t kUs = kMicrosecondNs;
 constexpr std::uint64_t kMs = kMillisecondNs;
 constexpr std::uint64_t kMiB = 1ull << 20;
@@ -291,8 +291,8 @@ Outcome MustRun(const scenario::Scenario& s, Options options = {}) {
 }
 
 // Every judged window (from settle on) within `tolerance` points of `target`; prints them all.
-void ExpectShares(const Trace& trace, const std::string& tenant, std::int64_t device, double target,
-                  double tolerance, std::uint64_t settle_ns = kSecondNs, std::uint64_t window_ns = kSecondNs) {
+void ExpectShares(const Trace& trace, const std::string& tenant, std::int64_t device, double target, double tolerance,
+                  std::uint64_t settle_ns = kSecondNs, std::uint64_t window_ns = kSecondNs) {
   const std::vector<double> shares = trace.Shares(tenant, device, window_ns);
   std::string text;
   for (const double share : shares) {
@@ -656,8 +656,8 @@ TEST(RunnerVirtual, EveryShippedScenarioRuns) {
   ASSERT_FALSE(files.empty()) << "no scenario in " << VGPU_TEST_SCENARIO_DIR;
   for (const std::filesystem::path& file : files) {
     const scenario::Loaded loaded = scenario::LoadFile(file.string());
-    ASSERT_TRUE(loaded.scenario.has_value()) << file << ": "
-                                             << (loaded.problems.empty() ? "" : loaded.problems[0].ToString());
+    ASSERT_TRUE(loaded.scenario.has_value())
+        << file << ": " << (loaded.problems.empty() ? "" : loaded.problems[0].ToString());
     const scenario::Scenario& s = *loaded.scenario;
     if (!s.virtual_mode) continue;
     const Outcome outcome = MustRun(s);
@@ -683,7 +683,7 @@ TEST(RunnerVirtual, EveryShippedScenarioRuns) {
                       tenant.name.c_str(),
                       expect.kind == scenario::Expectation::Kind::share       ? "share"
                       : expect.kind == scenario::Expectation::Kind::min_share ? "min_share"
-                                                                             : "max_share",
+                                                                              : "max_share",
                       expect.percent, device, count, count > 0 ? sum / count : 0.0);
         }
       }
@@ -696,8 +696,8 @@ TEST(RunnerVirtual, EveryShippedScenarioRuns) {
 const std::string kInstall = VGPU_TEST_INSTALL_DIR;
 
 bool LivePiecesBuilt(std::string& missing) {
-  for (const char* piece : {"/bin/vgpu-tenant", "/bin/vgpu-sampler", "/lib/libvgpu.so", "/lib/libcuda.so.1",
-                                   "/lib/libnvidia-ml.so.1"}) {
+  for (const char* piece :
+       {"/bin/vgpu-tenant", "/bin/vgpu-sampler", "/lib/libvgpu.so", "/lib/libcuda.so.1", "/lib/libnvidia-ml.so.1"}) {
     if (access((kInstall + piece).c_str(), F_OK) != 0) {
       missing = kInstall + piece;
       return false;
@@ -706,9 +706,9 @@ bool LivePiecesBuilt(std::string& missing) {
   return true;
 }
 
-#define SKIP_WITHOUT_LIVE_PIECES()                                              \
-  do {                                                                          \
-    std::string missing;                                                        \
+#define SKIP_WITHOUT_LIVE_PIECES()                                             \
+  do {                                                                         \
+    std::string missing;                                                       \
     if (!LivePiecesBuilt(missing)) GTEST_SKIP() << missing << " is not built"; \
   } while (0)
 
@@ -926,7 +926,8 @@ void ExpectTenTwentyThirtyFortyHeld(const std::string& label, const scenario::Ph
   for (const std::string name : {"a", "b", "c", "d"}) ExpectCleanExits(trace, name);
   if (!kJudgeShares) return;
   double together = 0;
-  for (const auto& [name, cap] : std::vector<std::pair<std::string, double>>{{"a", 10}, {"b", 20}, {"c", 30}, {"d", 40}}) {
+  for (const auto& [name, cap] :
+       std::vector<std::pair<std::string, double>>{{"a", 10}, {"b", 20}, {"c", 30}, {"d", 40}}) {
     const double mean = MeanShareAfterTheFirstSecond(trace, name);
     ASSERT_GE(mean, 0) << name;
     std::printf("10/20/30/40 %s (d of two processes): %s %.1f %%\n", label.c_str(), name.c_str(), mean);
@@ -1042,8 +1043,8 @@ scenario::Scenario DdpJob(std::uint32_t cores) {
 
 // Runs the job live at `cores` % and returns each GPU's busy share over the judged windows (printed), and the trace.
 // `neighbour`: a second container at 50 % on the job's first GPU, 1 ms kernels.
-std::vector<double> RunDdpJob(std::uint32_t cores, Trace& trace,
-                              scenario::Sharing sharing = scenario::Sharing::limiter, bool neighbour = false) {
+std::vector<double> RunDdpJob(std::uint32_t cores, Trace& trace, scenario::Sharing sharing = scenario::Sharing::limiter,
+                              bool neighbour = false) {
   scenario::Scenario s = DdpJob(cores);
   s.sharing = sharing;
   if (neighbour) s.tenants.push_back(Busy("neighbour", 50, s.duration_ns));
@@ -1143,7 +1144,8 @@ TEST(RunnerRegression, AFailedExecIsReportedWithItsReason) {
   const std::filesystem::path install(folder);
   std::filesystem::create_directories(install / "bin");
   std::filesystem::create_symlink(std::filesystem::path(kInstall) / "lib", install / "lib");
-  std::filesystem::copy_file(std::filesystem::path(kInstall) / "bin" / "vgpu-sampler", install / "bin" / "vgpu-sampler");
+  std::filesystem::copy_file(std::filesystem::path(kInstall) / "bin" / "vgpu-sampler",
+                             install / "bin" / "vgpu-sampler");
   { std::ofstream(install / "bin" / "vgpu-tenant") << "not a program\n"; }
   std::filesystem::permissions(install / "bin" / "vgpu-tenant", std::filesystem::perms::owner_all);
   scenario::Scenario s = Base("exec-fails", kSecondNs);

@@ -42,9 +42,9 @@ class TimeDivisionFaults : public ::testing::Test {
     for (const char* piece : {"/bin/vgpu-tenant", "/lib/libvgpu.so", "/lib/libcuda.so.1"}) {
       if (access((kBuild + piece).c_str(), F_OK) != 0) GTEST_SKIP() << kBuild + piece << " is not built";
     }
-    folder_ = std::filesystem::temp_directory_path() /
-              ("vgpu-td-faults-" + std::to_string(getpid()) + "-" +
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    folder_ =
+        std::filesystem::temp_directory_path() / ("vgpu-td-faults-" + std::to_string(getpid()) + "-" +
+                                                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(folder_);
     std::filesystem::create_directories(folder_);
   }
@@ -85,9 +85,9 @@ class TimeDivisionFaults : public ::testing::Test {
     }
     env.insert(env.end(), extra.begin(), extra.end());
     std::vector<std::string> argv = wrapper;
-    for (const std::string& a : {kBuild + "/bin/vgpu-tenant", std::string("--kernel-us"), std::string("1000"),
-                                 std::string("--seconds"), std::to_string(seconds), std::string("--report-ms"),
-                                 std::string("100")}) {
+    for (const std::string& a :
+         {kBuild + "/bin/vgpu-tenant", std::string("--kernel-us"), std::string("1000"), std::string("--seconds"),
+          std::to_string(seconds), std::string("--report-ms"), std::string("100")}) {
       argv.push_back(a);
     }
     Tenant tenant;
@@ -305,7 +305,8 @@ TEST_F(TimeDivisionFaults, AContainerInATimeNamespaceKeepsTheSchedule) {
   if (!TimeNamespacesWork()) GTEST_SKIP() << "unshare --time fails here (no time namespaces, or no right to make one)";
   constexpr std::uint64_t kAheadNs = 10'000ull * 1'000'000'000ull;
   Tenant& a = Start("a", 30, 5);
-  Tenant& b = Start("b", 70, 5, {}, {"/usr/bin/unshare", "--fork", "--kill-child", "--time", "--monotonic", "10000", "--"});
+  Tenant& b =
+      Start("b", 70, 5, {}, {"/usr/bin/unshare", "--fork", "--kill-child", "--time", "--monotonic", "10000", "--"});
   const std::uint64_t t0 = NowNs();
   Wait(a);
   Wait(b);

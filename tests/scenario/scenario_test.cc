@@ -342,7 +342,8 @@ TEST(ScenarioFile, ProblemToString) {
 TEST(ScenarioRules, SharingIsLimiterOrTimeDivision) {
   EXPECT_EQ(Valid(With("sharing: time-division", 0)).sharing, Sharing::time_division);
   EXPECT_EQ(Valid(With("sharing: limiter", 0)).sharing, Sharing::limiter);
-  EXPECT_PROBLEM(With("sharing: mps", 0), 1, "sharing", "mps is not a way of sharing; expected limiter or time-division");
+  EXPECT_PROBLEM(With("sharing: mps", 0), 1, "sharing",
+                 "mps is not a way of sharing; expected limiter or time-division");
 }
 
 TEST(ScenarioRules, UnknownKeysSuggestAndList) {
@@ -993,17 +994,23 @@ TEST(ScenarioRobustness, SeededRandomMutations) {
         case 0:
           if (!text.empty()) text[at] = alphabet[pick(alphabet.size())];
           break;
-        case 1: text.insert(at, 1, alphabet[pick(alphabet.size())]); break;
+        case 1:
+          text.insert(at, 1, alphabet[pick(alphabet.size())]);
+          break;
         case 2:
           if (!text.empty()) text.erase(at, 1 + pick(20));
           break;
-        case 3: text.insert(at, 1, static_cast<char>(pick(256))); break;  // any byte
+        case 3:
+          text.insert(at, 1, static_cast<char>(pick(256)));
+          break;   // any byte
         case 4: {  // copy a slice elsewhere (lines moved, indentation shifted)
           const std::size_t from = pick(full.size());
           text.insert(at, full.substr(from, pick(80)));
           break;
         }
-        default: text.insert(at, std::string(pick(6), ' ')); break;
+        default:
+          text.insert(at, std::string(pick(6), ' '));
+          break;
       }
     }
     ExpectWellFormed(text, "round " + std::to_string(round));

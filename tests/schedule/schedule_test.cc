@@ -26,9 +26,9 @@ constexpr std::uint64_t kSecond = 1'000'000'000;
 class ScheduleFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    folder_ = std::filesystem::temp_directory_path() /
-              ("vgpu-schedule-test-" + std::to_string(getpid()) + "-" +
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    folder_ =
+        std::filesystem::temp_directory_path() / ("vgpu-schedule-test-" + std::to_string(getpid()) + "-" +
+                                                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(folder_);
     std::filesystem::create_directories(folder_);
     path_ = (folder_ / "vgpu-schedule").string();
@@ -71,8 +71,8 @@ TEST_F(ScheduleFile, IsCreatedCompleteWithItsCreatorsCycleAndReadableByAll) {
   EXPECT_EQ(board->header().base_cycle_ns, kBase);
   EXPECT_EQ(board->header().cycle_max_ns, kMost);
   EXPECT_EQ(std::filesystem::file_size(path_), sizeof(Header));
-  EXPECT_EQ(std::filesystem::status(path_).permissions() & std::filesystem::perms::all,
-            std::filesystem::perms(0666)) << "containers of other users must map it";
+  EXPECT_EQ(std::filesystem::status(path_).permissions() & std::filesystem::perms::all, std::filesystem::perms(0666))
+      << "containers of other users must map it";
   std::string error;
   auto second = Board::Open(path_, 5 * kBase, kMost, error);  // a later opener's settings change nothing
   ASSERT_NE(second, nullptr) << error;
@@ -106,8 +106,10 @@ TEST_F(ScheduleFile, OfAnotherKindIsRefusedNamingItAndWhatWasFound) {
 // A file whose cycle no plan accepts (written by something else, or by a liar) is refused when opened: every member
 // would otherwise find no plan on each refresh and take no turns.
 TEST_F(ScheduleFile, WithACycleNoPlanAcceptsIsRefusedNamingTheCycleAndWhatIsAccepted) {
-  for (const auto& [base, most] : {std::pair<std::uint64_t, std::uint64_t>{1, kMost}, {kBase, 20'000'000'000ull},
-                                   {kMost, kBase}, {20'000'000'000ull, 20'000'000'000ull}}) {
+  for (const auto& [base, most] : {std::pair<std::uint64_t, std::uint64_t>{1, kMost},
+                                   {kBase, 20'000'000'000ull},
+                                   {kMost, kBase},
+                                   {20'000'000'000ull, 20'000'000'000ull}}) {
     Header lying{};
     lying.magic = kScheduleMagic;
     lying.version = kScheduleVersion;
@@ -117,7 +119,8 @@ TEST_F(ScheduleFile, WithACycleNoPlanAcceptsIsRefusedNamingTheCycleAndWhatIsAcce
     WriteFile(std::string(reinterpret_cast<const char*>(&lying), sizeof(lying)));
     const std::string error = OpenError();
     EXPECT_NE(error.find("has a cycle of " + std::to_string(base) + " ns at most " + std::to_string(most)),
-              std::string::npos) << error;
+              std::string::npos)
+        << error;
     EXPECT_NE(error.find("accepted: a base of at least 100000 ns"), std::string::npos) << error;
   }
 }

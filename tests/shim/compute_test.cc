@@ -34,7 +34,8 @@ void ExpectLaunchingHeldTo(const char* name, const char* cap, std::vector<std::s
   Child worker = RunWorker(args, env, std::chrono::seconds(60));
   ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
   const auto values = worker.Values();
-  const double share = static_cast<double>(Number(values, "busy_ns")) / static_cast<double>(Number(values, "elapsed_ns"));
+  const double share =
+      static_cast<double>(Number(values, "busy_ns")) / static_cast<double>(Number(values, "elapsed_ns"));
   std::printf("%s at a %s %% cap: %llu launches, %.1f %% of the time\n", what, cap,
               static_cast<unsigned long long>(Number(values, "launched")), 100 * share);
   EXPECT_GT(Number(values, "launched"), 100u);
@@ -50,8 +51,8 @@ void ExpectLaunchingHeldTo(const char* name, const char* cap, std::vector<std::s
 // 40 % (the shim before the measurement windows gave 100 %) and, below, what a slow machine explains (sanitizers slow
 // the host).
 TEST(Compute, ThreadsLaunchingIntoOneStreamAreHeldToTheCap) {
-  ExpectLaunchingHeldTo("threads", "30", {"threads=4", "seconds=6", "short_us=30", "long_us=2000", "long_every=8"}, 0.15,
-                        0.40, "four threads into one stream");
+  ExpectLaunchingHeldTo("threads", "30", {"threads=4", "seconds=6", "short_us=30", "long_us=2000", "long_every=8"},
+                        0.15, 0.40, "four threads into one stream");
 }
 
 // The same under time division, alone on the GPU. Time division charged each launch its kernel's median run (30 us
@@ -76,10 +77,10 @@ TEST(Compute, AKernelWhoseRunTimeDependsOnItsDataIsHeldToTheCapUnderTimeDivision
 // cannot launch its share (6.7-7.9 % under TSan, the host's launch rate the limit): the bound below only says the
 // launches went on; the tests above, unstalled, hold the lower side.
 TEST(Compute, ThreadsPreemptedInTheirLaunchesAreHeldToTheCapUnderTimeDivision) {
-  ExpectLaunchingHeldTo("threads_td_preempted", "30",
-                        {"threads=4", "seconds=8", "short_us=30", "long_us=2000", "long_every=8", "stall_us=1000",
-                         "stall_every_us=250"},
-                        0.02, 0.36, "four threads into one stream, preempted, time division", true);
+  ExpectLaunchingHeldTo(
+      "threads_td_preempted", "30",
+      {"threads=4", "seconds=8", "short_us=30", "long_us=2000", "long_every=8", "stall_us=1000", "stall_every_us=250"},
+      0.02, 0.36, "four threads into one stream, preempted, time division", true);
 }
 
 // Time division can leave a capped container without turns: its entry in the node's schedule file taken by another
@@ -99,9 +100,10 @@ TEST(Compute, AContainerThatLosesItsTurnsToAFullScheduleIsHeldByTheLimiter) {
   std::string error;
   std::unique_ptr<schedule::Board> board = schedule::Board::Open(schedule_path, 20'000'000, 640'000'000, error);
   ASSERT_NE(board, nullptr) << error;
-  const auto far_ahead = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch() +
-                                                           std::chrono::hours(1)).count());
+  const auto far_ahead =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch() + std::chrono::hours(1))
+                                     .count());
   const auto squat = [&](int e, std::uint64_t id) {  // a live entry of no GPU: it holds the entry, it is no member
     schedule::Entry& entry = board->entry(e);
     schedule::Store(entry.heartbeat_ns, far_ahead);
@@ -121,10 +123,10 @@ TEST(Compute, AContainerThatLosesItsTurnsToAFullScheduleIsHeldByTheLimiter) {
   squat(kLeftFree, 999);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   schedule::Store(board->entry(kLeftFree).id, 0);  // the entry frees: the worker takes turns again
-  ASSERT_TRUE(worker.Wait(std::chrono::seconds(60)) && worker.exited() && worker.exit_code() == 0)
-      << worker.Describe();
+  ASSERT_TRUE(worker.Wait(std::chrono::seconds(60)) && worker.exited() && worker.exit_code() == 0) << worker.Describe();
   const auto values = worker.Values();
-  const double share = static_cast<double>(Number(values, "busy_ns")) / static_cast<double>(Number(values, "elapsed_ns"));
+  const double share =
+      static_cast<double>(Number(values, "busy_ns")) / static_cast<double>(Number(values, "elapsed_ns"));
   std::printf("a 30 %% container that lost its turns: %.1f %% of the time\n", 100 * share);
   EXPECT_NE(worker.Stderr().find("the limiter holds its compute cap"), std::string::npos) << worker.Stderr();
   EXPECT_NE(worker.Stderr().find("takes turns again"), std::string::npos) << worker.Stderr();
@@ -169,7 +171,8 @@ TEST(Compute, TheShimSleepsWithATightTimerSlackAndGivesTheThreadItsOwnBack) {
   env["CUDA_DEVICE_SM_LIMIT"] = "10";
   env["GPU_CORE_UTILIZATION_POLICY"] = "force";
   Child worker = Child::Worker({"launch", "threads=1", "seconds=3", "short_us=1000", "long_us=1000", "long_every=1",
-                                "sync_every=1", "pause_us=3000"}, env);
+                                "sync_every=1", "pause_us=3000"},
+                               env);
   std::map<int, std::vector<long>> seen;  // each thread's slack at each look, where it changed
   while (!worker.Poll()) {
     for (const auto& [tid, slack] : TimerSlacks(worker.pid())) {
@@ -208,9 +211,9 @@ TEST(Compute, TheShimSleepsWithATightTimerSlackAndGivesTheThreadItsOwnBack) {
 // and a half.
 TEST(Compute, LoopsThatSynchronizeEveryFourLaunchesKeepTheirSharesBesideEachOtherUnderTimeDivision) {
   const auto container = [](const char* name, const char* cap) {
-    return TimeDivisionWorker(name, cap, "sync_loops",
-                              {"launch", "threads=1", "seconds=12", "short_us=1500", "long_us=1950", "long_every=4",
-                               "sync_every=4"});
+    return TimeDivisionWorker(
+        name, cap, "sync_loops",
+        {"launch", "threads=1", "seconds=12", "short_us=1500", "long_us=1950", "long_every=4", "sync_every=4"});
   };
   Child a = container("sync_loops_a", "30");
   Child b = container("sync_loops_b", "70");
@@ -222,12 +225,14 @@ TEST(Compute, LoopsThatSynchronizeEveryFourLaunchesKeepTheirSharesBesideEachOthe
     ASSERT_TRUE(worker.Wait(std::chrono::seconds(90)) && worker.exited() && worker.exit_code() == 0)
         << worker.Describe();
     values[i] = worker.Values();
-    shares[i] = static_cast<double>(Number(values[i], "busy_ns")) / static_cast<double>(Number(values[i], "elapsed_ns"));
+    shares[i] =
+        static_cast<double>(Number(values[i], "busy_ns")) / static_cast<double>(Number(values[i], "elapsed_ns"));
   }
   const auto ms = [&](const char* key) { return static_cast<double>(Number(values[0], key)) / 1e6; };
-  std::printf("loops of four and a synchronize at 30 / 70 %%: %.1f / %.1f %% of the time; the 30 %% loop's p90 / p99 / "
-              "longest %.1f / %.1f / %.1f ms\n", 100 * shares[0], 100 * shares[1], ms("sync_loop_p90_ns"),
-              ms("sync_loop_p99_ns"), ms("sync_loop_max_ns"));
+  std::printf(
+      "loops of four and a synchronize at 30 / 70 %%: %.1f / %.1f %% of the time; the 30 %% loop's p90 / p99 / "
+      "longest %.1f / %.1f / %.1f ms\n",
+      100 * shares[0], 100 * shares[1], ms("sync_loop_p90_ns"), ms("sync_loop_p99_ns"), ms("sync_loop_max_ns"));
   EXPECT_LE(ms("sync_loop_p99_ns"), 50.0) << "the 30 % loop lost whole windows to the other's queued work";
   EXPECT_GE(shares[0], 0.26) << "the 30 % container";
   EXPECT_LE(shares[0], 0.32) << "the 30 % container";
@@ -241,11 +246,11 @@ TEST(Compute, LoopsThatSynchronizeEveryFourLaunchesKeepTheirSharesBesideEachOthe
 // off), its request took up to a cycle's other windows: p99 14-15 ms in the simulator. The busy one keeps its 70:
 // it wins the time back in the light one's idle windows.
 TEST(Compute, ALightServiceBesideABusyOneUnderTimeDivisionWaitsForTheBusyOnesQueueNotItsWindow) {
-  Child light = TimeDivisionWorker("light_a", "30", "light", {"launch", "threads=1", "seconds=8", "short_us=1000",
-                                                              "long_us=1000", "long_every=1", "sync_every=1",
-                                                              "pause_us=20000"});
-  Child busy = TimeDivisionWorker("light_b", "70", "light", {"launch", "threads=1", "seconds=8", "short_us=1000",
-                                                             "long_us=1000", "long_every=1"});
+  Child light = TimeDivisionWorker("light_a", "30", "light",
+                                   {"launch", "threads=1", "seconds=8", "short_us=1000", "long_us=1000", "long_every=1",
+                                    "sync_every=1", "pause_us=20000"});
+  Child busy = TimeDivisionWorker(
+      "light_b", "70", "light", {"launch", "threads=1", "seconds=8", "short_us=1000", "long_us=1000", "long_every=1"});
   std::map<std::string, std::string> values[2];
   Child* workers[2] = {&light, &busy};
   for (int i = 0; i < 2; ++i) {
@@ -257,10 +262,11 @@ TEST(Compute, ALightServiceBesideABusyOneUnderTimeDivisionWaitsForTheBusyOnesQue
     return static_cast<double>(Number(values[i], "busy_ns")) / static_cast<double>(Number(values[i], "elapsed_ns"));
   };
   const auto ms = [&](const char* key) { return static_cast<double>(Number(values[0], key)) / 1e6; };
-  std::printf("a light 30 %% service beside a busy 70 %%: %.1f / %.1f %% of the time; its requests p90 / p99 / longest "
-              "%.1f / %.1f / %.1f ms (%llu)\n", 100 * share(0), 100 * share(1), ms("sync_loop_p90_ns"),
-              ms("sync_loop_p99_ns"), ms("sync_loop_max_ns"),
-              static_cast<unsigned long long>(Number(values[0], "sync_loops")));
+  std::printf(
+      "a light 30 %% service beside a busy 70 %%: %.1f / %.1f %% of the time; its requests p90 / p99 / longest "
+      "%.1f / %.1f / %.1f ms (%llu)\n",
+      100 * share(0), 100 * share(1), ms("sync_loop_p90_ns"), ms("sync_loop_p99_ns"), ms("sync_loop_max_ns"),
+      static_cast<unsigned long long>(Number(values[0], "sync_loops")));
   EXPECT_GE(Number(values[0], "sync_loops"), 200u);
   EXPECT_LE(ms("sync_loop_p90_ns"), 6.0) << "the light service waited for its own window";
   EXPECT_GE(share(1), 0.64) << "the busy container";
@@ -285,8 +291,8 @@ std::string LaunchLog(const std::string& name, const char* cap, const char* long
   env["CUDA_DEVICE_SM_LIMIT"] = cap;
   env["GPU_CORE_UTILIZATION_POLICY"] = "force";
   if (*level != '\0') env["LIBCUDA_LOG_LEVEL"] = level;
-  Child worker = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", std::string("long_us=") + long_us},
-                           env, std::chrono::seconds(60));
+  Child worker = RunWorker({"launch", "threads=1", "seconds=1", "short_us=500", std::string("long_us=") + long_us}, env,
+                           std::chrono::seconds(60));
   EXPECT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
   return worker.Stderr();
 }
@@ -333,8 +339,8 @@ TEST(Compute, CapturesBegunThroughEveryEntryPointAreSeenByLaunches) {
   for (const std::string& name : ways) {
     EXPECT_EQ(Number(values, name + ".begin"), 0u) << name;
     EXPECT_EQ(Number(values, name + ".launched"), 3u)
-        << name << ": launches into the capturing stream were admitted (error " << Number(values, name + ".launch_error")
-        << ")";
+        << name << ": launches into the capturing stream were admitted (error "
+        << Number(values, name + ".launch_error") << ")";
     EXPECT_EQ(Number(values, name + ".end"), 0u) << name;
     EXPECT_EQ(Number(values, name + ".nodes"), 3u) << name;
   }

@@ -44,7 +44,8 @@ void ExpectFailsClosed(const std::string& name, const EnvMap& overrides, const s
   const std::vector<std::string> lines = NonEmptyLines(child.Stderr());
   ASSERT_EQ(lines.size(), 1u) << "expected one line on stderr:\n" << child.Stderr();
   EXPECT_NE(lines[0].find(variable), std::string::npos) << "the message does not name " << variable << ": " << lines[0];
-  EXPECT_NE(lines[0].find(value), std::string::npos) << "the message does not show the value " << value << ": " << lines[0];
+  EXPECT_NE(lines[0].find(value), std::string::npos)
+      << "the message does not show the value " << value << ": " << lines[0];
 }
 
 TEST(FailClosed, LimitWithAnUnknownSuffixFailsClosed) {
@@ -108,8 +109,8 @@ TEST(Config, SizeWrittenInOctalIsDecimal) { ExpectTotal("octal", "010g", 10 * kG
 
 TEST(Config, SizesAreBytesOrPowersOf1024) {
   int n = 0;
-  for (const char* limit : {"1073741824", "1048576k", "1048576K", "1048576Ki", "1024m", "1024M", "1024Mi", "1g", "1G",
-                            "1Gi"}) {
+  for (const char* limit :
+       {"1073741824", "1048576k", "1048576K", "1048576Ki", "1024m", "1024M", "1024Mi", "1g", "1G", "1Gi"}) {
     ExpectTotal("sizes-" + std::to_string(n++), limit, kGiB);
   }
 }
@@ -127,8 +128,8 @@ std::pair<std::map<std::string, std::string>, std::map<std::string, std::string>
 TEST(Config, NoLimitLeavesTheDriversNumbers) {
   for (const char* limit : {"", "0"}) {
     SCOPED_TRACE(std::string("CUDA_DEVICE_MEMORY_LIMIT=") + (*limit != '\0' ? limit : "(unset)"));
-    const auto [driver, shim] = DriverAndShim(std::string("nolimit") + limit, limit,
-                                              {"views", "ctx=0", "alloc=" + std::to_string(100 * kMiB)});
+    const auto [driver, shim] =
+        DriverAndShim(std::string("nolimit") + limit, limit, {"views", "ctx=0", "alloc=" + std::to_string(100 * kMiB)});
     for (const char* key : {"cu.free", "cu.total", "cu.free_after", "cuda.0.total_mem", "nvml.0.v1.total",
                             "nvml.0.v1.used", "nvml.0.v1.free", "nvml.0.v2.total", "nvml.0.v2.reserved",
                             "nvml.0.v2.used", "nvml.0.v2.free", "alloc.result"}) {
@@ -223,7 +224,8 @@ TEST_F(PerDevice, ChargesLandOnThePhysicalDeviceAsTheHostSeesIt) {
 }
 
 TEST_F(PerDevice, PerDeviceLimitFollowsAUuidInCudaVisibleDevices) {
-  const EnvMap env = ShimOnTwo({{"CUDA_VISIBLE_DEVICES", host_.at("nvml.1.uuid")}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "1Gi"}});
+  const EnvMap env =
+      ShimOnTwo({{"CUDA_VISIBLE_DEVICES", host_.at("nvml.1.uuid")}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "1Gi"}});
   Child child = RunWorker({"views", "ctx=0"}, env);
   ASSERT_EQ(child.exit_code(), 0) << child.Describe();
   const auto v = child.Values();
@@ -236,9 +238,8 @@ TEST_F(PerDevice, PerDeviceLimitFollowsAUuidInCudaVisibleDevices) {
 
 TEST_F(PerDevice, PerDeviceLimitsFollowAReorderedCudaVisibleDevices) {
   // CUDA ordinal 0 is physical 1 and ordinal 1 is physical 0 (HAMi-core#318: indices of CUDA and NVML mixed up).
-  const EnvMap env = ShimOnTwo({{"CUDA_VISIBLE_DEVICES", "1,0"},
-                             {"CUDA_DEVICE_MEMORY_LIMIT_0", "1Gi"},
-                             {"CUDA_DEVICE_MEMORY_LIMIT_1", "3Gi"}});
+  const EnvMap env = ShimOnTwo(
+      {{"CUDA_VISIBLE_DEVICES", "1,0"}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "1Gi"}, {"CUDA_DEVICE_MEMORY_LIMIT_1", "3Gi"}});
   Child child = RunWorker({"views", "ctx=1"}, env);
   ASSERT_EQ(child.exit_code(), 0) << child.Describe();
   const auto v = child.Values();

@@ -27,7 +27,7 @@ struct RaceSpec {
   int threads = 4;
   std::uint64_t rounds = 20000;  // per thread
   std::uint64_t min_bytes = 1 * kMiB, max_bytes = 256 * kMiB;
-  int hold = 2;                 // allocations a thread holds at most
+  int hold = 2;  // allocations a thread holds at most
   std::uint64_t seed = 1;
 };
 
@@ -86,10 +86,12 @@ RaceOutcome RunRace(const RaceSpec& spec) {
     // Everything freed, every process still alive: the container holds its contexts and nothing else.
     Child region = RunWorker({"views"}, shim);
     EXPECT_EQ(Number(region.Values(), "nvml.0.v1.used"), spec.processes * kSmallContextBytes)
-        << "the region's usage after all frees is not the contexts alone\n" << region.Describe();
+        << "the region's usage after all frees is not the contexts alone\n"
+        << region.Describe();
     Child seen = RunWorker({"views"}, host);
     EXPECT_EQ(Number(seen.Values(), "nvml.0.v2.used"), spec.processes * kSmallContextBytes)
-        << "the host's NVML after all frees\n" << seen.Describe();
+        << "the host's NVML after all frees\n"
+        << seen.Describe();
   }
   go.CloseWrite();
   for (Child& worker : workers) {
@@ -104,8 +106,8 @@ RaceOutcome RunRace(const RaceSpec& spec) {
   EXPECT_TRUE(observer.Wait(seconds(10))) << observer.Describe();
   outcome.observer = observer.Values();
   const auto& o = outcome.observer;
-  std::printf("observer: %s polls, max used %s, max process sum %s, violations %s\n", o.count("polls") ? o.at("polls").c_str() : "?",
-              o.count("max_used") ? o.at("max_used").c_str() : "?",
+  std::printf("observer: %s polls, max used %s, max process sum %s, violations %s\n",
+              o.count("polls") ? o.at("polls").c_str() : "?", o.count("max_used") ? o.at("max_used").c_str() : "?",
               o.count("max_process_sum") ? o.at("max_process_sum").c_str() : "?",
               o.count("violations") ? o.at("violations").c_str() : "?");
   EXPECT_EQ(Number(o, "violations"), 0u) << "the host saw the container above its limit: "
@@ -236,7 +238,8 @@ TEST(Container, FreeNeverWrapsWhenUsageIsAboveALowerLimit) {
   EXPECT_EQ(Number(v, "nvml.0.v2.free"), 0u);
   Child context = RunWorker({"views", "ctx=0"}, ShimEnv("lower", "512Mi"));
   EXPECT_EQ(context.Values().at("ctx.result"), std::to_string(CUDA_ERROR_OUT_OF_MEMORY))
-      << "a context was granted past the limit\n" << context.Describe();
+      << "a context was granted past the limit\n"
+      << context.Describe();
   go.CloseWrite();
   EXPECT_TRUE(holder.Wait(seconds(10)));
   EXPECT_EQ(holder.exit_code(), 0) << holder.Describe();

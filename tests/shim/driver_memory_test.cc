@@ -16,21 +16,23 @@ namespace vgpu::shimtest {
 namespace {
 
 constexpr std::uint64_t kModuleData = 92 * kMiB;       // + a 2 MiB code page: the 94 MiB of PyTorch's first kernel
-constexpr std::uint64_t kLocalPerThread = 2048;         // one KiB a thread above the default stack
-constexpr std::uint64_t kH100Threads = 132ull * 2048;   // what local memory is reserved for (fakecuda's h100-80gb)
+constexpr std::uint64_t kLocalPerThread = 2048;        // one KiB a thread above the default stack
+constexpr std::uint64_t kH100Threads = 132ull * 2048;  // what local memory is reserved for (fakecuda's h100-80gb)
 
 std::string ModulePtx() {
   return R"(.version 8.0
 .target sm_75
 .address_size 64
-.global .align 4 .b8 module_data[)" + std::to_string(kModuleData) + R"(];
+.global .align 4 .b8 module_data[)" +
+         std::to_string(kModuleData) + R"(];
 .visible .entry touch(.param .u64 touch_out)
 {
   ret;
 }
 .visible .entry deep(.param .u64 deep_out)
 {
-  .local .align 4 .b8 __local_depot0[)" + std::to_string(kLocalPerThread) + R"(];
+  .local .align 4 .b8 __local_depot0[)" +
+         std::to_string(kLocalPerThread) + R"(];
   ret;
 }
 )";

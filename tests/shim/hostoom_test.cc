@@ -32,7 +32,8 @@ constexpr bool kInjectionWorks = true;
 TEST(HostOom, AnAllocationFailureWhileTheShimStartsLeavesItClosedNotOpen) {
   SKIP_UNLESS_INJECTION_WORKS();
   const std::uint64_t limit = ConfiguredLimit();
-  Child worker = RunWorker({"hostoom_start", "limit=" + std::to_string(limit)}, ShimEnv("start", std::to_string(limit)));
+  Child worker =
+      RunWorker({"hostoom_start", "limit=" + std::to_string(limit)}, ShimEnv("start", std::to_string(limit)));
   ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
   const auto values = worker.Values();
   EXPECT_EQ(Number(values, "start.threw"), 0u) << "an exception left the shim's cuInit";
@@ -62,11 +63,12 @@ TEST(HostOom, CallsThatRunOutOfHostMemoryFailCleanlyAndLoseNothing) {
                            env, std::chrono::seconds(80));
   ASSERT_TRUE(worker.exited() && worker.exit_code() == 0) << worker.Describe();
   const auto values = worker.Values();
-  std::printf("host out of memory in 20 %% of the shim's allocations: %llu calls succeeded, %llu out of memory, "
-              "%llu of %llu allocations failed on purpose\n",
-              static_cast<unsigned long long>(Number(values, "ok")), static_cast<unsigned long long>(Number(values, "oom")),
-              static_cast<unsigned long long>(Number(values, "injected")),
-              static_cast<unsigned long long>(Number(values, "seen")));
+  std::printf(
+      "host out of memory in 20 %% of the shim's allocations: %llu calls succeeded, %llu out of memory, "
+      "%llu of %llu allocations failed on purpose\n",
+      static_cast<unsigned long long>(Number(values, "ok")), static_cast<unsigned long long>(Number(values, "oom")),
+      static_cast<unsigned long long>(Number(values, "injected")),
+      static_cast<unsigned long long>(Number(values, "seen")));
   EXPECT_EQ(Number(values, "threw"), 0u) << "exceptions left the shim";
   EXPECT_EQ(Number(values, "unexpected"), 0u) << worker.Stdout();
   EXPECT_GT(Number(values, "injected"), 100u) << "too few failures were injected to test anything";

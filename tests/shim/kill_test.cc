@@ -27,8 +27,8 @@ constexpr const char* kDevices = "h100-80gb:context=128Mi";
 constexpr std::uint64_t kContextBytes = 128 * kMiB;
 
 std::vector<std::string> ChurnArgs(std::uint64_t seed, std::uint64_t max_bytes) {
-  return {"churn", "threads=2", "min=1048576", "max=" + std::to_string(max_bytes), "hold=2", "until_stop=1", "pipes=1",
-          "seed=" + std::to_string(seed)};
+  return {"churn",  "threads=2",    "min=1048576", "max=" + std::to_string(max_bytes),
+          "hold=2", "until_stop=1", "pipes=1",     "seed=" + std::to_string(seed)};
 }
 
 TEST(Kill, SigkilledProcessesNeitherDeadlockNorLeakQuota) {
@@ -45,10 +45,9 @@ TEST(Kill, SigkilledProcessesNeitherDeadlockNorLeakQuota) {
   Pipe survivors_started, survivors_done, survivors_go;
   std::vector<Child> survivors;
   for (int i = 0; i < 2; ++i) {
-    survivors.push_back(Child::Worker(ChurnArgs(seed * 100 + static_cast<std::uint64_t>(i), 128 * kMiB), env,
-                                      {{survivors_started.write_fd, kStartedFd},
-                                       {survivors_done.write_fd, kDoneFd},
-                                       {survivors_go.read_fd, kGoFd}}));
+    survivors.push_back(Child::Worker(
+        ChurnArgs(seed * 100 + static_cast<std::uint64_t>(i), 128 * kMiB), env,
+        {{survivors_started.write_fd, kStartedFd}, {survivors_done.write_fd, kDoneFd}, {survivors_go.read_fd, kGoFd}}));
   }
   survivors_started.CloseWrite();
   survivors_done.CloseWrite();

@@ -394,7 +394,8 @@ TEST_F(Slice, PoolReusesItsCachedBlockAtTheLimit) {
   EXPECT_EQ(ReadViews().cu_free, 0u);
   ASSERT_CU_OK(cuMemFreeAsync(first, stream));  // back to the pool, which keeps it (threshold: never release)
   const std::uint64_t reserved = PoolReserved(pool);
-  EXPECT_CU_OK(cuMemAllocFromPoolAsync(&again, bytes, pool, stream)) << "a cached block reused at the limit was refused";
+  EXPECT_CU_OK(cuMemAllocFromPoolAsync(&again, bytes, pool, stream))
+      << "a cached block reused at the limit was refused";
   EXPECT_EQ(PoolReserved(pool), reserved) << "the pool grew instead of reusing its block";
   const Views full = ReadViews();
   ExpectViewsAgree(full, limit_);

@@ -91,11 +91,14 @@ struct Lookup {
   std::string Describe() const { return "cudaVersion " + std::to_string(version) + ", flags " + std::to_string(flags); }
 };
 constexpr Lookup kLookups[] = {
-    {3020, CU_GET_PROC_ADDRESS_DEFAULT},  {3020, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+    {3020, CU_GET_PROC_ADDRESS_DEFAULT},
+    {3020, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
     {3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
-    {12000, CU_GET_PROC_ADDRESS_DEFAULT}, {12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+    {12000, CU_GET_PROC_ADDRESS_DEFAULT},
+    {12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
     {12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
-    {13000, CU_GET_PROC_ADDRESS_DEFAULT}, {13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+    {13000, CU_GET_PROC_ADDRESS_DEFAULT},
+    {13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
     {13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
 };
 
@@ -144,12 +147,14 @@ std::set<std::string> DefinedDynamicSymbols(const std::string& path, std::set<st
     const std::size_t count = sections[i].sh_size / sizeof(Elf64_Sym);
     for (std::size_t s = 1; s < count; ++s) {
       const unsigned char binding = ELF64_ST_BIND(symbols[s].st_info);
-      if (symbols[s].st_shndx == SHN_UNDEF || (binding != STB_GLOBAL && binding != STB_WEAK && binding != STB_GNU_UNIQUE)) {
+      if (symbols[s].st_shndx == SHN_UNDEF ||
+          (binding != STB_GLOBAL && binding != STB_WEAK && binding != STB_GNU_UNIQUE)) {
         continue;
       }
       if (ELF64_ST_TYPE(symbols[s].st_info) == STT_NOTYPE && symbols[s].st_shndx == SHN_ABS) continue;  // version nodes
       names.insert(strings + symbols[s].st_name);
-      if (objects != nullptr && ELF64_ST_TYPE(symbols[s].st_info) == STT_OBJECT) objects->insert(strings + symbols[s].st_name);
+      if (objects != nullptr && ELF64_ST_TYPE(symbols[s].st_info) == STT_OBJECT)
+        objects->insert(strings + symbols[s].st_name);
     }
   }
   munmap(map, static_cast<std::size_t>(st.st_size));
@@ -216,7 +221,8 @@ TEST_F(Route, GetProcAddressV2ReachesTheHookAtEveryVersionAndFlag) {
   for (const Lookup& lookup : kLookups) {
     void* function = nullptr;
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    ASSERT_CU_OK(cuGetProcAddress_v2("cuMemAlloc", &function, lookup.version, lookup.flags, &status)) << lookup.Describe();
+    ASSERT_CU_OK(cuGetProcAddress_v2("cuMemAlloc", &function, lookup.version, lookup.flags, &status))
+        << lookup.Describe();
     EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS) << lookup.Describe();
     ProveAllocRoute(reinterpret_cast<MemAllocFunction>(function), "cuGetProcAddress_v2, " + lookup.Describe());
   }
@@ -335,10 +341,10 @@ TEST_F(Route, NvmlThroughDlsymShowsTheSlice) {
   void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW);
   ASSERT_NE(library, nullptr) << dlerror();
   auto init = reinterpret_cast<nvmlReturn_t (*)()>(dlsym(library, "nvmlInit_v2"));
-  auto handle_by_index = reinterpret_cast<nvmlReturn_t (*)(unsigned int, nvmlDevice_t*)>(
-      dlsym(library, "nvmlDeviceGetHandleByIndex_v2"));
-  auto memory_v1 = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(
-      dlsym(library, "nvmlDeviceGetMemoryInfo"));
+  auto handle_by_index =
+      reinterpret_cast<nvmlReturn_t (*)(unsigned int, nvmlDevice_t*)>(dlsym(library, "nvmlDeviceGetHandleByIndex_v2"));
+  auto memory_v1 =
+      reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(dlsym(library, "nvmlDeviceGetMemoryInfo"));
   auto memory_v2 = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_v2_t*)>(
       dlsym(RTLD_DEFAULT, "nvmlDeviceGetMemoryInfo_v2"));
   ASSERT_TRUE(init != nullptr && handle_by_index != nullptr && memory_v1 != nullptr && memory_v2 != nullptr);
@@ -386,10 +392,10 @@ TEST(Exports, OnlyDriverNamesAndDlsymAreExported) {
 TEST(Exports, InternalNamesAreNotVisible) {
   const std::string shim = LoadedPath("libvgpu");
   ASSERT_FALSE(shim.empty());
-  for (const char* name : {"Charge", "Uncharge", "Initialize", "TheShim", "Used", "Log", "mutex", "ResolveReal",
-                           "HookFor", "LoadConfig", "ParseSize", "_ZN4vgpu5hooks6ChargeEim", "_ZN4vgpu5hooks7TheShimEv",
-                           "_ZN4vgpu5hooks10InitializeEv", "_ZN4vgpu6policy9ParseSizeESt17basic_string_viewIcSt11char_traitsIcEERm",
-                           "_ZSt4cout", "_Znwm"}) {
+  for (const char* name :
+       {"Charge", "Uncharge", "Initialize", "TheShim", "Used", "Log", "mutex", "ResolveReal", "HookFor", "LoadConfig",
+        "ParseSize", "_ZN4vgpu5hooks6ChargeEim", "_ZN4vgpu5hooks7TheShimEv", "_ZN4vgpu5hooks10InitializeEv",
+        "_ZN4vgpu6policy9ParseSizeESt17basic_string_viewIcSt11char_traitsIcEERm", "_ZSt4cout", "_Znwm"}) {
     void* found = dlsym(RTLD_DEFAULT, name);
     if (found == nullptr) continue;
     Dl_info info{};

@@ -208,7 +208,8 @@ Child Child::Spawn(const std::string& program, const SpawnOptions& options) {
       if (moved[i] < 0 || dup2(moved[i], fds[i].second) < 0) _exit(126);
     }
     int keep_below = 3;
-    for (std::size_t i = 0; i < count; ++i) keep_below = fds[i].second + 1 > keep_below ? fds[i].second + 1 : keep_below;
+    for (std::size_t i = 0; i < count; ++i)
+      keep_below = fds[i].second + 1 > keep_below ? fds[i].second + 1 : keep_below;
     close_range(static_cast<unsigned int>(keep_below), ~0u, 0);
     execve(program.c_str(), argv.data(), envp.data());
     _exit(127);

@@ -51,11 +51,11 @@ std::uint64_t Seed(std::uint64_t fallback);
 // Every figure of the memory views, read in the calling process (under the shim when it is preloaded).
 struct Views {
   CUresult info_result = CUDA_ERROR_UNKNOWN;
-  std::size_t cu_free = 0, cu_total = 0;          // cuMemGetInfo_v2 (current context)
-  std::size_t device_total = 0;                   // cuDeviceTotalMem_v2
-  nvmlMemory_t v1{};                              // nvmlDeviceGetMemoryInfo
-  nvmlMemory_v2_t v2{};                           // nvmlDeviceGetMemoryInfo_v2
-  std::uint64_t driver_own = 0;                   // this process's memory as the host's NVML lists it (not hooked)
+  std::size_t cu_free = 0, cu_total = 0;  // cuMemGetInfo_v2 (current context)
+  std::size_t device_total = 0;           // cuDeviceTotalMem_v2
+  nvmlMemory_t v1{};                      // nvmlDeviceGetMemoryInfo
+  nvmlMemory_v2_t v2{};                   // nvmlDeviceGetMemoryInfo_v2
+  std::uint64_t driver_own = 0;           // this process's memory as the host's NVML lists it (not hooked)
   std::uint64_t used() const { return cu_total - cu_free; }
 };
 // Reads the views of CUDA ordinal `ordinal` and NVML device `nvml_index` (the same GPU in the default machine).
@@ -68,9 +68,9 @@ std::uint64_t DriverOwnBytes(unsigned int nvml_index = 0);
 
 // A child process: a program run with a modified environment, its output captured in files.
 struct SpawnOptions {
-  std::vector<std::string> args;                                // after argv[0]
-  std::map<std::string, std::optional<std::string>> env;        // overrides; nullopt removes the variable
-  std::vector<std::pair<int, int>> fds;                         // (parent's fd, child's fd number) to hand down
+  std::vector<std::string> args;                          // after argv[0]
+  std::map<std::string, std::optional<std::string>> env;  // overrides; nullopt removes the variable
+  std::vector<std::pair<int, int>> fds;                   // (parent's fd, child's fd number) to hand down
 };
 
 class Child {
@@ -84,7 +84,8 @@ class Child {
 
   static Child Spawn(const std::string& program, const SpawnOptions& options);
   // A worker command: WorkerPath() with `args`.
-  static Child Worker(const std::vector<std::string>& args, const std::map<std::string, std::optional<std::string>>& env,
+  static Child Worker(const std::vector<std::string>& args,
+                      const std::map<std::string, std::optional<std::string>>& env,
                       const std::vector<std::pair<int, int>>& fds = {});
 
   pid_t pid() const { return pid_; }

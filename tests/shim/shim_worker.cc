@@ -158,7 +158,8 @@ int Views() {
       Print(prefix + ".total_mem.result", static_cast<int>(cuDeviceTotalMem_v2(&total, device)));
       Print(prefix + ".total_mem", total);
       CUuuid uuid{};
-      if (cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS) Print(prefix + ".uuid", vgpu::base::GpuUuidText(uuid.bytes));
+      if (cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS)
+        Print(prefix + ".uuid", vgpu::base::GpuUuidText(uuid.bytes));
     }
     if (Has("ctx")) {
       CUcontext context = nullptr;
@@ -342,8 +343,8 @@ void ChurnThread(int index, CUcontext context, std::atomic<bool>& stop, ChurnCou
   auto timed = [&](auto&& call) {
     const auto start = Clock::now();
     const CUresult r = call();
-    const auto us = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+    const auto us =
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
     std::uint64_t seen = counts.max_call_us.load();
     while (us > seen && !counts.max_call_us.compare_exchange_weak(seen, us)) {
     }
@@ -389,8 +390,8 @@ int Churn() {
   }
   CUcontext context = nullptr;
   std::uint64_t ctx_retries = 0;
-  const CUresult r = RetainContext(static_cast<int>(Arg("device", 0)), Clock::now() + std::chrono::seconds(10), context,
-                                   &ctx_retries);
+  const CUresult r =
+      RetainContext(static_cast<int>(Arg("device", 0)), Clock::now() + std::chrono::seconds(10), context, &ctx_retries);
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr, "context: %d after %" PRIu64 " retries\n", r, ctx_retries);
     return r == CUDA_ERROR_OUT_OF_MEMORY ? 3 : 4;
@@ -405,7 +406,8 @@ int Churn() {
     WriteByte(kStartedFd);
     WaitForEof(kBeginFd);
   }
-  for (int i = 0; i < thread_count; ++i) threads.emplace_back(ChurnThread, i, context, std::ref(stop), std::ref(counts));
+  for (int i = 0; i < thread_count; ++i)
+    threads.emplace_back(ChurnThread, i, context, std::ref(stop), std::ref(counts));
   if (pipes && !barrier) WriteByte(kStartedFd);
   std::thread stopper;
   if (Arg("until_stop", 0) != 0) {
@@ -613,8 +615,8 @@ int Launch() {
     Print("sync_loop_p99_ns", loops.empty() ? 0 : loops[loops.size() * 99 / 100]);
     Print("sync_loop_max_ns", loops.empty() ? 0 : loops.back());
   }
-  Print("elapsed_ns", static_cast<std::uint64_t>(
-                          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
+  Print("elapsed_ns",
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
   return 0;
 }
 
@@ -633,8 +635,8 @@ int Capture() {
   };
   using BeginV1 = CUresult (*)(CUstream);
   using BeginV2 = CUresult (*)(CUstream, CUstreamCaptureMode);
-  using BeginToGraph = CUresult (*)(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,
-                                    CUstreamCaptureMode);
+  using BeginToGraph =
+      CUresult (*)(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t, CUstreamCaptureMode);
   using End = CUresult (*)(CUstream, CUgraph*);
   // The older and per-thread entry points are not declared by cuda.h under their own names: found as exported.
   const auto find = [](const char* name) { return dlsym(RTLD_DEFAULT, name); };
@@ -651,10 +653,16 @@ int Capture() {
       {"v1", [b = reinterpret_cast<BeginV1>(find("cuStreamBeginCapture"))](CUstream s) { return b(s); }, end},
       {"v1_ptsz", [b = reinterpret_cast<BeginV1>(find("cuStreamBeginCapture_ptsz"))](CUstream s) { return b(s); },
        end_ptsz},
-      {"v2", [b = reinterpret_cast<BeginV2>(find("cuStreamBeginCapture_v2"))](
-                 CUstream s) { return b(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }, end},
-      {"v2_ptsz", [b = reinterpret_cast<BeginV2>(find("cuStreamBeginCapture_v2_ptsz"))](
-                      CUstream s) { return b(s, CU_STREAM_CAPTURE_MODE_RELAXED); }, end_ptsz},
+      {"v2",
+       [b = reinterpret_cast<BeginV2>(find("cuStreamBeginCapture_v2"))](CUstream s) {
+         return b(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+       },
+       end},
+      {"v2_ptsz",
+       [b = reinterpret_cast<BeginV2>(find("cuStreamBeginCapture_v2_ptsz"))](CUstream s) {
+         return b(s, CU_STREAM_CAPTURE_MODE_RELAXED);
+       },
+       end_ptsz},
       {"to_graph", to_graph("cuStreamBeginCaptureToGraph"), end},
       {"to_graph_ptsz", to_graph("cuStreamBeginCaptureToGraph_ptsz"), end_ptsz},
   };
@@ -670,14 +678,18 @@ int Capture() {
       CUresult error = CUDA_SUCCESS;
       for (int i = 0; i < 3; ++i) {
         const CUresult r = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr);
-        if (r == CUDA_SUCCESS) ++succeeded; else error = r;
+        if (r == CUDA_SUCCESS)
+          ++succeeded;
+        else
+          error = r;
       }
       Print(way.name + ".launched", succeeded);
       Print(way.name + ".launch_error", static_cast<int>(error));
       CUgraph graph = nullptr;
       Print(way.name + ".end", static_cast<int>(way.end(stream, &graph)));
       std::size_t nodes = 0;
-      if (graph != nullptr && cuGraphGetNodes(graph, nullptr, &nodes) == CUDA_SUCCESS) Print(way.name + ".nodes", nodes);
+      if (graph != nullptr && cuGraphGetNodes(graph, nullptr, &nodes) == CUDA_SUCCESS)
+        Print(way.name + ".nodes", nodes);
       if (graph != nullptr) cuGraphDestroy(graph);
     }
     cuStreamDestroy(stream);
@@ -690,8 +702,8 @@ int Capture() {
     outside = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, plain, params, nullptr);
   }
   Print("outside.result", static_cast<int>(outside));
-  Print("outside_ns", static_cast<std::uint64_t>(
-                          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
+  Print("outside_ns",
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
   return 0;
 }
 
@@ -757,9 +769,11 @@ ProcessState ReadProcessState() {
   ProcessState state;
   state.umask_bits = umask(022);
   umask(state.umask_bits);
-  for (int signal_number = 1; signal_number < NSIG; ++signal_number) sigaction(signal_number, nullptr, &state.actions[signal_number]);
+  for (int signal_number = 1; signal_number < NSIG; ++signal_number)
+    sigaction(signal_number, nullptr, &state.actions[signal_number]);
   pthread_sigmask(SIG_SETMASK, nullptr, &state.blocked);
-  for (int resource = 0; resource < RLIM_NLIMITS; ++resource) getrlimit(static_cast<__rlimit_resource>(resource), &state.limits[resource]);
+  for (int resource = 0; resource < RLIM_NLIMITS; ++resource)
+    getrlimit(static_cast<__rlimit_resource>(resource), &state.limits[resource]);
   char buffer[4096];
   if (getcwd(buffer, sizeof buffer) != nullptr) state.cwd = buffer;
   for (char** entry = environ; *entry != nullptr; ++entry) state.environment.emplace_back(*entry);
@@ -815,7 +829,8 @@ int Process() {
       unsigned long long ns = 50'000;
       void* params[] = {&ns};
       std::uint64_t launched = 0;
-      for (int i = 0; i < 100; ++i) launched += cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr) == CUDA_SUCCESS;
+      for (int i = 0; i < 100; ++i)
+        launched += cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr) == CUDA_SUCCESS;
       Print("launched", launched);
     }
     cuCtxSynchronize();
@@ -875,8 +890,10 @@ int Mixed() {
   std::vector<std::string> unexpected_text;
   const auto check = [&](const char* what, CUresult result, bool did_throw) {
     if (did_throw) ++threw;
-    if (result == CUDA_SUCCESS) ++ok;
-    else if (result == CUDA_ERROR_OUT_OF_MEMORY) ++oom;
+    if (result == CUDA_SUCCESS)
+      ++ok;
+    else if (result == CUDA_ERROR_OUT_OF_MEMORY)
+      ++oom;
     else {
       ++unexpected;
       std::lock_guard<std::mutex> guard(unexpected_mutex);
@@ -903,8 +920,8 @@ int Mixed() {
           }
         } else if (action == 1) {
           CUdeviceptr pointer = 0;
-          if (check("cuMemAllocAsync",
-                    Guarded([&] { return cuMemAllocAsync(&pointer, bytes, streams[t]); }, did_throw), did_throw)) {
+          if (check("cuMemAllocAsync", Guarded([&] { return cuMemAllocAsync(&pointer, bytes, streams[t]); }, did_throw),
+                    did_throw)) {
             mine.pooled.push_back(pointer);
           }
         } else if (action == 2) {
@@ -975,16 +992,20 @@ int Mixed() {
             nvmlMemory_t memory{};
             const nvmlReturn_t r = nvmlDeviceGetMemoryInfo(device, &memory);
             check("nvmlDeviceGetMemoryInfo",
-                  r == NVML_SUCCESS ? CUDA_SUCCESS : r == NVML_ERROR_MEMORY ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN,
+                  r == NVML_SUCCESS        ? CUDA_SUCCESS
+                  : r == NVML_ERROR_MEMORY ? CUDA_ERROR_OUT_OF_MEMORY
+                                           : CUDA_ERROR_UNKNOWN,
                   false);
           }
         } else if (action == 9) {
           CUdeviceptr pointer = 0;
           std::size_t pitch = 0;
-          if (check("cuMemAllocPitch_v2",
-                    Guarded([&] { return cuMemAllocPitch_v2(&pointer, &pitch, 1 + bytes % 8192, 1 + bytes / 8192 % 256, 4); },
-                            did_throw),
-                    did_throw)) {
+          if (check(
+                  "cuMemAllocPitch_v2",
+                  Guarded(
+                      [&] { return cuMemAllocPitch_v2(&pointer, &pitch, 1 + bytes % 8192, 1 + bytes / 8192 % 256, 4); },
+                      did_throw),
+                  did_throw)) {
             mine.plain.push_back(pointer);
           }
         }
@@ -1024,8 +1045,9 @@ int Mixed() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: shim_worker views|failclosed|cycle|fill|churn|observe|launch|hostoom_start|mixed|process "
-                         "[key=value ...]\n");
+    std::fprintf(stderr,
+                 "usage: shim_worker views|failclosed|cycle|fill|churn|observe|launch|hostoom_start|mixed|process "
+                 "[key=value ...]\n");
     return 2;
   }
   for (int i = 2; i < argc; ++i) {
@@ -1038,19 +1060,32 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   int status = 2;
-  if (command == "views") status = Views();
-  else if (command == "failclosed") status = FailClosed();
-  else if (command == "cycle") status = Cycle();
-  else if (command == "fill") status = Fill();
-  else if (command == "hold") status = Hold();
-  else if (command == "churn") status = Churn();
-  else if (command == "observe") status = Observe();
-  else if (command == "launch") status = Launch();
-  else if (command == "hostoom_start") status = HostOomStart();
-  else if (command == "mixed") status = Mixed();
-  else if (command == "process") status = Process();
-  else if (command == "capture") status = Capture();
-  else std::fprintf(stderr, "shim_worker: unknown command %s\n", command.c_str());
+  if (command == "views")
+    status = Views();
+  else if (command == "failclosed")
+    status = FailClosed();
+  else if (command == "cycle")
+    status = Cycle();
+  else if (command == "fill")
+    status = Fill();
+  else if (command == "hold")
+    status = Hold();
+  else if (command == "churn")
+    status = Churn();
+  else if (command == "observe")
+    status = Observe();
+  else if (command == "launch")
+    status = Launch();
+  else if (command == "hostoom_start")
+    status = HostOomStart();
+  else if (command == "mixed")
+    status = Mixed();
+  else if (command == "process")
+    status = Process();
+  else if (command == "capture")
+    status = Capture();
+  else
+    std::fprintf(stderr, "shim_worker: unknown command %s\n", command.c_str());
   std::fflush(stdout);
   return status;
 }

@@ -69,10 +69,14 @@ enum class Shape { persistent_20ms, back_to_back_5us, mixed, sync_loop };
 
 Workload WorkloadOf(Shape shape) {
   switch (shape) {
-    case Shape::persistent_20ms: return Persistent(20 * kMillisecondNs);
-    case Shape::back_to_back_5us: return BackToBack(5 * kMicrosecondNs);
-    case Shape::mixed: return Mixed();
-    case Shape::sync_loop: return SyncLoop(500 * kMicrosecondNs);
+    case Shape::persistent_20ms:
+      return Persistent(20 * kMillisecondNs);
+    case Shape::back_to_back_5us:
+      return BackToBack(5 * kMicrosecondNs);
+    case Shape::mixed:
+      return Mixed();
+    case Shape::sync_loop:
+      return SyncLoop(500 * kMicrosecondNs);
   }
   return {};
 }
@@ -102,20 +106,19 @@ INSTANTIATE_TEST_SUITE_P(Caps, OneTenant,
 // ---- tenants side by side under `force` ------------------------------------------------------------------------
 
 TEST(Force, ThirtySeventyWithOneMillisecondKernels) {
-  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, Persistent(kMillisecondNs, 4)),
-                                 OneProcess("b", 70, Persistent(kMillisecondNs, 4))})));
+  ExpectCapsHeld(RunAndPrint(
+      Of({OneProcess("a", 30, Persistent(kMillisecondNs, 4)), OneProcess("b", 70, Persistent(kMillisecondNs, 4))})));
 }
 
 TEST(Force, ThirtySeventyWithFiveMicrosecondKernels) {
-  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, BackToBack(5 * kMicrosecondNs)),
-                                 OneProcess("b", 70, BackToBack(5 * kMicrosecondNs))})));
+  ExpectCapsHeld(RunAndPrint(
+      Of({OneProcess("a", 30, BackToBack(5 * kMicrosecondNs)), OneProcess("b", 70, BackToBack(5 * kMicrosecondNs))})));
 }
 
 TEST(Force, TenTwentyThirtyFortyWithOneMillisecondKernels) {
-  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 10, Persistent(kMillisecondNs, 4)),
-                                 OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
-                                 OneProcess("c", 30, Persistent(kMillisecondNs, 4)),
-                                 OneProcess("d", 40, Persistent(kMillisecondNs, 4))})));
+  ExpectCapsHeld(RunAndPrint(
+      Of({OneProcess("a", 10, Persistent(kMillisecondNs, 4)), OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
+          OneProcess("c", 30, Persistent(kMillisecondNs, 4)), OneProcess("d", 40, Persistent(kMillisecondNs, 4))})));
 }
 
 TEST(Force, ProcessesOfOneTenantShareItsBudget) {
@@ -141,8 +144,8 @@ TEST(Force, KnownGapTenTwentyThirtyFortyWithMixedKernels) {
 
 // Known gap, as above. Observed: a 17.2 % (its 20 ms kernels measure 30-38 ms), b 61.6 % (seed 1).
 TEST(Force, KnownGapThirtySeventyWithPersistentTwentyMillisecondKernels) {
-  ExpectCapsHeld(RunAndPrint(Of({OneProcess("a", 30, Persistent(20 * kMillisecondNs)),
-                                 OneProcess("b", 70, Persistent(20 * kMillisecondNs))})));
+  ExpectCapsHeld(RunAndPrint(Of(
+      {OneProcess("a", 30, Persistent(20 * kMillisecondNs)), OneProcess("b", 70, Persistent(20 * kMillisecondNs))})));
 }
 
 // Finding 7, fixed: measured as the shim's event pair does (from when the stream reached the start event), 1 ms
@@ -150,10 +153,9 @@ TEST(Force, KnownGapThirtySeventyWithPersistentTwentyMillisecondKernels) {
 // completed a marker before its process's turn; b was charged up to 4 ms per 1 ms kernel: 10.0, 15.7, 30.0, 40.1 %
 // (seed 1). Markers now wait for the turn, as the real GPU writes the timestamp when the context runs.
 TEST(Force, TenTwentyThirtyFortyWithOneMillisecondKernelsMeasuredByAnEventPair) {
-  Scenario scenario = Of({OneProcess("a", 10, Persistent(kMillisecondNs, 4)),
-                          OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
-                          OneProcess("c", 30, Persistent(kMillisecondNs, 4)),
-                          OneProcess("d", 40, Persistent(kMillisecondNs, 4))});
+  Scenario scenario =
+      Of({OneProcess("a", 10, Persistent(kMillisecondNs, 4)), OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
+          OneProcess("c", 30, Persistent(kMillisecondNs, 4)), OneProcess("d", 40, Persistent(kMillisecondNs, 4))});
   scenario.measurement = Measurement::event_pair;
   ExpectCapsHeld(RunAndPrint(scenario));
 }
@@ -348,8 +350,8 @@ TEST(Determinism, TheTraceIsJsonLinesThatStartWithTheSeed) {
     ASSERT_EQ(line.back(), '}') << line;
     if (line.rfind("{\"ev\":\"kernel\",", 0) == 0) {
       ++kernel_lines;
-      for (const char* field : {"\"tenant\":", "\"process\":", "\"start_ns\":", "\"end_ns\":", "\"charged_ns\":",
-                                "\"measured_ns\":"}) {
+      for (const char* field :
+           {"\"tenant\":", "\"process\":", "\"start_ns\":", "\"end_ns\":", "\"charged_ns\":", "\"measured_ns\":"}) {
         EXPECT_NE(line.find(field), std::string::npos) << line;
       }
     }
@@ -476,8 +478,7 @@ TEST(ShimMeasurement, LaunchesQueuedBackToBackShareWindowsAndASyncLoopGetsAPairE
   ExpectCapsHeld(many);
   EXPECT_GE(KernelsMeasuredBy(many, "pair"), 1u);  // its first launch: a kernel of unknown cost gets a pair
   EXPECT_GT(KernelsMeasuredBy(many, "window"), many.kernels * 9 / 10);
-  EXPECT_EQ(KernelsMeasuredBy(many, "pair") + KernelsMeasuredBy(many, "window") +
-                KernelsMeasuredBy(many, "unmeasured"),
+  EXPECT_EQ(KernelsMeasuredBy(many, "pair") + KernelsMeasuredBy(many, "window") + KernelsMeasuredBy(many, "unmeasured"),
             many.kernels);
 
   Scenario loop = Of({OneProcess("a", 30, SyncLoop(kMillisecondNs))});
@@ -555,8 +556,8 @@ std::uint64_t Quantile(std::vector<std::uint64_t> values, double q) {
 // within 1 point.
 TEST(TimeDivision, ALightServiceBesideABusyMemberWaitsForTheBusyOnesQueueNotItsWindow) {
   for (const bool prompt : {true, false}) {
-    Scenario scenario = Divided({OneProcess("a", 30, Rate(47, kMillisecondNs)),
-                                 OneProcess("b", 70, Persistent(kMillisecondNs, 64))});
+    Scenario scenario =
+        Divided({OneProcess("a", 30, Rate(47, kMillisecondNs)), OneProcess("b", 70, Persistent(kMillisecondNs, 64))});
     scenario.measurement = Measurement::shim;
     scenario.record_waits = true;
     scenario.prompt_service = prompt;
@@ -565,8 +566,10 @@ TEST(TimeDivision, ALightServiceBesideABusyMemberWaitsForTheBusyOnesQueueNotItsW
     const double p99_ms = static_cast<double>(Quantile(result.tenants[0].responses_ns, 0.99)) / 1e6;
     std::printf("prompt service %s: the light one's p99 %.2f ms\n", prompt ? "on" : "off", p99_ms);
     EXPECT_NEAR(result.tenants[1].mean_share, 0.70, 0.01) << "prompt service " << prompt;
-    if (prompt) EXPECT_LT(p99_ms, 6.0);
-    else EXPECT_GT(p99_ms, 12.0) << "the case no longer shows what prompt service is for";
+    if (prompt)
+      EXPECT_LT(p99_ms, 6.0);
+    else
+      EXPECT_GT(p99_ms, 12.0) << "the case no longer shows what prompt service is for";
   }
 }
 
@@ -577,8 +580,9 @@ class TimeDivisionPair : public ::testing::TestWithParam<std::tuple<std::uint64_
 // 30.0 / 53.9 and 24.5 / 24.5: bench/sharing_compare).
 TEST_P(TimeDivisionPair, HoldsBothSharesAndBooksTheGpu) {
   const auto [kernel_ns, a_share] = GetParam();
-  const Result result = RunAndPrint(Divided({OneProcess("a", a_share, PairWorkload(kernel_ns)),
-                                             OneProcess("b", 100 - a_share, PairWorkload(kernel_ns))}, 11));
+  const Result result = RunAndPrint(Divided(
+      {OneProcess("a", a_share, PairWorkload(kernel_ns)), OneProcess("b", 100 - a_share, PairWorkload(kernel_ns))},
+      11));
   ExpectSharesHeldTogether(result, 0.95);
 }
 
@@ -591,8 +595,7 @@ std::string PairName(const ::testing::TestParamInfo<TimeDivisionPair::ParamType>
 }
 
 INSTANTIATE_TEST_SUITE_P(Caps, TimeDivisionPair,
-                         ::testing::Combine(::testing::Values(20 * kMillisecondNs, kMillisecondNs,
-                                                              5 * kMicrosecondNs),
+                         ::testing::Combine(::testing::Values(20 * kMillisecondNs, kMillisecondNs, 5 * kMicrosecondNs),
                                             ::testing::Values(30u, 50u)),
                          PairName);
 
@@ -604,8 +607,8 @@ TEST(TimeDivision, LoopsThatSynchronizeEveryFourLaunchesHoldTheirShares) {
   const Workload matmuls = Bursts(1'669 * kMicrosecondNs, 4);
   const Workload varied = MatmulLikeBursts();  // the first matmul after a handover runs slower
   for (const auto& [a_share, workload] : {std::pair{30u, matmuls}, std::pair{50u, matmuls}, std::pair{30u, varied}}) {
-    const Result result = RunAndPrint(Divided({OneProcess("a", a_share, workload),
-                                               OneProcess("b", 100 - a_share, workload)}, 11));
+    const Result result =
+        RunAndPrint(Divided({OneProcess("a", a_share, workload), OneProcess("b", 100 - a_share, workload)}, 11));
     ExpectSharesHeldTogether(result, 0.95);
   }
 }
@@ -630,7 +633,8 @@ TEST(Workloads, ABurstWaitsForThePreviousBurstToComplete) {
     if (kernels % 4 == 0 && kernels > 0) {
       EXPECT_GE(queued, previous_end) << "kernel " << kernels << " began a burst before the last one completed";
     } else if (kernels > 4) {  // (the first burst: the limiter measures a kernel's first launch alone)
-      EXPECT_LT(queued - previous_queued, 100 * kMicrosecondNs) << "kernel " << kernels << " was not launched with its burst";
+      EXPECT_LT(queued - previous_queued, 100 * kMicrosecondNs)
+          << "kernel " << kernels << " was not launched with its burst";
     }
     previous_end = end;
     previous_queued = queued;
@@ -695,8 +699,8 @@ TEST(TimeDivision, AKilledTenantLeavesTheOtherItsShareAndAtMostItsCreditMore) {
 TEST(TimeDivision, TenTwentyThirtyFortyWithMixedKernelsHoldWhenHandoversCostNothing) {
   Tenant d = OneProcess("d", 40, Mixed());
   d.processes.push_back(d.processes[0]);
-  Scenario scenario = Divided({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()),
-                               OneProcess("c", 30, Mixed()), d}, 11);
+  Scenario scenario =
+      Divided({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()), OneProcess("c", 30, Mixed()), d}, 11);
   scenario.switch_ns = 0;
   ExpectSharesHeldTogether(RunAndPrint(scenario), 0.95);
 }
@@ -709,8 +713,8 @@ TEST(TimeDivision, TenTwentyThirtyFortyWithMixedKernelsAndATenantOfTwoProcesses)
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
     Tenant d = OneProcess("d", 40, Mixed());
     d.processes.push_back(d.processes[0]);
-    Scenario scenario = Divided({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()),
-                                 OneProcess("c", 30, Mixed()), d}, 11);
+    Scenario scenario =
+        Divided({OneProcess("a", 10, Mixed()), OneProcess("b", 20, Mixed()), OneProcess("c", 30, Mixed()), d}, 11);
     scenario.seed = seed;
     ExpectSharesHeldTogether(RunAndPrint(scenario), 0.95);
   }
@@ -727,8 +731,8 @@ TEST(TimeDivision, TenTwentyThirtyFortyWithMixedSizesOfOneFunctionAndATenantOfTw
     mixed.sizes_share_one_kernel = true;
     Tenant d = OneProcess("d", 40, mixed);
     d.processes.push_back(d.processes[0]);
-    Scenario scenario = Divided({OneProcess("a", 10, mixed), OneProcess("b", 20, mixed),
-                                 OneProcess("c", 30, mixed), d}, 16);
+    Scenario scenario =
+        Divided({OneProcess("a", 10, mixed), OneProcess("b", 20, mixed), OneProcess("c", 30, mixed), d}, 16);
     scenario.seed = seed;
     ExpectSharesHeldTogether(RunAndPrint(scenario), 0.95);
   }
@@ -742,19 +746,18 @@ TEST(TimeDivision, TenTwentyThirtyFortyWithOneKernelSizeEachPayItsOwnHandovers) 
   for (const std::uint64_t kernel_ns : {kMillisecondNs, 1'640 * kMicrosecondNs}) {
     Tenant d = OneProcess("d", 40, Persistent(kernel_ns, 4));
     d.processes.push_back(d.processes[0]);
-    const Result result = RunAndPrint(Divided({OneProcess("a", 10, Persistent(kernel_ns, 4)),
-                                               OneProcess("b", 20, Persistent(kernel_ns, 4)),
-                                               OneProcess("c", 30, Persistent(kernel_ns, 4)), d}));
+    const Result result = RunAndPrint(
+        Divided({OneProcess("a", 10, Persistent(kernel_ns, 4)), OneProcess("b", 20, Persistent(kernel_ns, 4)),
+                 OneProcess("c", 30, Persistent(kernel_ns, 4)), d}));
     ExpectSharesHeldTogether(result, 0.95);
   }
 }
 
 // ... and where the shares leave time nobody owns (90 % booked), it absorbs the handovers: nobody is charged them.
 TEST(TimeDivision, TimeNobodyOwnsAbsorbsTheHandovers) {
-  const Result result = RunAndPrint(Divided({OneProcess("a", 10, Persistent(kMillisecondNs, 4)),
-                                             OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
-                                             OneProcess("c", 30, Persistent(kMillisecondNs, 4)),
-                                             OneProcess("d", 30, Persistent(kMillisecondNs, 4))}));
+  const Result result = RunAndPrint(Divided(
+      {OneProcess("a", 10, Persistent(kMillisecondNs, 4)), OneProcess("b", 20, Persistent(kMillisecondNs, 4)),
+       OneProcess("c", 30, Persistent(kMillisecondNs, 4)), OneProcess("d", 30, Persistent(kMillisecondNs, 4))}));
   for (const TenantResult& tenant : result.tenants) {
     EXPECT_NEAR(tenant.mean_share, tenant.cap, 0.005) << "tenant " << tenant.name;
   }
@@ -999,8 +1002,10 @@ TEST(Validate, SchedulesCrashesAndSamplesAreRefusedWithWhatIsAccepted) {
   std::vector<Case> cases;
   Scenario overlap = good;
   overlap.tenants[0].processes[0].segments[1].start_ns = 900 * kMillisecondNs;
-  cases.push_back({"overlap", overlap, {"tenants[0].processes[0].segments[1].start_ns = 900000000",
-                                        "at or after segments[0].stop_ns = 1000000000", "not overlapping"}});
+  cases.push_back({"overlap",
+                   overlap,
+                   {"tenants[0].processes[0].segments[1].start_ns = 900000000",
+                    "at or after segments[0].stop_ns = 1000000000", "not overlapping"}});
   Scenario unsorted = good;
   std::swap(unsorted.tenants[0].processes[0].segments[0], unsorted.tenants[0].processes[0].segments[1]);
   cases.push_back({"unsorted", unsorted, {"segments[1].start_ns = 0", "in time order"}});
@@ -1012,7 +1017,8 @@ TEST(Validate, SchedulesCrashesAndSamplesAreRefusedWithWhatIsAccepted) {
   cases.push_back({"segment workload", segment_workload, {"segments[1].workload.queue_depth = 500", "1 .. 128"}});
   Scenario crash_late = good;
   crash_late.tenants[0].processes[0].crash_ns = 3 * kSecondNs;
-  cases.push_back({"crash at stop", crash_late,
+  cases.push_back({"crash at stop",
+                   crash_late,
                    {"tenants[0].processes[0].crash_ns = 3000000000", "lifetime [0, 3000000000)", "UINT64_MAX"}});
   Scenario crash_early = Of({OneProcess("a", 30, Persistent(kMillisecondNs), Policy::force, kSecondNs)});
   crash_early.tenants[0].processes[0].crash_ns = 10;

@@ -82,8 +82,8 @@ std::vector<bool> HitSequence(std::string_view text, std::uint64_t seed, const c
 // ---- parsing ---------------------------------------------------------------------------------------------
 
 TEST(ParseRules, TheDocumentedExample) {
-  const auto rules = Parse(
-      "cuMemAlloc_v2:error=CUDA_ERROR_OUT_OF_MEMORY:prob=0.25;nvmlDeviceGetUtilizationRates:delay_us=5000");
+  const auto rules =
+      Parse("cuMemAlloc_v2:error=CUDA_ERROR_OUT_OF_MEMORY:prob=0.25;nvmlDeviceGetUtilizationRates:delay_us=5000");
   ASSERT_EQ(rules.size(), 2u);
   EXPECT_EQ(rules[0].symbol, "cuMemAlloc_v2");
   EXPECT_EQ(rules[0].error, "CUDA_ERROR_OUT_OF_MEMORY");
@@ -122,7 +122,8 @@ TEST(ParseRules, EmptyTextAndEmptyRulesAreNoRules) {
 }
 
 TEST(ParseRules, GarbageIsAFlagThatCombinesWithEveryKeyButError) {
-  const auto rules = Parse("nvmlDeviceGetSamples:garbage:prob=0.5:after=2:count=3:delay_us=7; nvmlDeviceGetIndex : garbage ");
+  const auto rules =
+      Parse("nvmlDeviceGetSamples:garbage:prob=0.5:after=2:count=3:delay_us=7; nvmlDeviceGetIndex : garbage ");
   ASSERT_EQ(rules.size(), 2u);
   EXPECT_TRUE(rules[0].garbage);
   EXPECT_EQ(rules[0].error, "");
@@ -136,8 +137,9 @@ TEST(ParseRules, GarbageIsAFlagThatCombinesWithEveryKeyButError) {
 }
 
 TEST(ParseRules, LimitsAreAccepted) {
-  const auto rules = Parse("cuInit:error=CUDA_ERROR_UNKNOWN:after=1000000000000000:count=1000000000000000:"
-                           "delay_us=10000000");
+  const auto rules = Parse(
+      "cuInit:error=CUDA_ERROR_UNKNOWN:after=1000000000000000:count=1000000000000000:"
+      "delay_us=10000000");
   ASSERT_EQ(rules.size(), 1u);
   EXPECT_EQ(rules[0].after, kMaxCallNumber);
   EXPECT_EQ(rules[0].count, kMaxCallNumber);
@@ -168,7 +170,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadRule{"cuInit:error=CUDA_ERROR_UNKNOWN;cuInit:prob", {"rule 2 'cuInit:prob'", "field 'prob'", "key=value"}},
         BadRule{"cuInit:", {"rule 1 'cuInit:'", "field ''", "key=value"}},
         BadRule{"cuInit:errno=CUDA_ERROR_UNKNOWN",
-                {"rule 1", "unknown key 'errno'", "accepted keys: error, prob, after, count, delay_us, and the flag garbage"}},
+                {"rule 1", "unknown key 'errno'",
+                 "accepted keys: error, prob, after, count, delay_us, and the flag garbage"}},
         BadRule{"nvmlDeviceGetIndex:garbage=1", {"rule 1", "unknown key 'garbage'", "the flag garbage"}},
         BadRule{"nvmlDeviceGetIndex:garbage:garbage", {"key 'garbage' is given twice"}},
         BadRule{"nvmlDeviceGetIndex:garbage:error=NVML_ERROR_UNKNOWN",
@@ -194,8 +197,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadRule{"cuInit:delay_us=0x10", {"delay_us='0x10'", "microseconds"}},
         BadRule{"cuInit:error=CUDA_ERROR_UNKNOWN:prob=0.5:prob=0.5", {"key 'prob' is given twice"}},
         BadRule{"cuInit", {"rule 1 'cuInit'", "does nothing", "error=NAME", "delay_us"}},
-        BadRule{"cuInit:delay_us=0", {"does nothing"}},
-        BadRule{"cuInit:prob=0.5", {"does nothing"}}));
+        BadRule{"cuInit:delay_us=0", {"does nothing"}}, BadRule{"cuInit:prob=0.5", {"does nothing"}}));
 
 TEST(ParseRules, RejectsMoreThanTheMostRules) {
   std::string text;
@@ -476,8 +478,8 @@ TEST(Evaluate, AnErrorOfALaterRuleWinsOverGarbage) {
 TEST(Evaluate, AWildcardGarbageRuleCountsOnlyTheGetters) {
   Injector injector;
   Configure(injector, "*:garbage:after=1", 1, kNvml);
-  EXPECT_FALSE(injector.Evaluate("nvmlInit_v2").garbage);           // not a getter: not counted
-  EXPECT_FALSE(injector.Evaluate("nvmlDeviceGetIndex").garbage);    // the first getter call: left alone
+  EXPECT_FALSE(injector.Evaluate("nvmlInit_v2").garbage);         // not a getter: not counted
+  EXPECT_FALSE(injector.Evaluate("nvmlDeviceGetIndex").garbage);  // the first getter call: left alone
   EXPECT_FALSE(injector.Evaluate("nvmlShutdown").garbage);
   EXPECT_TRUE(injector.Evaluate("nvmlDeviceGetMemoryInfo").garbage);
 }
@@ -498,8 +500,9 @@ TEST(Evaluate, EveryHitIsReportedWithItsRuleAndCallNumber) {
     injector.Check("cuInit");
     injector.Check("cuMemAlloc_v2");
   }
-  EXPECT_EQ(g_recorded, (std::vector<std::string>{"cuInit rule 1 call 2 error '' delay 1",
-                                                  "cuMemAlloc_v2 rule 2 call 3 error 'CUDA_ERROR_OUT_OF_MEMORY' delay 0"}));
+  EXPECT_EQ(g_recorded,
+            (std::vector<std::string>{"cuInit rule 1 call 2 error '' delay 1",
+                                      "cuMemAlloc_v2 rule 2 call 3 error 'CUDA_ERROR_OUT_OF_MEMORY' delay 0"}));
 }
 
 TEST(Check, ProbabilityZeroNeverHits) {

@@ -22,7 +22,7 @@ namespace {
 
 constexpr std::uint64_t kUs = 1'000;
 constexpr std::uint64_t kMs = 1'000'000;
-constexpr std::uint64_t kStart = 5'000 * kMs;         // the machine's creation time (any nonzero time)
+constexpr std::uint64_t kStart = 5'000 * kMs;  // the machine's creation time (any nonzero time)
 constexpr std::int64_t kRealtimeOffsetUs = 1'700'000'000'000'000;
 constexpr std::uint64_t kMiB = 1024ull * 1024ull;
 
@@ -34,11 +34,11 @@ TEST(ParseBytes, SuffixesArePowersOf1024) {
     const char* text;
     std::uint64_t bytes;
   };
-  for (const Case& c : {Case{"0", 0}, Case{"512", 512}, Case{"512b", 512}, Case{"1k", 1024}, Case{"1K", 1024},
-                        Case{"3m", 3 * kMiB}, Case{"010g", 10ull << 30}, Case{"16G", 16ull << 30},
-                        Case{"4T", 4ull << 40}, Case{"4t", 4ull << 40}, Case{"1Ki", 1024},
-                        Case{"2Mi", 2 * kMiB}, Case{"3Gi", 3ull << 30}, Case{"4Ti", 4ull << 40},
-                        Case{" 7g ", 7ull << 30}, Case{"18446744073709551615", 18446744073709551615ull}}) {
+  for (const Case& c :
+       {Case{"0", 0}, Case{"512", 512}, Case{"512b", 512}, Case{"1k", 1024}, Case{"1K", 1024}, Case{"3m", 3 * kMiB},
+        Case{"010g", 10ull << 30}, Case{"16G", 16ull << 30}, Case{"4T", 4ull << 40}, Case{"4t", 4ull << 40},
+        Case{"1Ki", 1024}, Case{"2Mi", 2 * kMiB}, Case{"3Gi", 3ull << 30}, Case{"4Ti", 4ull << 40},
+        Case{" 7g ", 7ull << 30}, Case{"18446744073709551615", 18446744073709551615ull}}) {
     std::uint64_t bytes = 12345;
     EXPECT_TRUE(ParseBytes(c.text, bytes)) << c.text;
     EXPECT_EQ(bytes, c.bytes) << c.text;
@@ -163,8 +163,8 @@ TEST(ParseDevices, ASpecLongerThanItsStorageIsRefusedNotTruncated) {
   MachineConfig config = DefaultConfig();
   std::string error;
   if (ParseDevices(spec, config, error)) {
-    EXPECT_EQ(std::string(config.devices_spec), spec) << "accepted a " << spec.size() << "-character spec but kept only "
-                                                      << std::string(config.devices_spec).size();
+    EXPECT_EQ(std::string(config.devices_spec), spec)
+        << "accepted a " << spec.size() << "-character spec but kept only " << std::string(config.devices_spec).size();
   } else {
     EXPECT_NE(error.find("FAKECUDA_DEVICES"), std::string::npos) << error;
   }
@@ -186,11 +186,11 @@ std::uint64_t Waves(const KernelCost& cost, std::uint64_t per_wave_ns) { return 
 
 TEST(CostKernel, ResidentBlocksPerSm) {
   const DeviceSpec h100 = DefaultConfig().devices[0];
-  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 32)), 32u);     // max 32 blocks per SM (cc 9.0)
-  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 1)), 32u);      // a 1-thread block still takes a warp
-  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 256)), 8u);     // 2048 threads per SM
+  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 32)), 32u);  // max 32 blocks per SM (cc 9.0)
+  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 1)), 32u);   // a 1-thread block still takes a warp
+  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 256)), 8u);  // 2048 threads per SM
   EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 1024)), 2u);
-  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 1000)), 2u);    // 1000 threads = 32 warps
+  EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 1000)), 2u);         // 1000 threads = 32 warps
   EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 32, 100'000)), 2u);  // 233472 bytes of shared memory per SM
   EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 1025)), 0u);
   EXPECT_EQ(ResidentBlocksPerSm(h100, Shape(1, 0)), 0u);
@@ -690,9 +690,10 @@ TEST_F(Timeline, ALongIdleGapKeepsTheBusyWindowInPlace) {
   EXPECT_EQ(m().devices[0].window_count, 20u);
   EXPECT_EQ(m().slots[slot].latest_sample[0].sm_percent, 50u);
   EXPECT_EQ(m().slots[slot].latest_sample[0].timestamp_us, (kStart + 200 * kMs) / kUs + kRealtimeOffsetUs)
-      << "the sample is stamped " << static_cast<std::int64_t>(m().slots[slot].latest_sample[0].timestamp_us -
-                                                                 kRealtimeOffsetUs - (kStart + 200 * kMs) / kUs) /
-                                         1000
+      << "the sample is stamped "
+      << static_cast<std::int64_t>(m().slots[slot].latest_sample[0].timestamp_us - kRealtimeOffsetUs -
+                                   (kStart + 200 * kMs) / kUs) /
+             1000
       << " ms after the window that was busy";
 }
 
@@ -929,7 +930,7 @@ TEST_F(Timeline, ReleaseSlotReturnsMemoryAndDropsStreams) {
   ASSERT_EQ(completions().size(), 5u);
   for (const Completion& c : completions()) EXPECT_EQ(c.slot, b);
   EXPECT_EQ(completions().back().end_ns, kStart + 5500 * kUs);
-  ReleaseSlot(m(), kMaxProcesses, nullptr);  // out of range: ignored
+  ReleaseSlot(m(), kMaxProcesses, nullptr);   // out of range: ignored
   EXPECT_EQ(ClaimSlot(m(), 300, kStart), a);  // the slot is free for the next process
 }
 
@@ -976,7 +977,6 @@ TEST_F(Timeline, RepairMachineFixesATornStateAndCountsTheFixes) {
   Advance(kStart + 2 * kMs);
   EXPECT_EQ(completions().size(), 1u);
 }
-
 
 // ---- collective kernels (issue 20: a job spanning GPUs) -----------------------------------------------------------
 

@@ -90,8 +90,8 @@ TEST(ResolveProcAddress, VersionOlderThanEveryVariantIsNotSufficient) {
 }
 
 TEST(ResolveProcAddress, UnknownNamesAreNotFoundAndNamesMatchExactly) {
-  for (std::string_view name : {"cuNoSuchThing", "cuMemAlloc_v2", "cuLaunchKernel_ptsz", "cumemalloc", "cuMemAlloc ",
-                                "cuMemAllo", "", "zzz"}) {
+  for (std::string_view name :
+       {"cuNoSuchThing", "cuMemAlloc_v2", "cuLaunchKernel_ptsz", "cumemalloc", "cuMemAlloc ", "cuMemAllo", "", "zzz"}) {
     EXPECT_EQ(Found(name, 13000, kDefault), "") << name;
     EXPECT_EQ(StatusOf(name, 13000, kDefault), CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND) << name;
   }
@@ -143,12 +143,10 @@ TEST(ResolveProcAddress, NegativeVersionMeansTheNewestVariant) {
 TEST(GetProcAddressV2, FoundWritesTheFunctionAndSuccess) {
   void* pfn = nullptr;
   auto status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-  EXPECT_EQ(GetProcAddressV2("cuMemAlloc", &pfn, 13000, kDefault, &status, kDriverVersion, kSmallTable),
-            CUDA_SUCCESS);
+  EXPECT_EQ(GetProcAddressV2("cuMemAlloc", &pfn, 13000, kDefault, &status, kDriverVersion, kSmallTable), CUDA_SUCCESS);
   EXPECT_EQ(pfn, reinterpret_cast<void*>(&AllocSecond));
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
-  EXPECT_EQ(GetProcAddressV2("cuMemAlloc", &pfn, 2000, kDefault, nullptr, kDriverVersion, kSmallTable),
-            CUDA_SUCCESS);
+  EXPECT_EQ(GetProcAddressV2("cuMemAlloc", &pfn, 2000, kDefault, nullptr, kDriverVersion, kSmallTable), CUDA_SUCCESS);
   EXPECT_EQ(pfn, reinterpret_cast<void*>(&AllocFirst));
 }
 
@@ -268,8 +266,7 @@ TEST(GeneratedProcTable, MatchesTheRealDriver) {
   EXPECT_EQ(Generated("cuNoSuchThing", 13000, kDefault), "");
   EXPECT_EQ(StatusOf("cuNoSuchThing", 13000, kDefault, GeneratedProcTable()), CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
   // Exported by the real driver, yet not resolvable through cuGetProcAddress there either.
-  EXPECT_EQ(StatusOf("cuMemGetAttribute", 13000, kDefault, GeneratedProcTable()),
-            CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  EXPECT_EQ(StatusOf("cuMemGetAttribute", 13000, kDefault, GeneratedProcTable()), CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
   EXPECT_EQ(Generated("cuMemAlloc", 13000, 4), "INVALID_VALUE");
   EXPECT_EQ(Generated("cuMemAlloc", 13010, kDefault), "INVALID_VALUE");
 }
@@ -277,9 +274,8 @@ TEST(GeneratedProcTable, MatchesTheRealDriver) {
 TEST(GeneratedProcTable, UnimplementedEntriesReturnNotSupported) {
   ASSERT_GT(kUnimplementedSymbolCount, 0u);
   const std::span<const char* const> names(kUnimplementedSymbolNames, kUnimplementedSymbolCount);
-  EXPECT_TRUE(std::is_sorted(names.begin(), names.end(), [](const char* a, const char* b) {
-    return std::strcmp(a, b) < 0;
-  }));
+  EXPECT_TRUE(
+      std::is_sorted(names.begin(), names.end(), [](const char* a, const char* b) { return std::strcmp(a, b) < 0; }));
   const std::set<std::string_view> unimplemented(names.begin(), names.end());
   int checked = 0;
   for (const ProcEntry& row : GeneratedProcTable()) {

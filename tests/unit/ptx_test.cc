@@ -64,7 +64,10 @@ TEST(PtxTest, LaysOutParametersWithTheirAlignment) {
 TEST(PtxTest, RejectsWhatIsNotPtx) {
   Module module;
   std::string error;
-  EXPECT_FALSE(Parse("\x7f" "ELF binary", module, error));
+  EXPECT_FALSE(
+      Parse("\x7f"
+            "ELF binary",
+            module, error));
   EXPECT_FALSE(LooksLikePtx("garbage"));
   EXPECT_FALSE(Parse(".version 7.0\n.target sm_70\n.entry broken( { not ptx }\n", module, error));
   EXPECT_TRUE(LooksLikePtx(".version 7.0\n"));

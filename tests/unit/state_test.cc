@@ -77,7 +77,8 @@ TEST(MachineLock, ADeathInsideTheLockIsRepairedAndItsMemoryReturns) {
   std::ifstream stderr_file(log);
   std::stringstream text;
   text << stderr_file.rdbuf();
-  EXPECT_NE(text.str().find("died holding the fake machine's lock; repaired 1 field(s)"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("died holding the fake machine's lock; repaired 1 field(s)"), std::string::npos)
+      << text.str();
   unlink(path.c_str());
   unlink(log.c_str());
 }

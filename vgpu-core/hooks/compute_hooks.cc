@@ -83,73 +83,84 @@ void ForgetComputeContext(CUcontext context) {
 using namespace vgpu::hooks;
 using namespace vgpu::hooks::launch;
 
-#define VGPU_LAUNCH_FUNCTION_CHECK(real)                    \
-  do {                                                      \
-    if (Real::real == nullptr) ResolveReal();               \
-    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND; \
+#define VGPU_LAUNCH_FUNCTION_CHECK(real)                         \
+  do {                                                           \
+    if (Real::real == nullptr) ResolveReal();                    \
+    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND;      \
     if (CurrentMode() == Mode::failed) return kFailedClosedCuda; \
   } while (0)
 
-extern "C" VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                              unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) try {
+extern "C" VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shared, CUstream stream,
+                                               void** params, void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernel);
   return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, false,
                  [&] { return Real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                                   unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params,
-                                                   void** extra) try {
+                                                    unsigned by, unsigned bz, unsigned shared, CUstream stream,
+                                                    void** params, void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernel_ptsz);
   return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, true,
                  [&] { return Real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                                         unsigned by, unsigned bz, unsigned shared, CUstream stream,
-                                                         void** params) try {
+extern "C" VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                                          unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                                          CUstream stream, void** params) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchCooperativeKernel);
   return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, false,
                  [&] { return Real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                                              unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                                                              CUstream stream, void** params) try {
+                                                               unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                                               CUstream stream, void** params) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchCooperativeKernel_ptsz);
-  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, true,
-                 [&] { return Real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params); });
-} VGPU_CUDA_CATCH
+  return Limited(f, ShapeOf(gx, gy, gz, bx, by, bz, shared), stream, true, [&] {
+    return Real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+  });
+}
+VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) try {
+extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
+                                                 void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernelEx);
   if (config == nullptr) return Real::cuLaunchKernelEx(config, f, params, extra);
   return Limited(f,
                  ShapeOf(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                          config->blockDimZ, config->sharedMemBytes),
                  config->hStream, false, [&] { return Real::cuLaunchKernelEx(config, f, params, extra); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
-                                                     void** extra) try {
+                                                      void** extra) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuLaunchKernelEx_ptsz);
   if (config == nullptr) return Real::cuLaunchKernelEx_ptsz(config, f, params, extra);
   return Limited(f,
                  ShapeOf(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                          config->blockDimZ, config->sharedMemBytes),
                  config->hStream, true, [&] { return Real::cuLaunchKernelEx_ptsz(config, f, params, extra); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // A graph launch is admitted and measured as one unit: its key is the executable graph.
 extern "C" VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuGraphLaunch);
   return Limited(graph, 0, stream, false, [&] { return Real::cuGraphLaunch(graph, stream); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) try {
   VGPU_LAUNCH_FUNCTION_CHECK(cuGraphLaunch_ptsz);
   return Limited(graph, 0, stream, true, [&] { return Real::cuGraphLaunch_ptsz(graph, stream); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- stream capture: counted, so that launches need no capture check while nothing is captured (g_captures) ----
 
@@ -192,73 +203,88 @@ CUresult CountedEnd(CUstream stream, End&& end) {
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture(CUstream stream) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture);
   return CountedBegin([&] { return Real::cuStreamBeginCapture(stream); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture_ptsz);
   return CountedBegin([&] { return Real::cuStreamBeginCapture_ptsz(stream); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture_v2);
   return CountedBegin([&] { return Real::cuStreamBeginCapture_v2(stream, mode); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCapture_v2_ptsz);
   return CountedBegin([&] { return Real::cuStreamBeginCapture_v2_ptsz(stream, mode); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode* dependencies,
-                                                           const CUgraphEdgeData* edges, size_t count,
-                                                           CUstreamCaptureMode mode) try {
+extern "C" VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph,
+                                                            const CUgraphNode* dependencies,
+                                                            const CUgraphEdgeData* edges, size_t count,
+                                                            CUstreamCaptureMode mode) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCaptureToGraph);
-  return CountedBegin([&] { return Real::cuStreamBeginCaptureToGraph(stream, graph, dependencies, edges, count, mode); });
-} VGPU_CUDA_CATCH
+  return CountedBegin(
+      [&] { return Real::cuStreamBeginCaptureToGraph(stream, graph, dependencies, edges, count, mode); });
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
-                                                                const CUgraphNode* dependencies,
-                                                                const CUgraphEdgeData* edges, size_t count,
-                                                                CUstreamCaptureMode mode) try {
+                                                                 const CUgraphNode* dependencies,
+                                                                 const CUgraphEdgeData* edges, size_t count,
+                                                                 CUstreamCaptureMode mode) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamBeginCaptureToGraph_ptsz);
   return CountedBegin(
       [&] { return Real::cuStreamBeginCaptureToGraph_ptsz(stream, graph, dependencies, edges, count, mode); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamEndCapture);
   return CountedEnd(stream, [&] { return Real::cuStreamEndCapture(stream, graph); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamEndCapture_ptsz);
   return CountedEnd(stream == nullptr ? CU_STREAM_PER_THREAD : stream,
                     [&] { return Real::cuStreamEndCapture_ptsz(stream, graph); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- synchronize calls: while a thread waits in one, time division keeps the process's work published as running --
 
 extern "C" VGPU_EXPORT CUresult cuCtxSynchronize() try {
   VGPU_REAL_OR_NOT_FOUND(cuCtxSynchronize);
   return Synchronizing([] { return Real::cuCtxSynchronize(); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext context) try {
   VGPU_REAL_OR_NOT_FOUND(cuCtxSynchronize_v2);
   return Synchronizing([&] { return Real::cuCtxSynchronize_v2(context); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamSynchronize(CUstream stream) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamSynchronize);
   return Synchronizing([&] { return Real::cuStreamSynchronize(stream); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) try {
   VGPU_REAL_OR_NOT_FOUND(cuStreamSynchronize_ptsz);
   return Synchronizing([&] { return Real::cuStreamSynchronize_ptsz(stream); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuEventSynchronize(CUevent event) try {
   VGPU_REAL_OR_NOT_FOUND(cuEventSynchronize);
   return Synchronizing([&] { return Real::cuEventSynchronize(event); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH

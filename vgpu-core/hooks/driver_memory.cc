@@ -42,11 +42,11 @@ struct LaunchKeyHash {
 // Per process (rebuilt in a fork child: the child's driver state is its own).
 struct DriverMemory {
   std::mutex mutex;  // serializes reconciliations and changes of `growth`; taken before shim.mutex and the region lock
-  std::uint64_t growth[policy::kMaxDevices] = {};           // charged in the region for the driver's own memory
+  std::uint64_t growth[policy::kMaxDevices] = {};  // charged in the region for the driver's own memory
   std::atomic<std::uint64_t> next_reconcile_ns[policy::kMaxDevices] = {};  // 0: due now (one was put off)
   nvmlDevice_t nvml[policy::kMaxDevices] = {};
-  std::unordered_set<LaunchKey, LaunchKeyHash> launched;    // guarded by `mutex`
-  nvmlProcessInfo_t listed[kMaxListed] = {};                // NVML's answer, read under `mutex`
+  std::unordered_set<LaunchKey, LaunchKeyHash> launched;  // guarded by `mutex`
+  nvmlProcessInfo_t listed[kMaxListed] = {};              // NVML's answer, read under `mutex`
   bool unlisted_logged = false;
 };
 
@@ -94,14 +94,16 @@ bool ReadOwnBytes(DriverMemory& dm, int ordinal, bool holds, std::uint64_t& byte
       std::memcpy(uuid, shim.device_uuid[ordinal], sizeof uuid);
     }
     if (uuid[0] == '\0' || Real::nvmlInit_v2 == nullptr || Real::nvmlDeviceGetHandleByUUID == nullptr ||
-        Real::nvmlInit_v2() != NVML_SUCCESS || Real::nvmlDeviceGetHandleByUUID(uuid, &dm.nvml[ordinal]) != NVML_SUCCESS) {
+        Real::nvmlInit_v2() != NVML_SUCCESS ||
+        Real::nvmlDeviceGetHandleByUUID(uuid, &dm.nvml[ordinal]) != NVML_SUCCESS) {
       dm.nvml[ordinal] = nullptr;
       return false;
     }
   }
   nvmlProcessInfo_t* listed = dm.listed;
   unsigned int count = kMaxListed;
-  if (Real::nvmlDeviceGetComputeRunningProcesses_v3(dm.nvml[ordinal], &count, listed) != NVML_SUCCESS || count > kMaxListed) {
+  if (Real::nvmlDeviceGetComputeRunningProcesses_v3(dm.nvml[ordinal], &count, listed) != NVML_SUCCESS ||
+      count > kMaxListed) {
     return false;  // success with more entries than the buffer holds is not an answer
   }
   int found = 0;
@@ -166,8 +168,7 @@ void ReconcileLocked(DriverMemory& dm, int ordinal) {
 }
 
 bool Tracked(int ordinal) {
-  return ordinal >= 0 && ordinal < policy::kMaxDevices && MemoryLimit(ordinal) != 0 &&
-         CurrentMode() == Mode::limited;
+  return ordinal >= 0 && ordinal < policy::kMaxDevices && MemoryLimit(ordinal) != 0 && CurrentMode() == Mode::limited;
 }
 
 // Local memory a launch of `function` would add (bytes): a kernel needing more per thread than the stack limit the
@@ -212,7 +213,8 @@ CUresult ThreadsResident(int ordinal, std::uint64_t& threads) {
   threads = 0;
   if (Real::cuDeviceGetAttribute == nullptr) return CUDA_ERROR_NOT_FOUND;
   int sms = 0, per_sm = 0;
-  if (const CUresult r = Real::cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal); r != CUDA_SUCCESS) {
+  if (const CUresult r = Real::cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal);
+      r != CUDA_SUCCESS) {
     return r;
   }
   const CUresult r = Real::cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, ordinal);
@@ -289,8 +291,8 @@ CUresult FirstLaunch(const void* function, CUcontext context, bool graph, Launch
   // loaded lazily, the heap) reconciled after.
   const std::uint64_t before = DriverGrowth(ordinal), predicted = graph ? 0 : PredictedLocalGrowth(function, ordinal);
   if (predicted != 0 && !ChargeDriverGrowth(ordinal, predicted)) {
-    Log(2, "device %d: a launch refused: its kernel needs %llu bytes more local memory than the slice has left", ordinal,
-        static_cast<unsigned long long>(predicted));
+    Log(2, "device %d: a launch refused: its kernel needs %llu bytes more local memory than the slice has left",
+        ordinal, static_cast<unsigned long long>(predicted));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUresult result = launch();
@@ -343,9 +345,7 @@ int TrackedOrdinal(CUresult& error) {
   return ordinal >= 0 && ordinal < vgpu::policy::kMaxDevices && MemoryLimit(ordinal) != 0 ? ordinal : -1;
 }
 
-
 }  // namespace
-
 
 // The stack is local memory for every thread the device holds, resized at once (H100: 16 -> 32 KiB a thread took
 // 4224 MiB more): a larger one is charged first and refused when it does not fit. The heap is taken at the first
@@ -379,4 +379,5 @@ extern "C" VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) try {
   // Settled to the measurement: a smaller stack gives memory back, a refused call its prediction.
   ReconcileDriverMemory(ordinal);
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH

@@ -28,7 +28,8 @@ CUresult ThreadsResident(int ordinal, std::uint64_t& threads);
 class LaunchRef {
  public:
   template <typename Launch>
-  explicit LaunchRef(Launch& launch) : object_(&launch), call_([](void* object) { return (*static_cast<Launch*>(object))(); }) {}
+  explicit LaunchRef(Launch& launch)
+      : object_(&launch), call_([](void* object) { return (*static_cast<Launch*>(object))(); }) {}
   CUresult operator()() const { return call_(object_); }
 
  private:

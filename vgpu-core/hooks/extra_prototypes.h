@@ -23,7 +23,8 @@ extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
-CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int count, unsigned int flags, CUdevice dev);
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int count, unsigned int flags,
+                                CUdevice dev);
 CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 // The CUDA 2.x/3.0 ABI (32-bit sizes), still exported by the driver: hooked so it cannot be a way around a cap.

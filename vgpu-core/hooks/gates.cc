@@ -46,8 +46,8 @@ struct State {
   std::atomic<std::uint32_t> users{0};
   std::mutex make_mutex;  // making the word and starting the watchdog (no GPU wait is ever made under it)
   std::atomic<bool> unusable{false};
-  bool watchdog_started = false;  // under make_mutex
-  std::atomic<std::uint32_t> issued{0};  // the last value a gate waits for
+  bool watchdog_started = false;                  // under make_mutex
+  std::atomic<std::uint32_t> issued{0};           // the last value a gate waits for
   std::atomic<std::uint64_t> paused_until_ns{0};  // no gate is shut before this (see kFirstPauseNs)
   std::atomic<std::uint64_t> last_shut_ns{0};
   std::atomic<std::uint32_t> parked{0};
@@ -95,7 +95,9 @@ void* Watch(void*) {
       if (idle && now > s.last_shut_ns.load(std::memory_order_seq_cst) + kParkAfterNs) s.wake.wait(wake);
       s.parked.store(0, std::memory_order_relaxed);
     }
-    struct timespec nap {0, static_cast<long>(kDeadlineNs)};
+    struct timespec nap {
+      0, static_cast<long>(kDeadlineNs)
+    };
     nanosleep(&nap, nullptr);
     bool opened = false;
     WithWord(s, [&](std::atomic<std::uint32_t>& word) {
@@ -108,14 +110,15 @@ void* Watch(void*) {
     });
     if (!opened) continue;
     const std::uint64_t at = NowNs();
-    pause_ns = pause_ns == 0 || at > last_forced_ns + kForgiveAfterNs ? kFirstPauseNs
-                                                                      : std::min(2 * pause_ns, kMaxPauseNs);
+    pause_ns =
+        pause_ns == 0 || at > last_forced_ns + kForgiveAfterNs ? kFirstPauseNs : std::min(2 * pause_ns, kMaxPauseNs);
     last_forced_ns = at;
     s.paused_until_ns.store(at + pause_ns, std::memory_order_relaxed);
     // (Not while announced in `users`: a write to a stderr nobody reads could block a context's destruction.)
     if (++forced == 1 || pause_ns == kMaxPauseNs) {
-      Log(1, "a gated measurement's launch call had not returned after %llu ms (%llu so far): the watchdog opened its "
-             "gate; no gate for %llu ms (docs/compute-limit.md)",
+      Log(1,
+          "a gated measurement's launch call had not returned after %llu ms (%llu so far): the watchdog opened its "
+          "gate; no gate for %llu ms (docs/compute-limit.md)",
           static_cast<unsigned long long>(kDeadlineNs / 1'000'000), static_cast<unsigned long long>(forced),
           static_cast<unsigned long long>(pause_ns / 1'000'000));
     }

@@ -19,7 +19,7 @@ namespace vgpu::hooks {
 namespace {
 
 constexpr std::uint64_t kHoldPollNs = 10'000'000;  // a held launch looks at recent_kernel again every 10 ms
-constexpr std::int64_t kIdleAfterS = 2;             // no share published for this long: the process reads as idle
+constexpr std::int64_t kIdleAfterS = 2;            // no share published for this long: the process reads as idle
 
 // The second of the last publication (CLOCK_REALTIME_COARSE), claimed by one launching thread per second.
 std::atomic<std::int64_t> g_published_s{0};
@@ -146,7 +146,8 @@ void PublishMemoryBreakdown(int ordinal) {
   Shim* shim = TheShimIfMade();
   if (shim == nullptr || shim->region == nullptr || ordinal < 0 || ordinal >= policy::kMaxDevices) return;
   const int device = NamedDevice(*shim, ordinal);
-  if (device >= 0) shim->region->SetBreakdownForMonitoring(device, ContextBytesOn(*shim, ordinal), DriverGrowth(ordinal));
+  if (device >= 0)
+    shim->region->SetBreakdownForMonitoring(device, ContextBytesOn(*shim, ordinal), DriverGrowth(ordinal));
 }
 
 void ForgetHamiFeedbackAfterFork() {

@@ -101,40 +101,40 @@
 // clang-format on
 
 // Driver functions the shim calls itself but does not hook.
-#define VGPU_CUDA_HELPERS(X) \
-  X(cuCtxGetDevice)          \
-  X(cuCtxGetCurrent)         \
-  X(cuDevicePrimaryCtxGetState) \
-  X(cuDeviceGetCount)        \
-  X(cuDeviceGet)             \
-  X(cuDeviceGetUuid_v2)      \
-  X(cuDeviceGetMemPool)      \
-  X(cuMemPoolGetAttribute)   \
-  X(cuStreamGetCtx)          \
-  X(cuCtxPushCurrent_v2)     \
-  X(cuCtxPopCurrent_v2)      \
-  X(cuArrayGetMemoryRequirements) \
-  X(cuFuncGetAttribute)      \
-  X(cuCtxGetLimit)           \
-  X(cuDeviceGetAttribute)    \
-  X(cuEventCreate)           \
-  X(cuStreamIsCapturing)     \
-  X(cuStreamQuery)           \
+#define VGPU_CUDA_HELPERS(X)           \
+  X(cuCtxGetDevice)                    \
+  X(cuCtxGetCurrent)                   \
+  X(cuDevicePrimaryCtxGetState)        \
+  X(cuDeviceGetCount)                  \
+  X(cuDeviceGet)                       \
+  X(cuDeviceGetUuid_v2)                \
+  X(cuDeviceGetMemPool)                \
+  X(cuMemPoolGetAttribute)             \
+  X(cuStreamGetCtx)                    \
+  X(cuCtxPushCurrent_v2)               \
+  X(cuCtxPopCurrent_v2)                \
+  X(cuArrayGetMemoryRequirements)      \
+  X(cuFuncGetAttribute)                \
+  X(cuCtxGetLimit)                     \
+  X(cuDeviceGetAttribute)              \
+  X(cuEventCreate)                     \
+  X(cuStreamIsCapturing)               \
+  X(cuStreamQuery)                     \
   X(cuThreadExchangeStreamCaptureMode) \
-  X(cuEventRecord)           \
-  X(cuEventQuery)            \
-  X(cuEventElapsedTime_v2)   \
-  /* gated measurements (gates.h) */ \
-  X(cuMemHostAlloc)          \
-  X(cuMemHostGetDevicePointer_v2) \
+  X(cuEventRecord)                     \
+  X(cuEventQuery)                      \
+  X(cuEventElapsedTime_v2)             \
+  /* gated measurements (gates.h) */   \
+  X(cuMemHostAlloc)                    \
+  X(cuMemHostGetDevicePointer_v2)      \
   X(cuStreamWaitValue32_v2)
 
-#define VGPU_NVML_HELPERS(X)           \
-  X(nvmlDeviceGetUUID)                 \
-  X(nvmlDeviceGetIndex)                \
-  X(nvmlDeviceGetHandleByUUID)         \
-  X(nvmlDeviceGetUtilizationRates)     \
-  X(nvmlDeviceGetSamples)              \
+#define VGPU_NVML_HELPERS(X)       \
+  X(nvmlDeviceGetUUID)             \
+  X(nvmlDeviceGetIndex)            \
+  X(nvmlDeviceGetHandleByUUID)     \
+  X(nvmlDeviceGetUtilizationRates) \
+  X(nvmlDeviceGetSamples)          \
   X(nvmlDeviceGetComputeRunningProcesses_v3)
 
 namespace vgpu::hooks {

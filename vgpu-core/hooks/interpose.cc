@@ -130,9 +130,9 @@ bool ResolveReal() {
     VGPU_CUDA_HELPERS(VGPU_RESOLVE)
 #undef VGPU_RESOLVE
     std::size_t count = g_real_to_hook_count.load(std::memory_order_relaxed);
-#define VGPU_MAP_REAL(name)                                                                \
-  if (Real::name != nullptr) g_real_to_hook[count++] = {reinterpret_cast<const void*>(Real::name), \
-                                                         reinterpret_cast<void*>(&::name)};
+#define VGPU_MAP_REAL(name)  \
+  if (Real::name != nullptr) \
+    g_real_to_hook[count++] = {reinterpret_cast<const void*>(Real::name), reinterpret_cast<void*>(&::name)};
     VGPU_CUDA_HOOKS(VGPU_MAP_REAL)
 #undef VGPU_MAP_REAL
     g_real_to_hook_count.store(count, std::memory_order_release);
@@ -161,8 +161,9 @@ void* HookFor(const char* symbol) {
     std::sort(std::begin(g_named_hooks), std::end(g_named_hooks),
               [](const NamedHook& a, const NamedHook& b) { return std::strcmp(a.name, b.name) < 0; });
   });
-  const auto it = std::lower_bound(std::begin(g_named_hooks), std::end(g_named_hooks), symbol,
-                                   [](const NamedHook& hook, const char* name) { return std::strcmp(hook.name, name) < 0; });
+  const auto it =
+      std::lower_bound(std::begin(g_named_hooks), std::end(g_named_hooks), symbol,
+                       [](const NamedHook& hook, const char* name) { return std::strcmp(hook.name, name) < 0; });
   return it != std::end(g_named_hooks) && std::strcmp(it->name, symbol) == 0 ? it->hook : nullptr;
 }
 
@@ -206,13 +207,16 @@ extern "C" VGPU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** p
     if (void* hook = HookForRealAddress(*pfn); hook != nullptr) *pfn = hook;
   }
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) try {
+extern "C" VGPU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version,
+                                                 cuuint64_t flags) try {
   if (!ResolveReal() || Real::cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult result = Real::cuGetProcAddress(symbol, pfn, cuda_version, flags);
   if (result == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
     if (void* hook = HookForRealAddress(*pfn); hook != nullptr) *pfn = hook;
   }
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH

@@ -36,11 +36,14 @@ namespace vgpu::hooks::launch {
 // counters"). Off in libvgpu.so: each count is an atomic add on the launch path. At exit the counts are written to
 // stderr as one line, "vgpu-path-counters {...}".
 #if VGPU_PATH_COUNTERS
-#define VGPU_PATH_COUNTER_NAMES(X)                                                                                       \
-  X(booked_drained) X(booked_window) X(book_refused_queued) X(book_refused_window) X(whole_path) X(waited_for_completion) \
-  X(waited_for_budget) X(waited_for_budget_ns) X(planned_unmeasured) X(planned_pair) X(planned_gated_pair)            \
-  X(planned_window) X(settled_early) X(books_opened) X(window_books_opened) X(book_launches_granted)                   \
-  X(whole_path_charged_ns) X(waited_for_close)
+// (Left as written: clang-format 14 rewraps this list differently on every run.)
+// clang-format off
+#define VGPU_PATH_COUNTER_NAMES(X)                                                                                  \
+  X(booked_drained) X(booked_window) X(book_refused_queued) X(book_refused_window) X(whole_path)                    \
+  X(waited_for_completion) X(waited_for_budget) X(waited_for_budget_ns) X(planned_unmeasured) X(planned_pair)       \
+  X(planned_gated_pair) X(planned_window) X(settled_early) X(books_opened) X(window_books_opened)                   \
+  X(book_launches_granted) X(whole_path_charged_ns) X(waited_for_close)
+// clang-format on
 struct PathCounters {
   enum Name : int {
 #define VGPU_PATH_COUNTER_ENUM(name) name,
@@ -142,11 +145,10 @@ struct StreamState {
   std::atomic<std::uint64_t> booked_last_ns{0};  // when the last of them was made
 };
 
-
 // One per device ordinal this process launches on. What every limited launch reads comes first (a launch's cost on
 // a real GPU's host is mostly the cache lines it reads: the driver's own launch has displaced them).
 struct DeviceLimiter {
-  std::atomic<bool> ready{false};    // `limiter` is set up: later launches need nothing else to find it
+  std::atomic<bool> ready{false};  // `limiter` is set up: later launches need nothing else to find it
   bool lend = false;
   bool scheduled = false;  // time division holds the cap (turn.h): launches take turns; books only inside one
   // Under time division, the container is out of the schedule's plan (no turns to be had): the limiter holds the cap
@@ -189,11 +191,10 @@ struct Plan {
   StreamState* stream = nullptr;  // a window's stream state (stable: map nodes are erased only with their context)
   CUevent start = nullptr, end = nullptr;  // a pair's events
   bool unknown_cost = false;
-  bool close_after = false;  // the launch fills its window: the window ends right after it
+  bool close_after = false;    // the launch fills its window: the window ends right after it
   std::uint64_t sequence = 0;  // the stream's `planned` count with this launch
-  bool gate = false;  // a pair to gate (gates.h)
+  bool gate = false;           // a pair to gate (gates.h)
 };
-
 
 // One launch on the whole path, carried through the stages.
 struct Launching {
@@ -210,12 +211,12 @@ struct Launching {
   // admit
   std::uint64_t now = 0;  // the last clock read
   policy::Admission admission;
-  bool unknown_cost = true;  // the kernel's events have never measured it
-  bool planned = false;      // planned under the admission's lock (not after a wait for the budget)
-  bool settled_early = false;  // an unmeasured launch, settled in its admission's critical section ...
+  bool unknown_cost = true;           // the kernel's events have never measured it
+  bool planned = false;               // planned under the admission's lock (not after a wait for the budget)
+  bool settled_early = false;         // an unmeasured launch, settled in its admission's critical section ...
   std::uint64_t accounted_early = 0;  // ... at this
-  std::uint64_t booked_ns = 0;  // a book opened for the launches after this one: their estimate
-  std::uint64_t at = 0;         // when the launch is made, about (one clock read per launch)
+  std::uint64_t booked_ns = 0;        // a book opened for the launches after this one: their estimate
+  std::uint64_t at = 0;               // when the launch is made, about (one clock read per launch)
   // measure
   Plan plan;
   std::uint64_t launched_ns = 0;  // a pair: just before the launch call
@@ -284,9 +285,9 @@ bool Admit(Launching& l);
 // measure (launch_measure.cc). Planning, under d.mutex: PlanOrCancel (false: out of host memory, the admission
 // cancelled). Then, without it, BeginMeasure just before the launch: CUDA_SUCCESS to launch, otherwise the launch is
 // refused with that error (a kernel of unknown cost that cannot be measured; nothing owed).
-bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before, bool steady,
-                  bool force_sample, CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns,
-                  std::uint64_t at, bool unknown_cost);
+bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before,
+                  bool steady, bool force_sample, CUstream stream, CUcontext context, CUresult& setup,
+                  std::uint64_t charged_ns, std::uint64_t at, bool unknown_cost);
 CUresult BeginMeasure(Launching& l);
 // Windows (under d.mutex): the launches of book `only` (or all) into `state`'s open window joined to it; the window
 // ended (queued to settle); every window of a context ended; a stream's state dropped.

@@ -33,8 +33,8 @@ void SettleIfDue(DeviceLimiter& d, std::uint64_t now, bool due) {
 bool PlanNow(Launching& l) {
   DeviceLimiter& d = *l.d;
   const policy::Admission& a = l.admission;
-  if (!PlanOrCancel(d, l.plan, l.key, a.launches, a.steady, l.force_sample, l.stream, l.context, l.setup,
-                    a.charged_ns, l.now, l.unknown_cost)) {
+  if (!PlanOrCancel(d, l.plan, l.key, a.launches, a.steady, l.force_sample, l.stream, l.context, l.setup, a.charged_ns,
+                    l.now, l.unknown_cost)) {
     return false;
   }
   l.planned = true;
@@ -144,8 +144,10 @@ bool WaitForBudget(Launching& l) {
   if (const int device = RegionDevice(l.ordinal); device >= 0 && wait_ns > 0) {
     TheShim().region->AddHeldNs(device, wait_ns);
   }
-  Log(4, "device %d: a launch of %p waits %llu us for the budget: charged %llu us, the container is in debt at its "
-      "cap", l.ordinal, l.key.function, static_cast<unsigned long long>(wait_ns / 1000),
+  Log(4,
+      "device %d: a launch of %p waits %llu us for the budget: charged %llu us, the container is in debt at its "
+      "cap",
+      l.ordinal, l.key.function, static_cast<unsigned long long>(wait_ns / 1000),
       static_cast<unsigned long long>(a.charged_ns / 1000));
   SleepUntilNs(a.ready_at_ns);
   std::lock_guard<std::mutex> guard(l.d->mutex);
@@ -160,8 +162,10 @@ bool Admit(Launching& l) {
   if (!AdmitWaitingForCompletions(l, waited_ns)) return false;
   // Why a launch waited, and how long: a collapse explains itself in the log.
   if (waited_ns > 0) {
-    Log(4, "device %d: a launch of %p waited %llu us for completions: the container's unmeasured work in flight "
-        "was past its bound", l.ordinal, l.key.function, static_cast<unsigned long long>(waited_ns / 1000));
+    Log(4,
+        "device %d: a launch of %p waited %llu us for completions: the container's unmeasured work in flight "
+        "was past its bound",
+        l.ordinal, l.key.function, static_cast<unsigned long long>(waited_ns / 1000));
   }
   l.at = std::max(l.now, l.admission.ready_at_ns);  // about now: one clock read per launch
   return l.planned || WaitForBudget(l);

@@ -15,7 +15,7 @@ constexpr std::uint32_t kBookLaunches = 128;
 constexpr std::uint32_t kWindowBookLaunches = 256;
 constexpr std::uint64_t kBookNs = 1'000'000;
 constexpr std::uint32_t kBookWorthLaunches = 16;  // a book that served fewer before a queue ended it ...
-constexpr std::uint32_t kBookBackoff = 64;       // ... keeps this many chances of a book off its stream
+constexpr std::uint32_t kBookBackoff = 64;        // ... keeps this many chances of a book off its stream
 
 }  // namespace
 
@@ -45,8 +45,8 @@ struct LaunchBook {
   std::uint64_t shape;
   CUstream stream;
   CUcontext context;
-  DeviceLimiter* device;    // null: no book here
-  StreamState* state;       // valid while `generation` is current
+  DeviceLimiter* device;  // null: no book here
+  StreamState* state;     // valid while `generation` is current
   std::uint64_t generation;
   std::uint64_t fork_generation;
   std::uint64_t accounted_each_ns;
@@ -54,8 +54,8 @@ struct LaunchBook {
   std::uint64_t last_ns;     // when the book's last launch was made
   std::uint32_t left;
   std::uint32_t granted;
-  bool measure_next;        // the draw that ended the book picked the launch after it to be measured
-  bool queued;              // closed because the stream had work queued (its launches then join windows)
+  bool measure_next;  // the draw that ended the book picked the launch after it to be measured
+  bool queued;        // closed because the stream had work queued (its launches then join windows)
   // A book into the stream's open window (its launches charged at the estimate, settled with the window), valid
   // while the stream's `window_seq` is this; otherwise a book onto a drained stream (settled as unmeasured).
   bool window;
@@ -241,11 +241,17 @@ LaunchBook* OpenBookFor(const void* function, std::uint64_t shape, CUstream stre
 bool BeginBooked(LaunchBook& book) {
   if (book.window) {
     const bool made = BeginIntoWindow(book);
-    if (made) VGPU_COUNT(booked_window, 1); else VGPU_COUNT(book_refused_window, 1);
+    if (made)
+      VGPU_COUNT(booked_window, 1);
+    else
+      VGPU_COUNT(book_refused_window, 1);
     return made;
   }
   const bool made = BeginOntoDrained(book);
-  if (made) VGPU_COUNT(booked_drained, 1); else VGPU_COUNT(book_refused_queued, 1);
+  if (made)
+    VGPU_COUNT(booked_drained, 1);
+  else
+    VGPU_COUNT(book_refused_queued, 1);
   return made;
 }
 
@@ -303,10 +309,24 @@ std::uint64_t OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream 
   std::uint64_t each = 0;
   const std::uint32_t granted = d.limiter->AdmitBook(key, now, unmeasured, kBookNs, each);
   if (granted == 0) return 0;
-  *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
+  *place = LaunchBook{key.function,
+                      key.shape,
+                      stream,
+                      context,
+                      &d,
+                      &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
-                      g_book_generations.forks.load(std::memory_order_relaxed), each, estimate_ns, now, granted,
-                      granted, measure_next && granted == unmeasured, false, false, 0, turn_until_ns};
+                      g_book_generations.forks.load(std::memory_order_relaxed),
+                      each,
+                      estimate_ns,
+                      now,
+                      granted,
+                      granted,
+                      measure_next && granted == unmeasured,
+                      false,
+                      false,
+                      0,
+                      turn_until_ns};
   ++state.books;
   VGPU_COUNT(books_opened, 1);
   VGPU_COUNT(book_launches_granted, granted);
@@ -333,10 +353,24 @@ std::uint64_t OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUs
   booked.charged_ns = each;
   state.booked_reserved += granted;
   state.estimated_ns += std::uint64_t{granted} * each;
-  *place = LaunchBook{key.function, key.shape, stream, context, &d, &state,
+  *place = LaunchBook{key.function,
+                      key.shape,
+                      stream,
+                      context,
+                      &d,
+                      &state,
                       g_book_generations.streams.load(std::memory_order_acquire),
-                      g_book_generations.forks.load(std::memory_order_relaxed), each, each, now, granted, granted,
-                      false, false, true, state.window_seq.load(std::memory_order_seq_cst), turn_until_ns};
+                      g_book_generations.forks.load(std::memory_order_relaxed),
+                      each,
+                      each,
+                      now,
+                      granted,
+                      granted,
+                      false,
+                      false,
+                      true,
+                      state.window_seq.load(std::memory_order_seq_cst),
+                      turn_until_ns};
   VGPU_COUNT(window_books_opened, 1);
   VGPU_COUNT(book_launches_granted, granted);
   return std::uint64_t{granted} * each;

@@ -268,12 +268,12 @@ Plan PlanLaunch(DeviceLimiter& d, const policy::KernelKey& key, std::uint32_t la
 // PlanLaunch, or, when the host is out of memory (planning a first launch on a stream or of a kernel needs the heap;
 // PlanLaunch changes nothing before it has it), the admission cancelled: the launch is refused, nothing ran, nothing
 // is owed. Caller holds d.mutex.
-bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before, bool steady,
-                  bool force_sample, CUstream stream, CUcontext context, CUresult& setup, std::uint64_t charged_ns,
-                  std::uint64_t at, bool unknown_cost) {
+bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, std::uint32_t launches_before,
+                  bool steady, bool force_sample, CUstream stream, CUcontext context, CUresult& setup,
+                  std::uint64_t charged_ns, std::uint64_t at, bool unknown_cost) {
   try {
-    plan = PlanLaunch(d, key, launches_before, steady, force_sample, stream, context, setup, charged_ns, at,
-                      unknown_cost);
+    plan =
+        PlanLaunch(d, key, launches_before, steady, force_sample, stream, context, setup, charged_ns, at, unknown_cost);
     return true;
   } catch (const std::bad_alloc&) {
     d.limiter->Cancel(key, charged_ns);
@@ -283,10 +283,14 @@ bool PlanOrCancel(DeviceLimiter& d, Plan& plan, const policy::KernelKey& key, st
 
 CUresult BeginMeasure(Launching& l) {
   VGPU_COUNT(whole_path_charged_ns, l.admission.charged_ns);
-  if (l.plan.how == How::window) VGPU_COUNT(planned_window, 1);
-  else if (l.plan.how == How::unmeasured) VGPU_COUNT(planned_unmeasured, 1);
-  else if (l.plan.gate) VGPU_COUNT(planned_gated_pair, 1);
-  else VGPU_COUNT(planned_pair, 1);
+  if (l.plan.how == How::window)
+    VGPU_COUNT(planned_window, 1);
+  else if (l.plan.how == How::unmeasured)
+    VGPU_COUNT(planned_unmeasured, 1);
+  else if (l.plan.gate)
+    VGPU_COUNT(planned_gated_pair, 1);
+  else
+    VGPU_COUNT(planned_pair, 1);
   if (l.settled_early) VGPU_COUNT(settled_early, 1);
   if (l.plan.how == How::pair) {
     RelaxedCapture relaxed;

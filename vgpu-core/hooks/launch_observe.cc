@@ -39,15 +39,15 @@ using base::RealtimeNs;
 // "default"). Comparing periods that do not match makes a lone container flip between free and held (sim finding
 // 3). -2: no new sample since the last call (keep the rate); -1: samples are not available.
 double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy::BudgetCell& cell, std::uint64_t now,
-                                  std::uint64_t& period_start) {
+                                 std::uint64_t& period_start) {
   SampleCursor& cursor = g_sample_cursors[ordinal];
   std::lock_guard<std::mutex> guard(cursor.mutex);
   if (cursor.unsupported || Real::nvmlDeviceGetSamples == nullptr) return -1;
   nvmlSample_t samples[64];
   unsigned int count = 64;
   nvmlValueType_t type = NVML_VALUE_TYPE_UNSIGNED_INT;
-  const nvmlReturn_t r = Real::nvmlDeviceGetSamples(handle, NVML_GPU_UTILIZATION_SAMPLES, cursor.newest_us, &type,
-                                                    &count, samples);
+  const nvmlReturn_t r =
+      Real::nvmlDeviceGetSamples(handle, NVML_GPU_UTILIZATION_SAMPLES, cursor.newest_us, &type, &count, samples);
   if (r == NVML_ERROR_NOT_FOUND) return -2;
   if (r != NVML_SUCCESS || type != NVML_VALUE_TYPE_UNSIGNED_INT || count == 0 || count > 64) {
     cursor.unsupported = r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND;
@@ -78,7 +78,8 @@ double OthersBusyOverNvmlSamples(int ordinal, nvmlDevice_t handle, const policy:
   const std::int64_t from = static_cast<std::int64_t>(before * 1000) - offset_ns;
   const std::int64_t to = static_cast<std::int64_t>(newest * 1000) - offset_ns;
   if (from <= 0 || to <= from) return -2;
-  const double own = policy::Limiter::BusyFraction(cell, static_cast<std::uint64_t>(from), static_cast<std::uint64_t>(to));
+  const double own =
+      policy::Limiter::BusyFraction(cell, static_cast<std::uint64_t>(from), static_cast<std::uint64_t>(to));
   period_start = static_cast<std::uint64_t>(from);
   return std::max(0.0, value / 100.0 - own);
 }
@@ -106,7 +107,8 @@ double OthersBusy(int ordinal, std::uint64_t now, std::uint64_t& period_start) {
   }
   CUdevice device = 0;
   CUuuid uuid{};
-  if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) return -1;
+  if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS)
+    return -1;
   char text[base::kGpuUuidChars + 1];
   base::FormatGpuUuid(uuid.bytes, text);
   nvmlDevice_t handle = nullptr;
@@ -140,9 +142,10 @@ void FollowVerdict(DeviceLimiter& d, int ordinal, std::uint64_t now) {
   const std::uint32_t after = policy::NextMonitorScale(before, used, limit);
   if (after == before) return;
   d.limiter->ScaleOwn(after, now);
-  Log(after < before ? 2 : 3, "device %d: the node monitor shows the container at %u.%u %% of the SM time against "
-      "%u.%u %%: this process's rate scaled to %u.%u %% of its share", ordinal, used / 10, used % 10, limit / 10,
-      limit % 10, after / 10, after % 10);
+  Log(after < before ? 2 : 3,
+      "device %d: the node monitor shows the container at %u.%u %% of the SM time against "
+      "%u.%u %%: this process's rate scaled to %u.%u %% of its share",
+      ordinal, used / 10, used % 10, limit / 10, limit % 10, after / 10, after % 10);
 }
 
 // HAMi's monitor says another container is active on the container's GPUs (utilization_switch 1, where HAMi-core's

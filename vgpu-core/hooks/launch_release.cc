@@ -53,8 +53,10 @@ void HoldByLimiterWhileUnscheduled(DeviceLimiter& d, bool unscheduled) {
   d.limiter->SetThrottle(unscheduled);
   d.limiter_holds.store(unscheduled, std::memory_order_relaxed);
   if (unscheduled) {
-    Log(2, "device %d: time division gives this container no turns (it is not in the schedule's plan): the limiter "
-        "holds its compute cap until it takes turns again", d.ordinal);
+    Log(2,
+        "device %d: time division gives this container no turns (it is not in the schedule's plan): the limiter "
+        "holds its compute cap until it takes turns again",
+        d.ordinal);
   } else {
     Log(2, "device %d: the container takes turns again under time division: the limiter no longer throttles",
         d.ordinal);

@@ -13,9 +13,10 @@ namespace {
 // next launches wait for the budget: with this line, a collapse like issue 20's DDP one explains itself.
 void LogLongMeasurement(const void* function, std::uint64_t charged_ns, const std::optional<std::uint64_t>& measured) {
   if (!measured || *measured < 4 * charged_ns || *measured < charged_ns + 1'000'000) return;
-  Log(4, "a launch of %p measured %llu us where %llu us were expected: its span held waiting (a collective's peers, "
-      "other contexts' time slices), charged in full", function, static_cast<unsigned long long>(*measured / 1000),
-      static_cast<unsigned long long>(charged_ns / 1000));
+  Log(4,
+      "a launch of %p measured %llu us where %llu us were expected: its span held waiting (a collective's peers, "
+      "other contexts' time slices), charged in full",
+      function, static_cast<unsigned long long>(*measured / 1000), static_cast<unsigned long long>(charged_ns / 1000));
 }
 
 // A window whose end event has completed (or failed): its launches settled at what it measured (policy::WindowMeasuredNs:
@@ -26,8 +27,8 @@ void SettleWindowDone(DeviceLimiter& d, const Pending& p, CUresult state, std::u
   std::optional<std::uint64_t> measured;
   float ms = 0;
   if (state == CUDA_SUCCESS && Real::cuEventElapsedTime_v2(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
-    measured = policy::WindowMeasuredNs(static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6), p.idle_tail_ns,
-                                        charged);
+    measured =
+        policy::WindowMeasuredNs(static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6), p.idle_tail_ns, charged);
   }
   LogLongMeasurement(p.window.empty() ? nullptr : p.window.front().key.function, charged, measured);
   d.limiter->SettleWindow(p.window.data(), p.window.size(), measured, now);
@@ -109,11 +110,19 @@ void SettleRefused(Launching& l, StreamState* state, bool close_window) {
 void SettleMade(Launching& l, StreamState* state, bool close_window) {
   DeviceLimiter& d = *l.d;
   Plan& plan = l.plan;
-  if (plan.how == How::pair &&
-      !Recorded([&] {
+  if (plan.how == How::pair && !Recorded([&] {
         // (Shared: another thread launched onto the stream between its events; see Pending.)
-        d.pending.push_back({l.key, l.admission.charged_ns, plan.start, plan.end, l.context, l.launched_ns, {}, false,
-                             0, state == nullptr || state->planned != plan.sequence || state->books > OwnBooksOn(d, state)});
+        d.pending.push_back(
+            {l.key,
+             l.admission.charged_ns,
+             plan.start,
+             plan.end,
+             l.context,
+             l.launched_ns,
+             {},
+             false,
+             0,
+             state == nullptr || state->planned != plan.sequence || state->books > OwnBooksOn(d, state)});
         d.pending.back().first = l.admission.launches == 0;
       })) {
     plan.how = How::unmeasured;  // out of host memory: the kernel ran, settled as one that was not measured

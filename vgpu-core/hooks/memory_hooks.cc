@@ -16,7 +16,7 @@ namespace {
 // Until measured on this device (from NVML's view of this process): above what an H100 context costs
 // (518-527 MiB measured), so an unmeasured context is never under-counted.
 constexpr std::uint64_t kDefaultContextBytes = 600ull << 20;
-constexpr std::uint64_t kChargeGranularity = 512;              // what the driver rounds small allocations to
+constexpr std::uint64_t kChargeGranularity = 512;  // what the driver rounds small allocations to
 
 std::uint64_t Rounded(std::uint64_t bytes) {
   return (bytes + kChargeGranularity - 1) / kChargeGranularity * kChargeGranularity;
@@ -120,7 +120,8 @@ CUresult AllocateTracked(CUdeviceptr* pointer, std::uint64_t charge, const std::
   // No context: the driver says what is wrong. A device that cannot be told: refused, never allocated uncounted.
   if (ordinal < 0) return unknown != CUDA_SUCCESS ? unknown : call();
   const CUresult result = ChargedCall(ordinal, charge, call);
-  if (result == CUDA_SUCCESS && pointer != nullptr && !RecordAllocation(*pointer, {ordinal, charge, CurrentContext()})) {
+  if (result == CUDA_SUCCESS && pointer != nullptr &&
+      !RecordAllocation(*pointer, {ordinal, charge, CurrentContext()})) {
     return UndoAllocation(pointer, ordinal, charge);
   }
   return result;
@@ -149,7 +150,8 @@ void MeasureContext(int ordinal, std::uint64_t charged_estimate, std::uint64_t& 
   }
   CUdevice cu_device = 0;
   CUuuid uuid{};
-  if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
+  if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS ||
+      Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
     return;
   }
   char text[base::kGpuUuidChars + 1];
@@ -241,8 +243,8 @@ CUresult DestroyContext(CUcontext context, CUresult (*real)(CUcontext)) {
 void PrimaryMayHaveGone(CUdevice device, CUcontext primary) {
   unsigned int flags = 0;
   int active = 1;
-  if (Real::cuDevicePrimaryCtxGetState == nullptr || Real::cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS ||
-      active != 0) {
+  if (Real::cuDevicePrimaryCtxGetState == nullptr ||
+      Real::cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS || active != 0) {
     return;
   }
   if (primary != nullptr) {
@@ -286,8 +288,8 @@ CUresult ReleasePrimary(CUdevice device, CUresult (*real)(CUdevice)) {
 // The ordinal of a stream's device (of the current context for the built-in streams); -1 as CurrentOrdinal(error).
 int OrdinalOfStream(CUstream stream, CUresult& error) {
   error = CUDA_SUCCESS;
-  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD || Real::cuStreamGetCtx == nullptr ||
-      Real::cuCtxPushCurrent_v2 == nullptr || Real::cuCtxPopCurrent_v2 == nullptr) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD ||
+      Real::cuStreamGetCtx == nullptr || Real::cuCtxPushCurrent_v2 == nullptr || Real::cuCtxPopCurrent_v2 == nullptr) {
     return CurrentOrdinal(error);
   }
   // A stream of another device's context is charged to that device: its context is asked, not the current one's.
@@ -448,9 +450,18 @@ CUresult FreeToPool(CUdeviceptr pointer, CUstream stream, CUresult (*real)(CUdev
 std::uint64_t ArrayBytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned int levels) {
   std::uint64_t element = 0;
   switch (d.Format) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: element = 1; break;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: element = 2; break;
-    default: element = 4; break;  // 32-bit formats; wider/compressed formats are charged at least this
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      element = 1;
+      break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      element = 2;
+      break;
+    default:
+      element = 4;
+      break;  // 32-bit formats; wider/compressed formats are charged at least this
   }
   std::uint64_t total = 0;
   std::uint64_t w = d.Width, h = std::max<std::uint64_t>(d.Height, 1), z = std::max<std::uint64_t>(d.Depth, 1);
@@ -527,12 +538,12 @@ void DropVmmReference(CUmemGenericAllocationHandle handle) {
 
 using namespace vgpu::hooks;
 
-
 extern "C" VGPU_EXPORT CUresult cuInit(unsigned int flags) try {
   if (!ResolveReal()) return CUDA_ERROR_NOT_INITIALIZED;
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return Real::cuInit(flags);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- contexts -------------------------------------------------------------------------------------------
 
@@ -548,7 +559,8 @@ extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUd
                      Real::cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS;
   if ((known && active != 0) || context == nullptr) return Real::cuDevicePrimaryCtxRetain(context, device);
   const std::uint64_t estimate = ContextBytes(device);
-  const CUresult result = ChargedCall(device, estimate, [&] { return Real::cuDevicePrimaryCtxRetain(context, device); });
+  const CUresult result =
+      ChargedCall(device, estimate, [&] { return Real::cuDevicePrimaryCtxRetain(context, device); });
   if (result == CUDA_SUCCESS) {
     std::uint64_t charged = estimate;
     MeasureContext(device, estimate, charged);
@@ -561,42 +573,54 @@ extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUd
   }
   if (result == CUDA_SUCCESS) PublishMemoryBreakdown(device);
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxRelease_v2);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxRelease);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxReset_v2);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) try {
   return ReleasePrimary(device, Real::cuDevicePrimaryCtxReset);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext* context, unsigned int flags, CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v2, context, flags, device);
   return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v2(context, flags, device); });
-} VGPU_CUDA_CATCH
-extern "C" VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int count, unsigned int flags,
-                                               CUdevice device) try {
+}
+VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int count,
+                                               unsigned int flags, CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v3, context, params, count, flags, device);
-  return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v3(context, params, count, flags, device); });
-} VGPU_CUDA_CATCH
-extern "C" VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams* params, unsigned int flags, CUdevice device) try {
+  return CreateContextCharged(context, device,
+                              [&] { return Real::cuCtxCreate_v3(context, params, count, flags, device); });
+}
+VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext* context, CUctxCreateParams* params, unsigned int flags,
+                                               CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuCtxCreate_v4, context, params, flags, device);
   return CreateContextCharged(context, device, [&] { return Real::cuCtxCreate_v4(context, params, flags, device); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return DestroyContext(context, Real::cuCtxDestroy_v2);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuCtxDestroy(CUcontext context) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return DestroyContext(context, Real::cuCtxDestroy);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- allocation -----------------------------------------------------------------------------------------
 
@@ -604,13 +628,15 @@ extern "C" VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAlloc_v2, pointer, bytes);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAlloc_v2(pointer, bytes);
   return AllocateTracked(pointer, Rounded(bytes), [&] { return Real::cuMemAlloc_v2(pointer, bytes); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* pointer, size_t bytes, unsigned int flags) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocManaged, pointer, bytes, flags);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAllocManaged(pointer, bytes, flags);
   return AllocateTracked(pointer, Rounded(bytes), [&] { return Real::cuMemAllocManaged(pointer, bytes, flags); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t* pitch, size_t width, size_t height,
                                                    unsigned int element_bytes) try {
@@ -625,8 +651,8 @@ extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t*
   if (ordinal < 0) {
     return unknown != CUDA_SUCCESS ? unknown : Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes);
   }
-  const CUresult result =
-      ChargedCall(ordinal, estimate, [&] { return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes); });
+  const CUresult result = ChargedCall(
+      ordinal, estimate, [&] { return Real::cuMemAllocPitch_v2(pointer, pitch, width, height, element_bytes); });
   if (result != CUDA_SUCCESS) return result;
   const std::uint64_t actual = Rounded(static_cast<std::uint64_t>(*pitch) * height);
   std::uint64_t charged = estimate;
@@ -643,9 +669,11 @@ extern "C" VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* pointer, size_t*
     }
     charged = actual;
   }
-  if (!RecordAllocation(*pointer, {ordinal, charged, CurrentContext()})) return UndoAllocation(pointer, ordinal, charged);
+  if (!RecordAllocation(*pointer, {ordinal, charged, CurrentContext()}))
+    return UndoAllocation(pointer, ordinal, charged);
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemFree_v2, pointer);
@@ -672,23 +700,32 @@ extern "C" VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) try {
   if (!allocation.empty()) Uncharge(allocation.mapped().ordinal, allocation.mapped().bytes);
   if (!block.empty()) BlockFreed(block.mapped());
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocAsync, pointer, bytes, stream);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAllocAsync(pointer, bytes, stream);
-  return AllocateFromPool(pointer, bytes, nullptr, stream, [&] { return Real::cuMemAllocAsync(pointer, bytes, stream); });
-} VGPU_CUDA_CATCH
+  return AllocateFromPool(pointer, bytes, nullptr, stream,
+                          [&] { return Real::cuMemAllocAsync(pointer, bytes, stream); });
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocAsync_ptsz, pointer, bytes, stream);
   if (pointer == nullptr || bytes == 0) return Real::cuMemAllocAsync_ptsz(pointer, bytes, stream);
-  return AllocateFromPool(pointer, bytes, nullptr, stream, [&] { return Real::cuMemAllocAsync_ptsz(pointer, bytes, stream); });
-} VGPU_CUDA_CATCH
-extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool, CUstream stream) try {
+  return AllocateFromPool(pointer, bytes, nullptr, stream,
+                          [&] { return Real::cuMemAllocAsync_ptsz(pointer, bytes, stream); });
+}
+VGPU_CUDA_CATCH
+extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool,
+                                                        CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocFromPoolAsync, pointer, bytes, pool, stream);
-  if (pointer == nullptr || bytes == 0 || pool == nullptr) return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream);
-  return AllocateFromPool(pointer, bytes, pool, stream, [&] { return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream); });
-} VGPU_CUDA_CATCH
+  if (pointer == nullptr || bytes == 0 || pool == nullptr)
+    return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream);
+  return AllocateFromPool(pointer, bytes, pool, stream,
+                          [&] { return Real::cuMemAllocFromPoolAsync(pointer, bytes, pool, stream); });
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* pointer, size_t bytes, CUmemoryPool pool,
                                                              CUstream stream) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemAllocFromPoolAsync_ptsz, pointer, bytes, pool, stream);
@@ -697,22 +734,26 @@ extern "C" VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* pointe
   }
   return AllocateFromPool(pointer, bytes, pool, stream,
                           [&] { return Real::cuMemAllocFromPoolAsync_ptsz(pointer, bytes, pool, stream); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return FreeToPool(pointer, stream, Real::cuMemFreeAsync);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr pointer, CUstream stream) try {
   if (CurrentMode() == Mode::failed) return kFailedClosedCuda;
   return FreeToPool(pointer, stream, Real::cuMemFreeAsync_ptsz);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep_bytes) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemPoolTrimTo, pool, keep_bytes);
   const CUresult result = Real::cuMemPoolTrimTo(pool, keep_bytes);
   ReconcilePools();
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemPoolDestroy, pool);
@@ -728,7 +769,8 @@ extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) try {
         // automatically once there are no more outstanding allocations"): the charge stays until then, under a
         // key no real handle can take (a non-canonical address), so that a new pool given the same handle is its own.
         // The record is moved to that key as a node: nothing allocated.
-        const auto retired = reinterpret_cast<CUmemoryPool>((std::uintptr_t{1} << 63) | (++shim.retired_pools << 1) | 1);
+        const auto retired =
+            reinterpret_cast<CUmemoryPool>((std::uintptr_t{1} << 63) | (++shim.retired_pools << 1) | 1);
         bool outstanding = false;
         for (auto& [block, owner] : shim.pool_blocks) {
           if (owner != pool) continue;
@@ -746,12 +788,13 @@ extern "C" VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) try {
     if (charge.ordinal >= 0) Uncharge(charge.ordinal, charge.charged);
   }
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- VMM: charged to the device in the allocation's location; freed when released and unmapped -----------
 
-extern "C" VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes, const CUmemAllocationProp* prop,
-                                           unsigned long long flags) try {
+extern "C" VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                                            const CUmemAllocationProp* prop, unsigned long long flags) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemCreate, handle, bytes, prop, flags);
   if (handle == nullptr || prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return Real::cuMemCreate(handle, bytes, prop, flags);  // host memory is not device memory: not charged
@@ -770,17 +813,19 @@ extern "C" VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle
     }
   }
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemRelease, handle);
   const CUresult result = Real::cuMemRelease(handle);
   if (result == CUDA_SUCCESS) DropVmmReference(handle);
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
-extern "C" VGPU_EXPORT CUresult cuMemMap(CUdeviceptr pointer, size_t bytes, size_t offset, CUmemGenericAllocationHandle handle,
-                                        unsigned long long flags) try {
+extern "C" VGPU_EXPORT CUresult cuMemMap(CUdeviceptr pointer, size_t bytes, size_t offset,
+                                         CUmemGenericAllocationHandle handle, unsigned long long flags) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemMap, pointer, bytes, offset, handle, flags);
   const CUresult result = Real::cuMemMap(pointer, bytes, offset, handle, flags);
   if (result == CUDA_SUCCESS) {
@@ -797,7 +842,8 @@ extern "C" VGPU_EXPORT CUresult cuMemMap(CUdeviceptr pointer, size_t bytes, size
     }
   }
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemUnmap, pointer, bytes);
@@ -810,7 +856,8 @@ extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) tr
     std::uint64_t released[vgpu::policy::kMaxDevices] = {};
     {
       std::lock_guard<std::mutex> guard(shim.mutex);
-      for (auto it = shim.vmm_mappings.lower_bound(pointer); it != shim.vmm_mappings.end() && it->first < pointer + bytes;) {
+      for (auto it = shim.vmm_mappings.lower_bound(pointer);
+           it != shim.vmm_mappings.end() && it->first < pointer + bytes;) {
         if (auto vmm = shim.vmm.find(it->second.first); vmm != shim.vmm.end() && --vmm->second.references <= 0) {
           const int ordinal = vmm->second.ordinal;  // -1: host memory, never charged
           if (ordinal >= 0 && ordinal < vgpu::policy::kMaxDevices) released[ordinal] += vmm->second.bytes;
@@ -822,7 +869,8 @@ extern "C" VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr pointer, size_t bytes) tr
     for (int ordinal = 0; ordinal < vgpu::policy::kMaxDevices; ++ordinal) Uncharge(ordinal, released[ordinal]);
   }
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* address) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMemRetainAllocationHandle, handle, address);
@@ -834,7 +882,8 @@ extern "C" VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocati
     if (auto it = shim.vmm.find(*handle); it != shim.vmm.end()) ++it->second.references;
   }
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- arrays ---------------------------------------------------------------------------------------------
 
@@ -847,30 +896,36 @@ extern "C" VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRA
   d3.Format = desc->Format;
   d3.NumChannels = desc->NumChannels;
   return CreateArrayCharged(array, ArrayBytes(d3, 1), [&] { return Real::cuArrayCreate_v2(array, desc); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArray3DCreate_v2, array, desc);
   if (array == nullptr || desc == nullptr) return Real::cuArray3DCreate_v2(array, desc);
   return CreateArrayCharged(array, ArrayBytes(*desc, 1), [&] { return Real::cuArray3DCreate_v2(array, desc); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuArrayDestroy(CUarray array) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuArrayDestroy, array);
   return DestroyArrayCharged(array, [&] { return Real::cuArrayDestroy(array); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
                                                        unsigned int levels) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMipmappedArrayCreate, array, desc, levels);
   if (array == nullptr || desc == nullptr) return Real::cuMipmappedArrayCreate(array, desc, levels);
-  return CreateArrayCharged(array, ArrayBytes(*desc, levels), [&] { return Real::cuMipmappedArrayCreate(array, desc, levels); });
-} VGPU_CUDA_CATCH
+  return CreateArrayCharged(array, ArrayBytes(*desc, levels),
+                            [&] { return Real::cuMipmappedArrayCreate(array, desc, levels); });
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuMipmappedArrayDestroy, array);
   return DestroyArrayCharged(reinterpret_cast<CUarray>(array), [&] { return Real::cuMipmappedArrayDestroy(array); });
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- the view -------------------------------------------------------------------------------------------
 
@@ -900,7 +955,8 @@ extern "C" VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* tota
   if (total_bytes != nullptr) *total_bytes = total;
   if (free_bytes != nullptr) *free_bytes = free_view;
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) try {
   VGPU_PASSTHROUGH_UNLESS_LIMITED(cuDeviceTotalMem_v2, bytes, device);
@@ -909,35 +965,41 @@ extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice devi
   const std::uint64_t limit = MemoryLimit(device);
   if (limit != 0) *bytes = std::min<std::uint64_t>(limit, *bytes);  // a limit above the device is not a bigger GPU
   return result;
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 
 // ---- the CUDA 2.x/3.0 ABI -------------------------------------------------------------------------------
 // 32-bit sizes, kept by the driver for ancient binaries. Under a limit it is refused rather than left as a way
 // around the cap; without one it is passed through.
 
-#define VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(real, ...)          \
-  do {                                                      \
-    if (Real::real == nullptr) ResolveReal();               \
-    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND; \
-    const Mode mode_ = CurrentMode();                       \
-    if (mode_ == Mode::failed) return kFailedClosedCuda;    \
+#define VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(real, ...)             \
+  do {                                                           \
+    if (Real::real == nullptr) ResolveReal();                    \
+    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND;      \
+    const Mode mode_ = CurrentMode();                            \
+    if (mode_ == Mode::failed) return kFailedClosedCuda;         \
     if (mode_ == Mode::limited) return CUDA_ERROR_NOT_SUPPORTED; \
-    return Real::real(__VA_ARGS__);                         \
+    return Real::real(__VA_ARGS__);                              \
   } while (0)
 
 extern "C" VGPU_EXPORT CUresult cuMemAlloc(unsigned int* pointer, unsigned int bytes) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemAlloc, pointer, bytes);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemAllocPitch(unsigned int* pointer, unsigned int* pitch, unsigned int width,
                                                 unsigned int height, unsigned int element_bytes) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemAllocPitch, pointer, pitch, width, height, element_bytes);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuMemGetInfo, free_bytes, total_bytes);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice device) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuDeviceTotalMem, bytes, device);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH
 extern "C" VGPU_EXPORT CUresult cuCtxCreate(CUcontext* context, unsigned int flags, CUdevice device) try {
   VGPU_LEGACY_REFUSED_UNDER_A_LIMIT(cuCtxCreate, context, flags, device);
-} VGPU_CUDA_CATCH
+}
+VGPU_CUDA_CATCH

@@ -61,9 +61,12 @@ bool UuidFromText(const char* text, std::uint8_t out[16]) {
   for (const char* c = text + 4; *c != '\0' && have < 16; ++c) {
     if (*c == '-') continue;
     int value = -1;
-    if (*c >= '0' && *c <= '9') value = *c - '0';
-    else if (*c >= 'a' && *c <= 'f') value = *c - 'a' + 10;
-    else if (*c >= 'A' && *c <= 'F') value = *c - 'A' + 10;
+    if (*c >= '0' && *c <= '9')
+      value = *c - '0';
+    else if (*c >= 'a' && *c <= 'f')
+      value = *c - 'a' + 10;
+    else if (*c >= 'A' && *c <= 'F')
+      value = *c - 'A' + 10;
     if (value < 0) return false;
     if (high < 0) {
       high = value;
@@ -103,7 +106,8 @@ int OrdinalOf(nvmlDevice_t device, nvmlReturn_t& error) {
   for (int ordinal = 0; ordinal < std::min(count, policy::kMaxDevices); ++ordinal) {
     CUdevice cu_device = 0;
     CUuuid uuid{};
-    if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
+    if (Real::cuDeviceGet(&cu_device, ordinal) != CUDA_SUCCESS ||
+        Real::cuDeviceGetUuid_v2(&uuid, cu_device) != CUDA_SUCCESS) {
       error = NVML_ERROR_UNKNOWN;  // this one might be it
       return kUnknown;
     }
@@ -159,12 +163,14 @@ using namespace vgpu::hooks;
 extern "C" VGPU_EXPORT nvmlReturn_t nvmlInit_v2() try {
   if (const nvmlReturn_t r = InitCommon(); r != NVML_SUCCESS) return r;
   return Real::nvmlInit_v2 != nullptr ? Real::nvmlInit_v2() : NVML_ERROR_LIBRARY_NOT_FOUND;
-} VGPU_NVML_CATCH
+}
+VGPU_NVML_CATCH
 
 extern "C" VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) try {
   if (const nvmlReturn_t r = InitCommon(); r != NVML_SUCCESS) return r;
   return Real::nvmlInitWithFlags != nullptr ? Real::nvmlInitWithFlags(flags) : NVML_ERROR_LIBRARY_NOT_FOUND;
-} VGPU_NVML_CATCH
+}
+VGPU_NVML_CATCH
 
 extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) try {
   if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
@@ -185,7 +191,8 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
     memory->free = free_bytes;
   }
   return result;
-} VGPU_NVML_CATCH
+}
+VGPU_NVML_CATCH
 
 extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) try {
   if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo_v2 == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
@@ -209,4 +216,5 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t devi
     memory->free = free_bytes;
   }
   return result;
-} VGPU_NVML_CATCH
+}
+VGPU_NVML_CATCH

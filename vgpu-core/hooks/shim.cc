@@ -62,10 +62,7 @@ void AfterForkInChild() {
 
 }  // namespace
 
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 std::uint64_t MonotonicNs() { return base::HostMonotonicNs(); }
 
@@ -133,9 +130,10 @@ bool OutOfMemoryInFlight() noexcept {
 void LogFirstException(bool out_of_memory) noexcept {
   if (g_exception_logged.exchange(true, std::memory_order_relaxed)) return;
   // No Log(): it could be what failed. fprintf on a constant string allocates nothing of ours.
-  std::fprintf(stderr, "vgpu[%d]: %s inside a CUDA/NVML call: the call failed with an error, the process goes on "
-               "(further ones are not logged)\n", static_cast<int>(getpid()),
-               out_of_memory ? "out of host memory" : "an internal error");
+  std::fprintf(stderr,
+               "vgpu[%d]: %s inside a CUDA/NVML call: the call failed with an error, the process goes on "
+               "(further ones are not logged)\n",
+               static_cast<int>(getpid()), out_of_memory ? "out of host memory" : "an internal error");
 }
 
 }  // namespace
@@ -217,10 +215,12 @@ Mode Initialize() {
     return Mode::failed;
   }
   shim.mode.store(mode, std::memory_order_release);
-  if (mode == Mode::limited) Log(3, "limits from %s, region %s", shim.config.source.c_str(), shim.config.region_path.c_str());
+  if (mode == Mode::limited)
+    Log(3, "limits from %s, region %s", shim.config.source.c_str(), shim.config.region_path.c_str());
   if (mode == Mode::limited && shim.config.oversubscribe) {
-    Log(2, "CUDA_OVERSUBSCRIBE=true: memory oversubscription (spilling to host memory) is not supported; the memory "
-           "limits hold as given (docs/hami-env.md)");
+    Log(2,
+        "CUDA_OVERSUBSCRIBE=true: memory oversubscription (spilling to host memory) is not supported; the memory "
+        "limits hold as given (docs/hami-env.md)");
   }
   return mode;
 }
@@ -234,8 +234,10 @@ Mode StartMode(Shim& shim) {
     // No driver at all: nothing to protect; hooks report what the missing driver would.
     mode = Mode::passthrough;
   } else if (!StartConfig(shim.config, error)) {
-    if (error.empty()) error = "vgpu: the configuration could not be read (out of host memory when the process started)";
-    std::fprintf(stderr, "%s (pid %d); GPU access is refused (fail closed)\n", error.c_str(), static_cast<int>(getpid()));
+    if (error.empty())
+      error = "vgpu: the configuration could not be read (out of host memory when the process started)";
+    std::fprintf(stderr, "%s (pid %d); GPU access is refused (fail closed)\n", error.c_str(),
+                 static_cast<int>(getpid()));
     mode = Mode::failed;
   } else if (!shim.config.AnyLimit()) {
     mode = Mode::passthrough;
@@ -356,12 +358,17 @@ void RefreshVerdict(const char* path, MonitorVerdict& monitor) {
     state = kVerdictBack;
   }
   if (state != monitor.reported) {
-    static const char* const kSaid[] = {"in use", "missing", "unreadable", "malformed", "stale (older than 1 s, or "
-                                        "stamped ahead of this host's clock)", "going back (its seq is lower than one "
+    static const char* const kSaid[] = {"in use",
+                                        "missing",
+                                        "unreadable",
+                                        "malformed",
+                                        "stale (older than 1 s, or "
+                                        "stamped ahead of this host's clock)",
+                                        "going back (its seq is lower than one "
                                         "already used)"};
     // A missing verdict is the usual case without a monitor: said only at level 3; the others at 2.
-    Log(state == kVerdictMissing || state == kVerdictUsed ? 3 : 2, "the node monitor's verdict %s is %s%s%s",
-        path, kSaid[state], error.empty() || state == kVerdictMissing ? "" : ": ",
+    Log(state == kVerdictMissing || state == kVerdictUsed ? 3 : 2, "the node monitor's verdict %s is %s%s%s", path,
+        kSaid[state], error.empty() || state == kVerdictMissing ? "" : ": ",
         state == kVerdictMissing ? "" : error.c_str());
     monitor.reported = state;
   }
@@ -436,8 +443,10 @@ bool Charge(int ordinal, std::uint64_t bytes, bool for_the_driver) {
     return false;
   }
   std::uint64_t limit = MemoryLimit(ordinal);
-  if (limit == 0) limit = UINT64_MAX;  // counted, not limited: another device of the process has a limit
-  else if (!for_the_driver) limit -= std::min(limit, shim.config.driver_headroom_bytes);
+  if (limit == 0)
+    limit = UINT64_MAX;  // counted, not limited: another device of the process has a limit
+  else if (!for_the_driver)
+    limit -= std::min(limit, shim.config.driver_headroom_bytes);
   ReconcileDriverMemoryIfDue(ordinal);  // the driver's own memory: at most every 100 ms
   if (shim.region->Reserve(device, bytes, limit)) return true;
   // Pools may hold memory the driver has since trimmed: give it back and try once more.

@@ -21,19 +21,19 @@ namespace vgpu::hooks {
 
 enum class Mode : int {
   uninitialized = 0,
-  passthrough = 1,   // no limit configured: hooks forward at once
-  limited = 2,       // limits apply
-  failed = 3,        // configuration or region unusable: fail closed (no GPU rather than the whole GPU)
+  passthrough = 1,  // no limit configured: hooks forward at once
+  limited = 2,      // limits apply
+  failed = 3,       // configuration or region unusable: fail closed (no GPU rather than the whole GPU)
 };
 
 // The node monitor's verdict on this container as last read (docs/node-monitor.md). Guarded by its own mutex.
 struct MonitorVerdict {
   std::mutex mutex;
-  std::uint64_t read_ns = 0;      // CLOCK_MONOTONIC of the last read (0: never): read again after kVerdictReadNs
-  bool usable = false;            // `verdict` parsed, fresh when read, and its seq did not go back
+  std::uint64_t read_ns = 0;  // CLOCK_MONOTONIC of the last read (0: never): read again after kVerdictReadNs
+  bool usable = false;        // `verdict` parsed, fresh when read, and its seq did not go back
   verdict::Verdict verdict;
-  std::uint64_t seq = 0;          // the highest seq used
-  int reported = -1;              // the last state logged (one line per change)
+  std::uint64_t seq = 0;  // the highest seq used
+  int reported = -1;      // the last state logged (one line per change)
 };
 inline constexpr std::uint64_t kVerdictReadNs = 10'000'000;
 
@@ -57,35 +57,35 @@ struct Shim {
   struct Allocation {
     int ordinal;
     std::uint64_t bytes;
-    CUcontext context;                                       // freed with it when the context goes
+    CUcontext context;  // freed with it when the context goes
   };
-  std::unordered_map<CUdeviceptr, Allocation> allocations;   // cuMemAlloc*, managed, pitch
-  std::unordered_map<CUarray, Allocation> arrays;            // arrays and mipmapped arrays
+  std::unordered_map<CUdeviceptr, Allocation> allocations;  // cuMemAlloc*, managed, pitch
+  std::unordered_map<CUarray, Allocation> arrays;           // arrays and mipmapped arrays
   struct Vmm {
-    int ordinal;                                             // -1: not device memory (host locations)
+    int ordinal;  // -1: not device memory (host locations)
     std::uint64_t bytes;
-    int references;                                          // the handle itself + each mapping
+    int references;  // the handle itself + each mapping
   };
   std::unordered_map<CUmemGenericAllocationHandle, Vmm> vmm;
   std::map<CUdeviceptr, std::pair<CUmemGenericAllocationHandle, std::size_t>> vmm_mappings;
   struct PoolCharge {
     int ordinal;
     CUcontext context;
-    std::uint64_t charged;                                   // what the ledger holds for this pool
+    std::uint64_t charged;  // what the ledger holds for this pool
     // Destroyed while blocks were still allocated from it: the driver keeps its memory until they are freed, so
     // the charge stays, under a key of its own (never a real handle), until the last of them goes.
     bool destroyed = false;
   };
   std::unordered_map<CUmemoryPool, PoolCharge> pools;
-  std::uint64_t retired_pools = 0;                           // destroyed pools so far: their keys
-  std::unordered_map<CUdeviceptr, CUmemoryPool> pool_blocks; // stream-ordered allocations -> their pool
+  std::uint64_t retired_pools = 0;                            // destroyed pools so far: their keys
+  std::unordered_map<CUdeviceptr, CUmemoryPool> pool_blocks;  // stream-ordered allocations -> their pool
   struct Context {
     int ordinal;
     std::uint64_t bytes;
   };
-  std::unordered_map<CUcontext, Context> contexts;           // explicit contexts
-  std::uint64_t primary_bytes[policy::kMaxDevices] = {};     // the primary context's charge, per ordinal
-  CUcontext primary_context[policy::kMaxDevices] = {};       // its handle, to forget its allocations with it
+  std::unordered_map<CUcontext, Context> contexts;        // explicit contexts
+  std::uint64_t primary_bytes[policy::kMaxDevices] = {};  // the primary context's charge, per ordinal
+  CUcontext primary_context[policy::kMaxDevices] = {};    // its handle, to forget its allocations with it
 
   MonitorVerdict monitor;  // (its own mutex)
 };
@@ -141,14 +141,14 @@ class MemoryOperation {
 
 // A hook's start: the real function must exist; failed closed: the error; no limit configured: straight through.
 // Limited: the rest of the hook is a MemoryOperation.
-#define VGPU_PASSTHROUGH_UNLESS_LIMITED(real, ...)                 \
-  do {                                                            \
-    if (Real::real == nullptr) ResolveReal();                     \
-    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND;       \
-    const Mode mode_ = CurrentMode();                             \
-    if (mode_ == Mode::failed) return kFailedClosedCuda;          \
-    if (mode_ != Mode::limited) return Real::real(__VA_ARGS__);   \
-  } while (0);                                                    \
+#define VGPU_PASSTHROUGH_UNLESS_LIMITED(real, ...)              \
+  do {                                                          \
+    if (Real::real == nullptr) ResolveReal();                   \
+    if (Real::real == nullptr) return CUDA_ERROR_NOT_FOUND;     \
+    const Mode mode_ = CurrentMode();                           \
+    if (mode_ == Mode::failed) return kFailedClosedCuda;        \
+    if (mode_ != Mode::limited) return Real::real(__VA_ARGS__); \
+  } while (0);                                                  \
   const ::vgpu::hooks::MemoryOperation memory_operation_
 
 // The CUDA error a failed-closed process sees from every hooked call.
@@ -211,10 +211,14 @@ void Log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)
 // memory").
 CUresult CudaErrorOfException() noexcept;
 nvmlReturn_t NvmlErrorOfException() noexcept;
-#define VGPU_CUDA_CATCH \
-  catch (...) { return ::vgpu::hooks::CudaErrorOfException(); }
-#define VGPU_NVML_CATCH \
-  catch (...) { return ::vgpu::hooks::NvmlErrorOfException(); }
+#define VGPU_CUDA_CATCH                           \
+  catch (...) {                                   \
+    return ::vgpu::hooks::CudaErrorOfException(); \
+  }
+#define VGPU_NVML_CATCH                           \
+  catch (...) {                                   \
+    return ::vgpu::hooks::NvmlErrorOfException(); \
+  }
 
 // Runs `record` (which inserts into the shim's maps); false if the host is out of memory, nothing inserted.
 template <typename Record>

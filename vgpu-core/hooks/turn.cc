@@ -21,9 +21,9 @@
 namespace vgpu::hooks::turn {
 namespace {
 
-constexpr std::uint64_t kBaseCycleNs = 20'000'000;    // docs/compute-sharing.md: the base cycle and its bound
+constexpr std::uint64_t kBaseCycleNs = 20'000'000;  // docs/compute-sharing.md: the base cycle and its bound
 constexpr std::uint64_t kCycleMaxNs = 640'000'000;
-constexpr std::uint64_t kRefreshNs = 100'000'000;     // the members are read again, and the heartbeat written
+constexpr std::uint64_t kRefreshNs = 100'000'000;  // the members are read again, and the heartbeat written
 // A launch waiting on another member's work looks again at least this often (the holder lowers its expected end
 // when it sees its work complete); one waiting with its own work in flight asks the driver this often whether it
 // completed.
@@ -50,7 +50,7 @@ struct State {
   int entry = -1;
   std::uint32_t share_permille = 0;
   std::uint64_t gpus = 0;
-  int gpu_of[policy::kMaxDevices];   // CUDA ordinal -> the schedule's GPU index (-1: not scheduled)
+  int gpu_of[policy::kMaxDevices];  // CUDA ordinal -> the schedule's GPU index (-1: not scheduled)
   policy::TurnConfig turn;
   // Refreshed (next_refresh_ns also read without the mutex, to ask the caller for its longest kernel first):
   std::atomic<std::uint64_t> next_refresh_ns{0};
@@ -59,8 +59,8 @@ struct State {
   int me = -1;                         // this container in the plan
   std::atomic<bool> in_plan{false};    // me >= 0 (read without the mutex, to ask for the longest kernel first)
   bool said_unplanned = false;         // a plan that could not be built was said
-  std::uint64_t queued_end_ns[policy::kMaxDevices] = {};  // this process's released work, expected done by here
-  std::uint64_t published_end_ns[policy::kMaxDevices] = {};  // what it last published as busy_until_ns
+  std::uint64_t queued_end_ns[policy::kMaxDevices] = {};        // this process's released work, expected done by here
+  std::uint64_t published_end_ns[policy::kMaxDevices] = {};     // what it last published as busy_until_ns
   std::uint64_t published_window_ns[policy::kMaxDevices] = {};  // ... and as released_until_ns
   std::uint64_t unflushed_ns = 0;  // charged by Released, not yet taken from the shared account
   // Charging what ran (policy::ChargesWhatRan), per CUDA ordinal: the limiter's spent_ns at the last charge (-1: not
@@ -68,7 +68,7 @@ struct State {
   std::int64_t spent_seen_ns[policy::kMaxDevices];
   std::int64_t carried_ns[policy::kMaxDevices] = {};
   std::atomic<bool> charges_what_ran{false};  // (as the plan says; read by Refund without the mutex)
-  std::int64_t decided_balance_ns = 0;  // the balance the last decision saw (LIBCUDA_LOG_LEVEL=4 says it)
+  std::int64_t decided_balance_ns = 0;        // the balance the last decision saw (LIBCUDA_LOG_LEVEL=4 says it)
   // The end of the container's own window the last decision released into (0: none): launches that end inside it
   // go without another decision (others wait for the container's work in its window; the plan has not changed).
   std::uint64_t lease_until_ns[policy::kMaxDevices] = {};
@@ -132,7 +132,8 @@ bool NameGpus(State& s, const policy::Config& config) {
     if (percent == 0) continue;
     CUdevice device = 0;
     CUuuid uuid{};
-    if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS || Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) {
+    if (Real::cuDeviceGet(&device, ordinal) != CUDA_SUCCESS ||
+        Real::cuDeviceGetUuid_v2(&uuid, device) != CUDA_SUCCESS) {
       return false;
     }
     const int g = s.board->GpuIndex(reinterpret_cast<const std::uint8_t*>(uuid.bytes));
@@ -152,8 +153,8 @@ bool SetUp(State& s) {
   Shim& shim = TheShim();
   std::fill(std::begin(s.gpu_of), std::end(s.gpu_of), -1);
   std::fill(std::begin(s.spent_seen_ns), std::end(s.spent_seen_ns), -1);
-  if (shim.config.sharing != policy::Sharing::time_division ||
-      shim.config.policy == policy::ComputePolicy::disable || shim.region == nullptr) {
+  if (shim.config.sharing != policy::Sharing::time_division || shim.config.policy == policy::ComputePolicy::disable ||
+      shim.region == nullptr) {
     return false;
   }
   std::string error;
@@ -169,8 +170,10 @@ bool SetUp(State& s) {
     s.entry = s.board->Join(s.id, s.share_permille, s.gpus, MonotonicNs(), error);
   }
   if (!error.empty()) {
-    Log(1, "time division is off (VGPU_COMPUTE_SHARING=time-division): %s; the compute cap is held by the "
-        "limiter", error.c_str());
+    Log(1,
+        "time division is off (VGPU_COMPUTE_SHARING=time-division): %s; the compute cap is held by the "
+        "limiter",
+        error.c_str());
     return false;
   }
   s.turn.borrow_idle = shim.config.policy == policy::ComputePolicy::standard;
@@ -187,16 +190,15 @@ void SetMe(State& s, int me) {
   s.in_plan.store(me >= 0, std::memory_order_relaxed);
   std::uint64_t beside = 0;
   if (me >= 0 && policy::KeepsOthersOffWhileUndrained(s.plan, static_cast<std::size_t>(me))) {
-    for (int ordinal = 0; ordinal < policy::kMaxDevices; ++ordinal) beside |= s.gpu_of[ordinal] >= 0 ? 1ull << ordinal : 0;
+    for (int ordinal = 0; ordinal < policy::kMaxDevices; ++ordinal)
+      beside |= s.gpu_of[ordinal] >= 0 ? 1ull << ordinal : 0;
   }
   g_beside.store(beside, std::memory_order_release);
   s.charges_what_ran.store(me >= 0 && policy::ChargesWhatRan(s.plan, static_cast<std::size_t>(me)),
                            std::memory_order_relaxed);
 }
 
-bool RefreshDue(const State& s, std::uint64_t now) {
-  return now >= s.next_refresh_ns.load(std::memory_order_relaxed);
-}
+bool RefreshDue(const State& s, std::uint64_t now) { return now >= s.next_refresh_ns.load(std::memory_order_relaxed); }
 
 // Every kRefreshNs: the heartbeat, the entry still ours (else joined again), the members and the plan. Caller
 // holds s.mutex. `longest_ns`: the caller's longest kernel, asked because the refresh was due (else kNoTime).
@@ -219,8 +221,8 @@ void Refresh(State& s, int ordinal, std::uint64_t now, std::uint64_t longest_ns)
   if (longest_ns != policy::kNoTime) schedule::RaiseTo(own->longest_ns, longest_ns);
   schedule::RaiseTo(own->heartbeat_ns, now);
   const schedule::Members members = schedule::ReadMembers(s.board->header(), now);
-  const std::uint64_t cycle = policy::CycleFor(members.members, members.longest_ns,
-                                               s.board->header().base_cycle_ns, s.board->header().cycle_max_ns);
+  const std::uint64_t cycle = policy::CycleFor(members.members, members.longest_ns, s.board->header().base_cycle_ns,
+                                               s.board->header().cycle_max_ns);
   SetMe(s, -1);
   std::fill(std::begin(s.lease_until_ns), std::end(s.lease_until_ns), 0);  // decided on the old plan
   // (Entries are checked as read, and the file's cycle bounds when it is opened: not expected. Said once; the
@@ -403,8 +405,10 @@ bool Undrained(int ordinal) { return ((g_undrained.load(std::memory_order_acquir
 void SetUndrained(int ordinal, bool undrained) {
   if (Undrained(ordinal) == undrained) return;
   const std::uint64_t bit = 1ull << ordinal;
-  if (undrained) g_undrained.fetch_or(bit, std::memory_order_acq_rel);
-  else g_undrained.fetch_and(~bit, std::memory_order_acq_rel);
+  if (undrained)
+    g_undrained.fetch_or(bit, std::memory_order_acq_rel);
+  else
+    g_undrained.fetch_and(~bit, std::memory_order_acq_rel);
 }
 
 // The process's work on the device completed (seen at `now`): its published expected end drops to now. Caller holds
@@ -439,10 +443,13 @@ void LogGoingBeside(State& s, int ordinal, std::uint32_t g, const void* function
   for (std::size_t m = 0; m < s.plan.size(); ++m) {
     if (static_cast<int>(m) == s.me) continue;
     const schedule::GpuState& held = s.board->entry(static_cast<int>(s.entries[m])).gpu[g];
-    const auto ahead = [now](std::uint64_t t) { return (static_cast<long long>(t) - static_cast<long long>(now)) / 1000; };
-    Log(4, "device %d: a launch of %p waited a whole cycle (%llu us) for other containers' work: it goes beside it "
-        "(member %016llx: work expected until %+lld us, released into a window ending %+lld us)", ordinal, function,
-        static_cast<unsigned long long>(s.plan.cycle_ns() / 1000),
+    const auto ahead = [now](std::uint64_t t) {
+      return (static_cast<long long>(t) - static_cast<long long>(now)) / 1000;
+    };
+    Log(4,
+        "device %d: a launch of %p waited a whole cycle (%llu us) for other containers' work: it goes beside it "
+        "(member %016llx: work expected until %+lld us, released into a window ending %+lld us)",
+        ordinal, function, static_cast<unsigned long long>(s.plan.cycle_ns() / 1000),
         static_cast<unsigned long long>(s.plan.member(m).id), ahead(schedule::Load(held.busy_until_ns)),
         ahead(schedule::Load(held.released_until_ns)));
   }
@@ -476,8 +483,10 @@ struct Wait {
 // GPU to release nothing meanwhile (renewed at each look); any other outcome takes the ask back.
 void PublishCutIn(State& s, const policy::Release& release, std::uint64_t now) {
   std::uint64_t& cut_in = s.board->entry(s.entry).cut_in_until_ns;
-  if (release.cut_in_until_ns > now) schedule::RaiseTo(cut_in, release.cut_in_until_ns);
-  else if (schedule::Load(cut_in) > now) schedule::Store(cut_in, 0);
+  if (release.cut_in_until_ns > now)
+    schedule::RaiseTo(cut_in, release.cut_in_until_ns);
+  else if (schedule::Load(cut_in) > now)
+    schedule::Store(cut_in, 0);
 }
 
 // One look at whether the launch may go now: inside the turn already decided (the lease), else by Decide; then only
@@ -506,9 +515,9 @@ policy::Release Look(State& s, int ordinal, std::uint32_t g, std::uint64_t estim
   if (schedule::Load(declined) > now) schedule::Store(declined, 0);
   const bool own = leased || (!release.free && s.plan.OwnerAt(g, now) == s.me);
   if (!leased) {  // (the handover into its window was charged with the decision that set the lease)
-    const std::uint64_t handover_ns = policy::HandoverCharge(s.plan, static_cast<std::size_t>(s.me), g, s.published,
-                                                             release, s.handover_window_ns[ordinal],
-                                                             s.turn.handover_ns, now);
+    const std::uint64_t handover_ns =
+        policy::HandoverCharge(s.plan, static_cast<std::size_t>(s.me), g, s.published, release,
+                               s.handover_window_ns[ordinal], s.turn.handover_ns, now);
     s.unflushed_ns += handover_ns / static_cast<std::uint64_t>(std::popcount(s.gpus));
   }
   std::uint64_t turn_until = own ? release.window.end_ns : 0;
@@ -570,8 +579,10 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
     if (own_pending && caller.drained != nullptr) {
       const bool drained = caller.drained(caller.self);
       guard.lock();
-      if (drained) EndPublishedWork(s, ordinal, g, now);
-      else KeepTurnAhead(s, ordinal, g, now);
+      if (drained)
+        EndPublishedWork(s, ordinal, g, now);
+      else
+        KeepTurnAhead(s, ordinal, g, now);
       guard.unlock();
       if (drained) continue;
       wake = std::min(wake, now + kDrainPollNs);
@@ -582,11 +593,12 @@ Ticket Take(int ordinal, std::uint64_t estimate_ns, const Caller& caller, const 
   if (waited && w.others_ns >= w.cycle_ns) LogGoingBeside(s, ordinal, g, function, MonotonicNs());
   guard.unlock();
   if (waited) {
-    Log(4, "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s, the container's "
-        "balance %+lld us): time division, cycle %llu us", ordinal, function,
-        static_cast<unsigned long long>(estimate_ns / 1000), static_cast<unsigned long long>(ticket.waited_ns / 1000),
-        policy::WaitReasonName(w.first), static_cast<long long>(w.first_balance_ns / 1000),
-        static_cast<unsigned long long>(w.cycle_ns / 1000));
+    Log(4,
+        "device %d: a launch of %p expected to run %llu us waited %llu us for its turn (%s, the container's "
+        "balance %+lld us): time division, cycle %llu us",
+        ordinal, function, static_cast<unsigned long long>(estimate_ns / 1000),
+        static_cast<unsigned long long>(ticket.waited_ns / 1000), policy::WaitReasonName(w.first),
+        static_cast<long long>(w.first_balance_ns / 1000), static_cast<unsigned long long>(w.cycle_ns / 1000));
   }
   return ticket;
 }
@@ -630,8 +642,9 @@ void Released(int ordinal, const Ticket& ticket, std::uint64_t estimate_ns, std:
 }
 
 std::uint64_t BeginBlocking() {
-  const std::uint64_t undrained = g_undrained.load(std::memory_order_acquire) &
-                                  (g_siblings.load(std::memory_order_acquire) | g_beside.load(std::memory_order_acquire));
+  const std::uint64_t undrained =
+      g_undrained.load(std::memory_order_acquire) &
+      (g_siblings.load(std::memory_order_acquire) | g_beside.load(std::memory_order_acquire));
   if (undrained == 0) return 0;
   State& s = TheState();
   std::lock_guard<std::mutex> guard(s.mutex);
@@ -646,8 +659,10 @@ std::uint64_t BeginBlocking() {
     // where it keeps them off (KeepTurnAhead). Not where it spans GPUs: holding a neighbour off while a DDP rank
     // waited here for its collective's peers took 10 to 25 points of the neighbour's 50 % over fakecuda.
     const std::uint64_t until = now + s.plan.cycle_ns();
-    if (KeepsOthersOff(ordinal)) RaiseEnd(s, ordinal, static_cast<std::uint32_t>(s.gpu_of[ordinal]), until);
-    else MoveSiblingEnd(s, ordinal, until, false);
+    if (KeepsOthersOff(ordinal))
+      RaiseEnd(s, ordinal, static_cast<std::uint32_t>(s.gpu_of[ordinal]), until);
+    else
+      MoveSiblingEnd(s, ordinal, until, false);
   }
   return devices;
 }

@@ -105,15 +105,21 @@ CacheState ReadWith(const std::string& path, const Parse& parse, std::string& er
 }  // namespace
 
 CacheState ReadCacheFile(const std::string& path, HamiCache& out, std::string& error) {
-  return ReadWith(path, [&](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
-    return ReadHamiCache(file_bytes, read, out, why);
-  }, error);
+  return ReadWith(
+      path,
+      [&](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
+        return ReadHamiCache(file_bytes, read, out, why);
+      },
+      error);
 }
 
 CacheState ReadRegionCountersFile(const std::string& path, std::vector<RegionCounters>& out, std::string& error) {
-  return ReadWith(path, [&](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
-    return ReadRegionCounters(file_bytes, read, out, why);
-  }, error);
+  return ReadWith(
+      path,
+      [&](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
+        return ReadRegionCounters(file_bytes, read, out, why);
+      },
+      error);
 }
 
 }  // namespace vgpu::monitor

@@ -112,8 +112,9 @@ bool ParseContainer(std::string_view name, std::string_view text, std::string_vi
     } else {
       error += "is not set";
     }
-    error += "; e.g. VGPU_CGROUP=/kubepods.slice/kubepods-pod1234.slice (the container's cgroup, as /proc/<pid>/cgroup "
-             "shows it)";
+    error +=
+        "; e.g. VGPU_CGROUP=/kubepods.slice/kubepods-pod1234.slice (the container's cgroup, as /proc/<pid>/cgroup "
+        "shows it)";
     return false;
   }
   container.cgroup = *cgroup;

@@ -142,9 +142,9 @@ bool ParsePercent(std::string_view text, std::uint32_t& percent) {
 // Reads the all-devices value and the per-device overrides of one limit. As in HAMi-core, a per-device value of 0
 // (or unset) means "use the all-devices value", not "unlimited": a typo cannot lift a limit (fail closed).
 template <typename Value, typename Parse>
-bool ParseDeviceLimits(const Lookup& lookup, std::string_view source, std::string_view base,
-                       std::string_view what, std::string_view example, Parse parse,
-                       std::array<Value, kMaxDevices>& limits, std::string& error) {
+bool ParseDeviceLimits(const Lookup& lookup, std::string_view source, std::string_view base, std::string_view what,
+                       std::string_view example, Parse parse, std::array<Value, kMaxDevices>& limits,
+                       std::string& error) {
   Value all_devices{};
   if (const auto text = lookup(base)) {
     if (!parse(*text, all_devices)) {
@@ -292,12 +292,10 @@ bool ParseControlSwitch(const Lookup& lookup, std::string_view source, Config& c
 }
 
 bool ParseLimits(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
-  if (!ParseDeviceLimits(lookup, source, kMemoryLimit, kSizeWhat, "4Gi", ParseSize, config.memory_limit_bytes,
-                         error)) {
+  if (!ParseDeviceLimits(lookup, source, kMemoryLimit, kSizeWhat, "4Gi", ParseSize, config.memory_limit_bytes, error)) {
     return false;
   }
-  if (!ParseDeviceLimits(lookup, source, kSmLimit, kPercentWhat, "50", ParsePercent, config.sm_limit_percent,
-                         error)) {
+  if (!ParseDeviceLimits(lookup, source, kSmLimit, kPercentWhat, "50", ParsePercent, config.sm_limit_percent, error)) {
     return false;
   }
   // HAMi writes 100 for "the whole GPU"; normalise it to the one spelling of "no limit" that Config promises, after
@@ -313,8 +311,8 @@ bool ParseFilePaths(const Lookup& lookup, std::string_view source, Config& confi
     // Empty means the default (a template that fills the variable in may leave it blank); a relative path would
     // depend on each process's working directory, so processes of one container could attach to different regions.
     if (!text->empty() && !IsAbsolutePath(*text)) {
-      error = ValueError(kSharedCache, *text, source, "an absolute path (or empty for the default)",
-                         "/tmp/vgpu/region");
+      error =
+          ValueError(kSharedCache, *text, source, "an absolute path (or empty for the default)", "/tmp/vgpu/region");
       return false;
     }
     config.region_path = *text;
@@ -364,22 +362,21 @@ bool ParseDriverHeadroom(const Lookup& lookup, std::string_view source, Config& 
   for (std::size_t i = 0; i < config.memory_limit_bytes.size(); ++i) {
     const std::uint64_t limit = config.memory_limit_bytes[i];
     if (limit != 0 && config.driver_headroom_bytes >= limit) {
-      error = ValueError(kDriverHeadroom, *text, source,
-                         "a size under every memory limit (device " + std::to_string(i) + "'s is " +
-                             std::to_string(limit) + " bytes)",
-                         "16Mi");
+      error = ValueError(
+          kDriverHeadroom, *text, source,
+          "a size under every memory limit (device " + std::to_string(i) + "'s is " + std::to_string(limit) + " bytes)",
+          "16Mi");
       return false;
     }
   }
   return true;
 }
 
-bool ParsePolicyPriorityAndLogLevel(const Lookup& lookup, std::string_view source, Config& config,
-                                    std::string& error) {
+bool ParsePolicyPriorityAndLogLevel(const Lookup& lookup, std::string_view source, Config& config, std::string& error) {
   if (const auto text = lookup(kPolicy)) {
     if (!ParsePolicy(*text, config.policy)) {
-      error = ValueError(kPolicy, *text, source, "one of default, force, disable (or DEFAULT, FORCE, DISABLE)",
-                         "force");
+      error =
+          ValueError(kPolicy, *text, source, "one of default, force, disable (or DEFAULT, FORCE, DISABLE)", "force");
       return false;
     }
   }
@@ -466,13 +463,15 @@ bool ParseConfigFile(std::string_view text, std::string_view path,
     if (!IsConfigKey(key) && std::find(extra.begin(), extra.end(), key) == extra.end()) {
       std::string also;
       for (const std::string_view name : extra) also += ", " + std::string(name);
-      error = where + std::to_string(line_number) + ": '" + Printable(key) +
-              "' is not a known variable (CUDA_DEVICE_MEMORY_LIMIT[_0.._15], CUDA_DEVICE_SM_LIMIT[_0.._15], "
-              "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE, "
-              "VGPU_DRIVER_HEADROOM, VGPU_COMPUTE_SHARING, VGPU_SCHEDULE_FILE, CUDA_TASK_PRIORITY, CUDA_DISABLE_CONTROL, "
-              "CUDA_OVERSUBSCRIBE" + also +
-              "); "
-              "e.g. CUDA_DEVICE_MEMORY_LIMIT=4Gi";
+      error =
+          where + std::to_string(line_number) + ": '" + Printable(key) +
+          "' is not a known variable (CUDA_DEVICE_MEMORY_LIMIT[_0.._15], CUDA_DEVICE_SM_LIMIT[_0.._15], "
+          "CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL, VGPU_VERDICT_FILE, "
+          "VGPU_DRIVER_HEADROOM, VGPU_COMPUTE_SHARING, VGPU_SCHEDULE_FILE, CUDA_TASK_PRIORITY, CUDA_DISABLE_CONTROL, "
+          "CUDA_OVERSUBSCRIBE" +
+          also +
+          "); "
+          "e.g. CUDA_DEVICE_MEMORY_LIMIT=4Gi";
       return false;
     }
     const auto previous = std::find_if(seen.begin(), seen.end(), [&](const auto& entry) { return entry.first == key; });

@@ -82,9 +82,8 @@ FileRead ReadWholeFile(const char* path, std::string& text, std::string& error) 
 // A parsed file becomes a Lookup over its entries, so that files and the environment share one parser.
 bool ParseFileText(const std::string& text, const char* path, Config& config, std::string& error) {
   std::vector<std::pair<std::string, std::string>> entries;
-  if (!ParseConfigFile(text, path,
-                       [&](std::string_view key, std::string_view value) { entries.emplace_back(key, value); },
-                       error)) {
+  if (!ParseConfigFile(
+          text, path, [&](std::string_view key, std::string_view value) { entries.emplace_back(key, value); }, error)) {
     return false;
   }
   const Lookup lookup = [&entries](std::string_view key) -> std::optional<std::string> {

@@ -66,7 +66,8 @@ Limiter::Limiter(BudgetCell& cell, const LimiterConfig& config) : cell_(cell), c
 }
 
 void Limiter::RefillOwn(std::uint64_t now_ns) {
-  const auto burst = static_cast<std::int64_t>(std::max<std::uint64_t>(BurstNs(), config_.burst_ns * own_rate_permille_ / 1000));
+  const auto burst =
+      static_cast<std::int64_t>(std::max<std::uint64_t>(BurstNs(), config_.burst_ns * own_rate_permille_ / 1000));
   if (own_refilled_at_ns_ == 0) {
     own_budget_ns_ = static_cast<std::int64_t>(config_.burst_ns * config_.share_permille / 1000);
     own_refilled_at_ns_ = std::max<std::uint64_t>(now_ns, 1);
@@ -80,8 +81,8 @@ void Limiter::RefillOwn(std::uint64_t now_ns) {
 }
 
 std::uint32_t Limiter::OwnRate() const {
-  return std::max<std::uint32_t>(static_cast<std::uint32_t>(std::uint64_t{own_rate_permille_} * own_scale_permille_ / 1000),
-                                 1);
+  return std::max<std::uint32_t>(
+      static_cast<std::uint32_t>(std::uint64_t{own_rate_permille_} * own_scale_permille_ / 1000), 1);
 }
 
 void Limiter::ScaleOwn(std::uint32_t scale_permille, std::uint64_t now_ns) {
@@ -91,10 +92,12 @@ void Limiter::ScaleOwn(std::uint32_t scale_permille, std::uint64_t now_ns) {
   own_scale_permille_ = scale_permille;
 }
 
-std::uint32_t NextMonitorScale(std::uint32_t scale_permille, std::uint32_t used_permille, std::uint32_t limit_permille) {
+std::uint32_t NextMonitorScale(std::uint32_t scale_permille, std::uint32_t used_permille,
+                               std::uint32_t limit_permille) {
   if (limit_permille == 0) return 1000;
   const auto scaled = [&](std::uint32_t used) {
-    return static_cast<std::uint32_t>(std::uint64_t{scale_permille} * limit_permille / std::max<std::uint32_t>(used, 1));
+    return static_cast<std::uint32_t>(std::uint64_t{scale_permille} * limit_permille /
+                                      std::max<std::uint32_t>(used, 1));
   };
   if (used_permille > limit_permille + kMonitorMarginPermille) {
     return std::max(kMonitorLeastScalePermille, scaled(used_permille));
@@ -154,11 +157,13 @@ bool Limiter::Known(const KernelKey& key) const {
 Admission Limiter::Admit(const KernelKey& key, std::uint64_t now_ns, bool bound_in_flight) {
   Admission admission;
   Cost& cost = costs_[key];
-  const std::uint64_t estimate = std::max<std::uint64_t>(cost.count > 0 ? cost.estimate_ns : config_.default_cost_ns, 1);
+  const std::uint64_t estimate =
+      std::max<std::uint64_t>(cost.count > 0 ? cost.estimate_ns : config_.default_cost_ns, 1);
   // Bound what may be queued unmeasured: queued kernels cannot overrun the cap however wrong their estimates. A
   // kernel of unknown cost runs one launch at a time, throttled or not: its runs are then each timed alone.
-  if (bound_in_flight && ((cost.count == 0 && cost.unknown_in_flight > 0) ||
-                          (config_.throttle && in_flight_ns_ > 0 && in_flight_ns_ + estimate > config_.in_flight_max_ns))) {
+  if (bound_in_flight &&
+      ((cost.count == 0 && cost.unknown_in_flight > 0) ||
+       (config_.throttle && in_flight_ns_ > 0 && in_flight_ns_ + estimate > config_.in_flight_max_ns))) {
     admission.wait_for_completion = true;
     return admission;
   }
@@ -207,7 +212,8 @@ std::uint64_t Limiter::PaceNs() const { return std::min(config_.pace_ns, BurstNs
 
 void Limiter::Forget(const KernelKey& key, std::uint64_t charged_ns) {
   in_flight_ns_ -= std::min(in_flight_ns_, charged_ns);
-  if (auto it = costs_.find(key); it != costs_.end() && it->second.unknown_in_flight > 0) --it->second.unknown_in_flight;
+  if (auto it = costs_.find(key); it != costs_.end() && it->second.unknown_in_flight > 0)
+    --it->second.unknown_in_flight;
 }
 
 static std::uint64_t SecondLargest(const std::uint64_t* values, std::uint32_t n) {
@@ -273,8 +279,9 @@ void Limiter::Settle(const KernelKey& key, std::uint64_t charged_ns, std::option
     ++ignored_measurements_;  // missing or garbage: the estimate stands, nothing blocks on it
   }
   if (config_.throttle) {
-    Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted),
-                                      std::memory_order_acq_rel);
+    Atomic(cell_.budget_ns)
+        .fetch_add(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted),
+                   std::memory_order_acq_rel);
   }
   AdjustOwn(static_cast<std::int64_t>(charged_ns) - static_cast<std::int64_t>(accounted));
   AddBusy(cell_, now_ns, BusyOf(key, accounted));
@@ -295,7 +302,8 @@ std::uint64_t Limiter::BusyOf(const Cost* cost, std::uint64_t accounted_ns) {
 
 void Limiter::Cancel(const KernelKey& key, std::uint64_t charged_ns) {
   Forget(key, charged_ns);
-  if (config_.throttle) Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns), std::memory_order_acq_rel);
+  if (config_.throttle)
+    Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged_ns), std::memory_order_acq_rel);
   AdjustOwn(static_cast<std::int64_t>(charged_ns));
 }
 
@@ -352,7 +360,8 @@ std::uint32_t Limiter::TakeWithoutDebt(std::uint64_t now_ns, std::uint32_t n, st
   const std::int64_t shared = Atomic(cell_.budget_ns).load(std::memory_order_acquire);
   RefillOwn(now_ns);
   const std::int64_t have = std::min(shared, own_budget_ns_);
-  n = have <= 0 ? 0 : static_cast<std::uint32_t>(std::min<std::uint64_t>(n, static_cast<std::uint64_t>(have) / each_ns));
+  n = have <= 0 ? 0
+                : static_cast<std::uint32_t>(std::min<std::uint64_t>(n, static_cast<std::uint64_t>(have) / each_ns));
   if (n == 0) return 0;
   const auto total = static_cast<std::int64_t>(n * each_ns);
   if (Atomic(cell_.budget_ns).fetch_sub(total, std::memory_order_acq_rel) < total) {
@@ -464,8 +473,9 @@ void Limiter::SettleWindow(const WindowLaunch* launches, std::size_t count, std:
     }
   }
   if (config_.throttle) {
-    Atomic(cell_.budget_ns).fetch_add(static_cast<std::int64_t>(charged) - static_cast<std::int64_t>(accounted),
-                                      std::memory_order_acq_rel);
+    Atomic(cell_.budget_ns)
+        .fetch_add(static_cast<std::int64_t>(charged) - static_cast<std::int64_t>(accounted),
+                   std::memory_order_acq_rel);
   }
   AdjustOwn(static_cast<std::int64_t>(charged) - static_cast<std::int64_t>(accounted));
   AddBusy(cell_, now_ns, std::min(accounted, estimated));  // see BusyOf

@@ -19,8 +19,10 @@ std::vector<Interval> Intersect(const std::vector<Interval>& free, const std::ve
     const std::uint64_t start = std::max(free[i].start_ns, other[j].start_ns);
     const std::uint64_t end = std::min(free[i].end_ns, other[j].end_ns);
     if (start < end) out.push_back({start, end});
-    if (free[i].end_ns < other[j].end_ns) ++i;
-    else ++j;
+    if (free[i].end_ns < other[j].end_ns)
+      ++i;
+    else
+      ++j;
   }
   return out;
 }
@@ -58,8 +60,10 @@ std::vector<Interval> Merged(std::vector<Interval> pieces) {
   std::sort(pieces.begin(), pieces.end(), [](const Interval& a, const Interval& b) { return a.start_ns < b.start_ns; });
   std::vector<Interval> out;
   for (const Interval& p : pieces) {
-    if (!out.empty() && out.back().end_ns == p.start_ns) out.back().end_ns = p.end_ns;
-    else out.push_back(p);
+    if (!out.empty() && out.back().end_ns == p.start_ns)
+      out.back().end_ns = p.end_ns;
+    else
+      out.push_back(p);
   }
   return out;
 }
@@ -215,14 +219,22 @@ int WindowPlan::OwnerAt(std::uint32_t gpu, std::uint64_t t_ns, Interval* stretch
 
 const char* WaitReasonName(WaitReason reason) {
   switch (reason) {
-    case WaitReason::none: return "none";
-    case WaitReason::window: return "window";
-    case WaitReason::debt: return "debt";
-    case WaitReason::others_work: return "others_work";
-    case WaitReason::fit: return "fit";
-    case WaitReason::sibling: return "sibling";
-    case WaitReason::cut_in: return "cut_in";
-    case WaitReason::lead: return "lead";
+    case WaitReason::none:
+      return "none";
+    case WaitReason::window:
+      return "window";
+    case WaitReason::debt:
+      return "debt";
+    case WaitReason::others_work:
+      return "others_work";
+    case WaitReason::fit:
+      return "fit";
+    case WaitReason::sibling:
+      return "sibling";
+    case WaitReason::cut_in:
+      return "cut_in";
+    case WaitReason::lead:
+      return "lead";
   }
   return "?";
 }
@@ -373,8 +385,8 @@ bool OthersIdle(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::
 // boundary of the owner's work, for a launch that `woke` it (it had been idle kCutInIdleNs). Either is charged: the
 // owner, kept out, gains the credit to win the time back.
 bool FindPromptWindow(const WindowPlan& plan, std::size_t me, std::span<const Published> published,
-                      const Account& account, const TurnConfig& config, int owner, std::uint64_t estimate_ns,
-                      bool woke, std::uint64_t now_ns, Candidate& c) {
+                      const Account& account, const TurnConfig& config, int owner, std::uint64_t estimate_ns, bool woke,
+                      std::uint64_t now_ns, Candidate& c) {
   if (owner < 0 || owner == static_cast<int>(me) || !ChargesWhatRan(plan, me) ||
       !ChargesWhatRan(plan, static_cast<std::size_t>(owner)) || account.balance_ns <= 0) {
     return false;
@@ -475,8 +487,8 @@ Candidate FindWindow(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, 
   if (!Borrowable(me, published, owner, others_idle)) return c;
   c.found = true;
   c.free = true;
-  c.window = {now_ns, BorrowEnd(plan, me, gpu, published, account.balance_ns < 0, others_idle, now_ns,
-                                config.borrow_ahead_ns)};
+  c.window = {now_ns,
+              BorrowEnd(plan, me, gpu, published, account.balance_ns < 0, others_idle, now_ns, config.borrow_ahead_ns)};
   c.whole_ns = c.window.length();
   return c;
 }
@@ -514,8 +526,8 @@ bool Affordable(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::
   if (c.free) return end_ns <= c.window.end_ns;
   // The balance when it ends: window time gained by then, minus its queued work and itself.
   const std::int64_t least = -static_cast<std::int64_t>(estimate_ns / 2);
-  const auto own_after = static_cast<std::int64_t>(plan.OwnTimeIn(me, now_ns, end_ns)) -
-                         static_cast<std::int64_t>(end_ns - now_ns);
+  const auto own_after =
+      static_cast<std::int64_t>(plan.OwnTimeIn(me, now_ns, end_ns)) - static_cast<std::int64_t>(end_ns - now_ns);
   if (account.balance_ns + own_after < least) return false;
   // Credit carries the launch that straddles its window's end, not work queued behind it while the member whose
   // window comes next waits: that one would be kept out of its window by work its own credit cannot win back while
@@ -549,8 +561,8 @@ std::uint64_t UnabsorbedHandoverNs(const WindowPlan& plan, std::uint32_t gpu, st
 }  // namespace
 
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-               const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
-               std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held, std::uint64_t arrived_ns) {
+               const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns, std::uint64_t estimate_ns,
+               std::uint64_t now_ns, bool peers_held, std::uint64_t arrived_ns) {
   if (me >= plan.size() || !Spans(plan.member(me), gpu) || published.size() < plan.size()) {
     return {now_ns, WaitReason::none, {now_ns, kNoTime}, false};  // not scheduled here: the driver's time-slicing
   }
@@ -630,8 +642,7 @@ SiblingTurn UnpackSiblingTurn(std::uint64_t word) {
 }
 
 SiblingStep DecideSibling(const SiblingTurn& seen, std::uint32_t self, std::uint64_t held_since_ns,
-                          std::uint64_t subturn_ns, std::uint64_t end_after_ns, std::uint64_t now_ns,
-                          bool past_bound) {
+                          std::uint64_t subturn_ns, std::uint64_t end_after_ns, std::uint64_t now_ns, bool past_bound) {
   const SiblingTurn taken{self, false, false, std::max(end_after_ns, now_ns)};
   const bool mine = seen.holder == self;
   if (mine && !seen.handed) {

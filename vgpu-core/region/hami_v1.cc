@@ -58,7 +58,8 @@ std::int32_t RecentKernel(const SharedRegion& hami) {
 }
 
 std::int32_t UtilizationSwitch(const SharedRegion& hami) {
-  return std::atomic_ref<std::int32_t>(const_cast<std::int32_t&>(hami.utilization_switch)).load(std::memory_order_relaxed);
+  return std::atomic_ref<std::int32_t>(const_cast<std::int32_t&>(hami.utilization_switch))
+      .load(std::memory_order_relaxed);
 }
 
 namespace {

@@ -260,11 +260,10 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
     error = Quoted(path) + " is not a regular file" + Remedy();
     return false;
   }
-  const std::string expected_size = "a version " + std::to_string(kRegionVersion) + " region file is " +
-                                    std::to_string(kFileBytes) + " bytes";
+  const std::string expected_size =
+      "a version " + std::to_string(kRegionVersion) + " region file is " + std::to_string(kFileBytes) + " bytes";
   const auto truncated = [&] {
-    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" +
-            Remedy();
+    error = Quoted(path) + " is truncated (" + std::to_string(st.st_size) + " bytes; " + expected_size + ")" + Remedy();
     return false;
   };
   unsigned char head[kPrefixBytes];
@@ -274,9 +273,9 @@ bool Validate(int fd, const std::string& path, struct stat& st, std::string& err
   }
   if (!HamiPartOk(head, path, error)) return false;
   unsigned char prefix[kPrefixBytes] = {};
-  const bool has_region = st.st_size >= static_cast<off_t>(kRegionOffset + kPrefixBytes) &&
-                          pread(fd, prefix, kPrefixBytes, static_cast<off_t>(kRegionOffset)) ==
-                              static_cast<ssize_t>(kPrefixBytes);
+  const bool has_region =
+      st.st_size >= static_cast<off_t>(kRegionOffset + kPrefixBytes) &&
+      pread(fd, prefix, kPrefixBytes, static_cast<off_t>(kRegionOffset)) == static_cast<ssize_t>(kPrefixBytes);
   if (!has_region || FieldAt<std::uint64_t>(prefix, offsetof(Region, magic)) != kRegionMagic) {
     error = Quoted(path) + " is a HAMi-core cache file (v" +
             std::to_string(FieldAt<std::uint32_t>(head, offsetof(hami::SharedRegion, major_version))) + "." +
@@ -348,8 +347,8 @@ bool ReadSnapshot(const std::string& path, Snapshot& out, std::string& error) {
     const ssize_t got = pread(fd, bytes + have, sizeof(Region) - have, static_cast<off_t>(kRegionOffset + have));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      error = "cannot read " + Quoted(path) + ": " + (got < 0 ? std::string(std::strerror(errno))
-                                                               : "the file was truncated while being read");
+      error = "cannot read " + Quoted(path) + ": " +
+              (got < 0 ? std::string(std::strerror(errno)) : "the file was truncated while being read");
       close(fd);
       return false;
     }
@@ -832,7 +831,8 @@ void Attachment::SetSmLimitForMonitoring(int device, std::uint32_t percent) {
 void Attachment::SetBreakdownForMonitoring(int device, std::uint64_t context, std::uint64_t module) {
   const int mine = slot_.load(std::memory_order_acquire);
   if (ValidDevice(device) && mine >= 0) {
-    hami::MirrorBreakdown(*hami_, static_cast<std::uint32_t>(mine), static_cast<std::uint32_t>(device), context, module);
+    hami::MirrorBreakdown(*hami_, static_cast<std::uint32_t>(mine), static_cast<std::uint32_t>(device), context,
+                          module);
   }
 }
 

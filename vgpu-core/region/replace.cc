@@ -57,7 +57,7 @@ Kind Classify(int fd, off_t size) {
   }
   kind.version = ReadAt<std::uint32_t>(fd, region + static_cast<off_t>(offsetof(Region, version)));
   kind.what = kind.version > kRegionVersion   ? Kind::newer_region
-              : kind.version < kRegionVersion ? Kind::older_region  // from version 5: liveness at kLivenessBase
+              : kind.version < kRegionVersion ? Kind::older_region     // from version 5: liveness at kLivenessBase
                                               : Kind::damaged_region;  // this version, short or of another size
   return kind;
 }
@@ -75,12 +75,13 @@ bool LockRange(int fd, off_t start, off_t count, short type) {
 // The first process named by a counted slot of HAMi-core's part that still lives (this one aside: a slot naming our
 // pid is a dead process's whose pid we got), or 0. Pids are the container's, as ours.
 pid_t LiveHamiProcess(int fd) {
-  const auto slots = std::clamp<std::int32_t>(
-      ReadAt<std::int32_t>(fd, offsetof(hami::SharedRegion, proc_num)), 0, static_cast<std::int32_t>(hami::kMaxProcs));
+  const auto slots = std::clamp<std::int32_t>(ReadAt<std::int32_t>(fd, offsetof(hami::SharedRegion, proc_num)), 0,
+                                              static_cast<std::int32_t>(hami::kMaxProcs));
   for (std::int32_t s = 0; s < slots; ++s) {
     const off_t slot = static_cast<off_t>(offsetof(hami::SharedRegion, procs) + s * sizeof(hami::ProcSlot));
     if (ReadAt<std::int32_t>(fd, slot + static_cast<off_t>(offsetof(hami::ProcSlot, status))) == 0) continue;
-    const auto pid = static_cast<pid_t>(ReadAt<std::int32_t>(fd, slot + static_cast<off_t>(offsetof(hami::ProcSlot, pid))));
+    const auto pid =
+        static_cast<pid_t>(ReadAt<std::int32_t>(fd, slot + static_cast<off_t>(offsetof(hami::ProcSlot, pid))));
     if (pid <= 0 || pid == getpid()) continue;
     if (kill(pid, 0) == 0 || errno == EPERM) return pid;
   }
@@ -90,12 +91,18 @@ pid_t LiveHamiProcess(int fd) {
 std::string Described(const Kind& kind, off_t size) {
   const std::string bytes = " (" + std::to_string(size) + " bytes)";
   switch (kind.what) {
-    case Kind::hami_core: return "a HAMi-core cache file" + bytes;
-    case Kind::older_region: return "a vgpu region of layout version " + std::to_string(kind.version) + bytes;
-    case Kind::newer_region: return "a vgpu region of layout version " + std::to_string(kind.version) + bytes;
-    case Kind::damaged_region: return "a vgpu region cut short or of another size" + bytes;
-    case Kind::empty: return "an empty file";
-    case Kind::foreign: break;
+    case Kind::hami_core:
+      return "a HAMi-core cache file" + bytes;
+    case Kind::older_region:
+      return "a vgpu region of layout version " + std::to_string(kind.version) + bytes;
+    case Kind::newer_region:
+      return "a vgpu region of layout version " + std::to_string(kind.version) + bytes;
+    case Kind::damaged_region:
+      return "a vgpu region cut short or of another size" + bytes;
+    case Kind::empty:
+      return "an empty file";
+    case Kind::foreign:
+      break;
   }
   return "a file that is no cache file" + bytes;
 }

@@ -75,9 +75,8 @@ bool Validate(int fd, const std::string& path, std::string& error) {
   }
   if (prefix.version != kScheduleVersion || prefix.file_bytes != sizeof(Header) ||
       st.st_size < static_cast<off_t>(sizeof(Header))) {
-    error = Named(path) + " is version " + std::to_string(prefix.version) + " of " +
-            std::to_string(prefix.file_bytes) + " bytes; this shim reads version 1 of " +
-            std::to_string(sizeof(Header)) + " bytes";
+    error = Named(path) + " is version " + std::to_string(prefix.version) + " of " + std::to_string(prefix.file_bytes) +
+            " bytes; this shim reads version 1 of " + std::to_string(sizeof(Header)) + " bytes";
     return false;
   }
   // The cycle's base and bound, which every member's plan is built from: out of range, no plan could be built (a
@@ -123,9 +122,8 @@ Members ReadMembers(const Header& header, std::uint64_t now_ns) {
   for (std::uint32_t e = 0; e < kMaxEntries; ++e) {
     if (Live(header.entries[e], now_ns)) live.push_back(e);
   }
-  std::sort(live.begin(), live.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return Load(header.entries[a].id) < Load(header.entries[b].id);
-  });
+  std::sort(live.begin(), live.end(),
+            [&](std::uint32_t a, std::uint32_t b) { return Load(header.entries[a].id) < Load(header.entries[b].id); });
   for (const std::uint32_t e : live) {
     const Entry& entry = header.entries[e];
     const std::uint64_t id = Load(entry.id);
@@ -201,8 +199,8 @@ class Board::Lock {
 std::unique_ptr<Board> Board::Open(const std::string& path, std::uint64_t base_cycle_ns, std::uint64_t cycle_max_ns,
                                    std::string& error) {
   const Settings settings{base_cycle_ns, cycle_max_ns};
-  const int fd = region::CreateOrOpenShared(path, sizeof(Header), Initialize, &settings, "schedule file", kPathVariable,
-                                            error);
+  const int fd =
+      region::CreateOrOpenShared(path, sizeof(Header), Initialize, &settings, "schedule file", kPathVariable, error);
   if (fd < 0) return nullptr;
   if (!Validate(fd, path, error)) {
     error += "; remove it once no container uses it, or set " + std::string(kPathVariable) + " to another path";

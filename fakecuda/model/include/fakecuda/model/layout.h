@@ -13,17 +13,17 @@
 namespace fakecuda::model {
 
 inline constexpr std::uint64_t kMagic = 0x4144554345'4b4146ULL;  // "FAKECUDA" little-endian
-inline constexpr std::uint32_t kLayoutVersion = 4;  // 4: collective kernels (Op::group, Machine::groups)
+inline constexpr std::uint32_t kLayoutVersion = 4;               // 4: collective kernels (Op::group, Machine::groups)
 
 inline constexpr std::uint32_t kMaxDevices = 8;
 inline constexpr std::uint32_t kMaxProcesses = 256;
 inline constexpr std::uint32_t kMaxStreams = 1024;
-inline constexpr std::uint32_t kStreamDepth = 128;       // queued operations per stream (the launch queue)
+inline constexpr std::uint32_t kStreamDepth = 128;  // queued operations per stream (the launch queue)
 inline constexpr std::uint32_t kKernelNameBytes = 48;
-inline constexpr std::uint32_t kWindowHistory = 16;      // NVML utilization windows kept per device
+inline constexpr std::uint32_t kWindowHistory = 16;  // NVML utilization windows kept per device
 inline constexpr std::uint32_t kNoSlot = 0xffffffffu;
-inline constexpr std::uint32_t kMaxGroups = 16;          // collective groups in use at once
-inline constexpr std::uint32_t kGroupRounds = 128;       // rounds of one group tracked at once (a ring)
+inline constexpr std::uint32_t kMaxGroups = 16;     // collective groups in use at once
+inline constexpr std::uint32_t kGroupRounds = 128;  // rounds of one group tracked at once (a ring)
 
 struct DeviceSpec {
   char preset[32];
@@ -44,9 +44,9 @@ struct DeviceSpec {
   std::uint32_t l2_bytes;
   std::uint32_t pci_bus;
   std::uint32_t power_limit_mw;
-  std::uint64_t memory_bytes;            // physical size, NVML's total
-  std::uint64_t reserved_bytes;          // NVML total minus cuMemGetInfo's total
-  std::uint64_t context_bytes;           // device memory one context costs
+  std::uint64_t memory_bytes;    // physical size, NVML's total
+  std::uint64_t reserved_bytes;  // NVML total minus cuMemGetInfo's total
+  std::uint64_t context_bytes;   // device memory one context costs
   std::uint8_t uuid[16];
 };
 
@@ -56,10 +56,10 @@ struct MachineConfig {
   std::uint32_t device_count;
   SchedulingMode mode;
   std::uint64_t timeslice_ns;
-  std::uint64_t switch_ns;               // time-slicing: a handover between processes, during which nobody runs
-  std::uint64_t nvml_window_ns;          // NVML sample period
-  std::uint64_t nvml_publish_lag_ns;     // a window's value is visible this long after it closes
-  char devices_spec[256];                // FAKECUDA_DEVICES as given, to refuse a mismatching process
+  std::uint64_t switch_ns;            // time-slicing: a handover between processes, during which nobody runs
+  std::uint64_t nvml_window_ns;       // NVML sample period
+  std::uint64_t nvml_publish_lag_ns;  // a window's value is visible this long after it closes
+  char devices_spec[256];             // FAKECUDA_DEVICES as given, to refuse a mismatching process
   DeviceSpec devices[kMaxDevices];
 };
 
@@ -67,17 +67,17 @@ enum class OpKind : std::uint32_t { kernel = 0, marker = 1, gate = 2, wait = 3 }
 
 // One queued operation in a stream's ring. Written completely before the ring's tail is bumped.
 struct Op {
-  std::uint64_t seq;                     // position in the stream, == the tail value when queued
+  std::uint64_t seq;  // position in the stream, == the tail value when queued
   OpKind kind;
-  std::uint32_t gate_open;               // gate: set when the host function returned
+  std::uint32_t gate_open;  // gate: set when the host function returned
   // kernel
-  double remaining_ns;                   // work left, in nanoseconds at full speed
-  std::uint64_t alone_ns;                // duration with the device to itself
-  double sm_fraction;                    // share of the device's SMs it occupies, (0, 1]
+  double remaining_ns;     // work left, in nanoseconds at full speed
+  std::uint64_t alone_ns;  // duration with the device to itself
+  double sm_fraction;      // share of the device's SMs it occupies, (0, 1]
   std::uint64_t queued_ns;
-  std::uint64_t start_ns;                // valid once `started`
-  std::uint64_t end_ns;                  // set when completed (markers too: event timestamps)
-  std::uint64_t ran_ns;                  // kernel: time it ran (its span less the time other processes held the device)
+  std::uint64_t start_ns;  // valid once `started`
+  std::uint64_t end_ns;    // set when completed (markers too: event timestamps)
+  std::uint64_t ran_ns;    // kernel: time it ran (its span less the time other processes held the device)
   std::uint32_t grid[3];
   std::uint32_t block[3];
   char name[kKernelNameBytes];
@@ -90,8 +90,8 @@ struct Op {
   std::uint64_t wait_seq;
   // kernel, collective (group_entry != 0): it holds the device from its start but does no work until every member of
   // its round has started (or left), as a collective kernel waits for its peers on the other devices.
-  std::uint32_t group_entry;             // 1 + its group's index in Machine::groups; 0: not a collective
-  std::uint32_t round;                   // this member's launches of its group before this one
+  std::uint32_t group_entry;  // 1 + its group's index in Machine::groups; 0: not a collective
+  std::uint32_t round;        // this member's launches of its group before this one
 };
 
 inline constexpr std::uint32_t kStartedCaughtUp = 2;
@@ -100,35 +100,35 @@ enum class StreamState : std::uint32_t { free = 0, live = 1, draining = 2 };  //
 
 struct Stream {
   StreamState state;
-  std::uint32_t slot;                    // owning process slot
+  std::uint32_t slot;  // owning process slot
   std::uint32_t device;
-  std::uint32_t flags;                   // CU_STREAM_NON_BLOCKING etc., as given
-  std::uint64_t generation;              // bumped on every reuse, so stale references are detectable
+  std::uint32_t flags;       // CU_STREAM_NON_BLOCKING etc., as given
+  std::uint64_t generation;  // bumped on every reuse, so stale references are detectable
   std::int32_t priority;
   std::uint32_t reserved0;
-  std::uint64_t head;                    // ops [head, tail) are pending
+  std::uint64_t head;  // ops [head, tail) are pending
   std::uint64_t tail;
-  std::uint64_t last_end_ns;             // when the most recent op completed
+  std::uint64_t last_end_ns;  // when the most recent op completed
   Op ring[kStreamDepth];
 };
 
 enum class SlotState : std::uint32_t { free = 0, claiming = 1, live = 2 };
 
 struct NvmlSample {
-  std::uint64_t timestamp_us;            // CLOCK_REALTIME microseconds, as NVML reports
+  std::uint64_t timestamp_us;  // CLOCK_REALTIME microseconds, as NVML reports
   std::uint32_t sm_percent;
   std::uint32_t valid;
 };
 
 struct ProcessSlot {
   SlotState state;
-  std::int32_t pid;                      // as seen by the process itself
+  std::int32_t pid;  // as seen by the process itself
   std::uint64_t generation;
   std::uint64_t started_ns;
-  std::uint32_t mps_sm_count[kMaxDevices];       // 0 = whole device
+  std::uint32_t mps_sm_count[kMaxDevices];  // 0 = whole device
   std::uint32_t contexts[kMaxDevices];
-  std::uint64_t memory_bytes[kMaxDevices];       // allocations and contexts charged to this process
-  std::uint64_t window_busy_ns[kMaxDevices];     // device time in the current NVML window
+  std::uint64_t memory_bytes[kMaxDevices];    // allocations and contexts charged to this process
+  std::uint64_t window_busy_ns[kMaxDevices];  // device time in the current NVML window
   std::uint64_t busy_total_ns[kMaxDevices];
   NvmlSample latest_sample[kMaxDevices];
 };
@@ -140,53 +140,53 @@ struct UtilWindow {
 };
 
 struct DeviceTimeline {
-  std::uint64_t advanced_to_ns;          // the timeline is exact up to here
-  std::uint32_t active_slot;             // time-slicing: the process that owns the device now
-  std::uint32_t stream_high_water;       // streams [0, high_water) may belong to this device
+  std::uint64_t advanced_to_ns;     // the timeline is exact up to here
+  std::uint32_t active_slot;        // time-slicing: the process that owns the device now
+  std::uint32_t stream_high_water;  // streams [0, high_water) may belong to this device
   std::uint64_t slice_end_ns;
-  std::uint64_t switch_until_ns;         // a handover to active_slot is in progress until then
+  std::uint64_t switch_until_ns;  // a handover to active_slot is in progress until then
   std::uint64_t window_start_ns;
   std::uint64_t window_busy_ns;
   std::uint64_t busy_total_ns;
   std::uint64_t kernels_completed;
-  std::uint64_t memory_used_bytes;       // derived: sum of slots' memory_bytes; repaired after a crash
-  std::uint32_t window_count;            // windows closed so far (history index = count % kWindowHistory)
-  std::uint32_t last_sample_slot;        // the process the latest per-process sample named (ties rotate past it)
+  std::uint64_t memory_used_bytes;  // derived: sum of slots' memory_bytes; repaired after a crash
+  std::uint32_t window_count;       // windows closed so far (history index = count % kWindowHistory)
+  std::uint32_t last_sample_slot;   // the process the latest per-process sample named (ties rotate past it)
   UtilWindow windows[kWindowHistory];
 };
 
 // One collective group: its members (one per device, each the launching process's slot) and its recent rounds.
 struct GroupRound {
   std::uint64_t round;
-  std::uint32_t started;                 // members whose kernel of this round has started
+  std::uint32_t started;  // members whose kernel of this round has started
   std::uint32_t reserved0;
-  std::uint64_t last_start_ns;           // when the last of them started: the round is released then
+  std::uint64_t last_start_ns;  // when the last of them started: the round is released then
 };
 
 struct CollectiveGroup {
-  std::uint64_t id;                      // 0: a free entry
-  std::uint32_t size;                    // members the group has (the launch says)
-  std::uint32_t left;                    // members whose process has gone: their rounds never start
-  std::uint64_t left_at_ns;              // when the latest of them went
+  std::uint64_t id;                         // 0: a free entry
+  std::uint32_t size;                       // members the group has (the launch says)
+  std::uint32_t left;                       // members whose process has gone: their rounds never start
+  std::uint64_t left_at_ns;                 // when the latest of them went
   std::uint32_t member_slots[kMaxDevices];  // by device: the process launching there (kNoSlot: none yet)
   std::uint64_t next_round[kMaxDevices];    // by device: the round of the next launch there
-  GroupRound rounds[kGroupRounds];       // round r at r % kGroupRounds
+  GroupRound rounds[kGroupRounds];          // round r at r % kGroupRounds
 };
 
 struct Machine {
   std::uint64_t magic;
   std::uint32_t layout_version;
   std::uint32_t machine_bytes;
-  std::uint64_t created_ns;              // CLOCK_MONOTONIC at creation: the NVML window grid's origin
-  std::int64_t realtime_offset_us;       // CLOCK_REALTIME - CLOCK_MONOTONIC at creation, in us
+  std::uint64_t created_ns;         // CLOCK_MONOTONIC at creation: the NVML window grid's origin
+  std::int64_t realtime_offset_us;  // CLOCK_REALTIME - CLOCK_MONOTONIC at creation, in us
   std::uint64_t last_reap_ns;
   std::uint64_t next_generation;
-  alignas(64) unsigned char lock_storage[64];   // the state layer's robust pthread mutex
+  alignas(64) unsigned char lock_storage[64];  // the state layer's robust pthread mutex
   MachineConfig config;
   DeviceTimeline devices[kMaxDevices];
   ProcessSlot slots[kMaxProcesses];
   Stream streams[kMaxStreams];
-  std::uint32_t groups_in_use;           // entries of `groups` with an id: 0 keeps Advance off the lockstep path
+  std::uint32_t groups_in_use;  // entries of `groups` with an id: 0 keeps Advance off the lockstep path
   std::uint32_t reserved1;
   CollectiveGroup groups[kMaxGroups];
 };

@@ -27,8 +27,7 @@ const char* PresetNames();
 MachineConfig DefaultConfig();
 
 // Fills a freshly zeroed machine. `now_ns` is CLOCK_MONOTONIC (or virtual) time.
-void InitMachine(Machine& machine, const MachineConfig& config, std::uint64_t now_ns,
-                 std::int64_t realtime_offset_us);
+void InitMachine(Machine& machine, const MachineConfig& config, std::uint64_t now_ns, std::int64_t realtime_offset_us);
 
 // ---- kernel cost -----------------------------------------------------------------------------------
 
@@ -42,8 +41,8 @@ struct LaunchShape {
 std::uint32_t ResidentBlocksPerSm(const DeviceSpec& spec, const LaunchShape& shape);
 
 struct KernelCost {
-  std::uint64_t alone_ns;   // duration with `sm_count` SMs to itself
-  double sm_fraction;       // share of the whole device it occupies
+  std::uint64_t alone_ns;  // duration with `sm_count` SMs to itself
+  double sm_fraction;      // share of the whole device it occupies
 };
 
 // `sm_count` is the SMs this process may use (the device's, or fewer under MPS).
@@ -55,8 +54,7 @@ KernelCost CostKernel(const DeviceSpec& spec, std::uint32_t sm_count, const Laun
 class TimelineListener {
  public:
   virtual ~TimelineListener() = default;
-  virtual void OnKernelComplete(const Machine& machine, std::uint32_t device, std::uint32_t stream,
-                                const Op& op) = 0;
+  virtual void OnKernelComplete(const Machine& machine, std::uint32_t device, std::uint32_t stream, const Op& op) = 0;
 };
 
 // Brings `device` up to `now_ns`: schedules kernels (time slices or MPS sharing), completes operations,
@@ -94,12 +92,10 @@ struct KernelLaunch {
   std::uint32_t group_size = 0;
 };
 
-EnqueueResult EnqueueKernel(Machine& machine, std::uint32_t stream, const KernelLaunch& launch,
-                            std::uint64_t now_ns, std::uint64_t* seq_out);
-EnqueueResult EnqueueMarker(Machine& machine, std::uint32_t stream, std::uint64_t now_ns,
+EnqueueResult EnqueueKernel(Machine& machine, std::uint32_t stream, const KernelLaunch& launch, std::uint64_t now_ns,
                             std::uint64_t* seq_out);
-EnqueueResult EnqueueGate(Machine& machine, std::uint32_t stream, std::uint64_t now_ns,
-                          std::uint64_t* seq_out);
+EnqueueResult EnqueueMarker(Machine& machine, std::uint32_t stream, std::uint64_t now_ns, std::uint64_t* seq_out);
+EnqueueResult EnqueueGate(Machine& machine, std::uint32_t stream, std::uint64_t now_ns, std::uint64_t* seq_out);
 EnqueueResult EnqueueWait(Machine& machine, std::uint32_t stream, std::uint32_t target_stream,
                           std::uint64_t target_generation, std::uint64_t target_seq, std::uint64_t now_ns);
 void OpenGate(Machine& machine, std::uint32_t stream, std::uint64_t seq);
@@ -116,7 +112,7 @@ std::uint64_t LowerBoundRemainingNs(const Machine& machine, std::uint32_t stream
 
 // ---- memory ---------------------------------------------------------------------------------------------
 
-std::uint64_t CudaTotalBytes(const DeviceSpec& spec);             // what cuMemGetInfo calls total
+std::uint64_t CudaTotalBytes(const DeviceSpec& spec);  // what cuMemGetInfo calls total
 std::uint64_t CudaFreeBytes(const Machine& machine, std::uint32_t device);
 // Charges `bytes` to `slot` on `device` if they fit under cuMemGetInfo's total. False = out of memory.
 bool Charge(Machine& machine, std::uint32_t device, std::uint32_t slot, std::uint64_t bytes);

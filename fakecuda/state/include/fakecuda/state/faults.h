@@ -48,24 +48,24 @@
 namespace fakecuda::faults {
 
 inline constexpr std::size_t kMaxRules = 32;
-inline constexpr std::size_t kMaxSymbolBytes = 128;       // including the terminating NUL
+inline constexpr std::size_t kMaxSymbolBytes = 128;  // including the terminating NUL
 inline constexpr std::size_t kMaxErrorNameBytes = 64;
-inline constexpr std::size_t kMaxFaultsTextBytes = 4096;  // longest FAKECUDA_FAULTS accepted
+inline constexpr std::size_t kMaxFaultsTextBytes = 4096;                   // longest FAKECUDA_FAULTS accepted
 inline constexpr std::uint64_t kMaxCallNumber = 1'000'000'000'000'000ull;  // bound of `after` and `count`
-inline constexpr std::uint64_t kMaxDelayUs = 10'000'000;                  // 10 s
+inline constexpr std::uint64_t kMaxDelayUs = 10'000'000;                   // 10 s
 inline constexpr std::uint64_t kUnlimited = std::numeric_limits<std::uint64_t>::max();
 inline constexpr std::uint64_t kDefaultSeed = 1;
 
 // One parsed rule, as written.
 struct Rule {
-  std::string text;                 // the rule as written, for messages
-  std::string symbol;               // exported symbol name, or "*" for every symbol
-  std::string error;                // e.g. "CUDA_ERROR_OUT_OF_MEMORY"; empty for a delay-only rule
-  double probability = 1.0;         // in [0, 1]
-  std::uint64_t after = 0;          // matching calls left alone before the rule may hit
-  std::uint64_t count = kUnlimited; // most hits
-  std::uint64_t delay_us = 0;       // sleep on a hit
-  bool garbage = false;             // an NVML getter succeeds with absurd outputs
+  std::string text;                  // the rule as written, for messages
+  std::string symbol;                // exported symbol name, or "*" for every symbol
+  std::string error;                 // e.g. "CUDA_ERROR_OUT_OF_MEMORY"; empty for a delay-only rule
+  double probability = 1.0;          // in [0, 1]
+  std::uint64_t after = 0;           // matching calls left alone before the rule may hit
+  std::uint64_t count = kUnlimited;  // most hits
+  std::uint64_t delay_us = 0;        // sleep on a hit
+  bool garbage = false;              // an NVML getter succeeds with absurd outputs
 };
 
 // Parses FAKECUDA_FAULTS text into `rules` (appending). Pure. Empty text and empty rules (";;") are
@@ -83,28 +83,28 @@ std::uint64_t SplitMix64At(std::uint64_t state, std::uint64_t index);
 
 // What a fake library tells this layer about itself.
 struct Library {
-  const char* name;                               // "libcuda.so.1", for messages
-  const char* symbol_prefix;                      // "cu" / "nvml": rules for such CALLs belong to it
-  const char* error_prefix;                       // "CUDA_ERROR_" / "NVML_ERROR_"
-  int (*error_code_of)(std::string_view name);    // the code (> 0) of an error name, or <= 0 if unknown
-  bool (*exports)(std::string_view symbol);       // optional (may be null): is `symbol` exported
+  const char* name;                             // "libcuda.so.1", for messages
+  const char* symbol_prefix;                    // "cu" / "nvml": rules for such CALLs belong to it
+  const char* error_prefix;                     // "CUDA_ERROR_" / "NVML_ERROR_"
+  int (*error_code_of)(std::string_view name);  // the code (> 0) of an error name, or <= 0 if unknown
+  bool (*exports)(std::string_view symbol);     // optional (may be null): is `symbol` exported
   // Optional (null: none): can `symbol` return garbage (a getter whose outputs the library knows how to spoil).
   bool (*garbage_capable)(std::string_view symbol) = nullptr;
 };
 
 // What a check decided for one call.
 struct Outcome {
-  int error = 0;                    // 0 or the error code the call must return
-  bool garbage = false;             // the call runs, then its outputs are replaced (only when error is 0)
-  std::uint64_t garbage_seed = 0;   // where the garbage values come from (SplitMix64At(garbage_seed, 1, 2, ...))
+  int error = 0;                   // 0 or the error code the call must return
+  bool garbage = false;            // the call runs, then its outputs are replaced (only when error is 0)
+  std::uint64_t garbage_seed = 0;  // where the garbage values come from (SplitMix64At(garbage_seed, 1, 2, ...))
 };
 
 // One hit, as the record (FAKECUDA_FAULT_LOG) writes it.
 struct Hit {
   const char* symbol;
-  std::size_t rule;                 // 1-based position of the rule in FAKECUDA_FAULTS
-  std::uint64_t call;               // the rule's matching-call number that was hit (1-based)
-  const char* error;                // the error's name, or "" for a delay or garbage rule
+  std::size_t rule;    // 1-based position of the rule in FAKECUDA_FAULTS
+  std::uint64_t call;  // the rule's matching-call number that was hit (1-based)
+  const char* error;   // the error's name, or "" for a delay or garbage rule
   std::uint64_t delay_us;
   bool garbage;
 };
@@ -136,17 +136,17 @@ class Injector {
   struct Active {
     char symbol[kMaxSymbolBytes] = {};
     char error_name[kMaxErrorNameBytes] = {};
-    std::size_t number = 0;                         // 1-based position in the rules as given
+    std::size_t number = 0;  // 1-based position in the rules as given
     bool wildcard = false;
     bool garbage = false;
-    int error_code = 0;                             // 0: delay or garbage only
+    int error_code = 0;  // 0: delay or garbage only
     double probability = 1.0;
     std::uint64_t after = 0;
     std::uint64_t count = kUnlimited;
     std::uint64_t delay_us = 0;
     std::uint64_t generator_start = 0;
-    std::atomic<std::uint64_t> calls{0};            // matching calls so far
-    std::atomic<std::uint64_t> hits{0};             // hits so far, never above `count`
+    std::atomic<std::uint64_t> calls{0};  // matching calls so far
+    std::atomic<std::uint64_t> hits{0};   // hits so far, never above `count`
   };
   Active rules_[kMaxRules] = {};
   std::size_t rule_count_ = 0;

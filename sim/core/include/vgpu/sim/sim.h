@@ -30,13 +30,13 @@ struct Workload {
   // mixed: every size is one function with one launch shape (a spin kernel told its duration by an argument, as
   // vgpu-tenant's is), so the limiter cannot tell them apart. false: each size is its own kernel.
   bool sizes_share_one_kernel = false;
-  std::uint32_t jitter_permille = 0;         // each kernel's duration varies uniformly by +/- this much
-  std::uint32_t queue_depth = 4;             // 1 .. 128 (the model's stream queue)
+  std::uint32_t jitter_permille = 0;  // each kernel's duration varies uniformly by +/- this much
+  std::uint32_t queue_depth = 4;      // 1 .. 128 (the model's stream queue)
   // closed_loop, mixed: launch `queue_depth` kernels, then wait until all of them complete (a synchronize), then the
   // next `queue_depth`: a training loop that synchronizes every few steps (tests/gpu/repro/mm_loop.py: four bf16
   // matmuls, then torch.cuda.synchronize). false: keep `queue_depth` in flight.
   bool drain = false;
-  double launches_per_second = 1000;         // rate
+  double launches_per_second = 1000;  // rate
   // A job spanning GPUs (a DDP step's all_reduce): after every `collective_every` kernels, one collective kernel of
   // `collective_ns` among `collective_ranks` processes, one per device, of group `collective_group` (0: the
   // tenant's index + 1). fakecuda makes it wait for the other ranks' to start. 0: none.
@@ -66,8 +66,8 @@ struct Segment {
 
 struct Process {
   Workload workload;
-  std::uint64_t start_ns = 0;                // first launch (idle before: a tenant that arrives later)
-  std::uint64_t stop_ns = UINT64_MAX;        // no launch from here on
+  std::uint64_t start_ns = 0;          // first launch (idle before: a tenant that arrives later)
+  std::uint64_t stop_ns = UINT64_MAX;  // no launch from here on
   // If not empty: the process's schedule instead of workload/start/stop, in time order, not overlapping (the gaps
   // are idle). Each segment's kernels are distinct kernels from the other segments' (their own cost entries).
   std::vector<Segment> segments;
@@ -82,10 +82,10 @@ struct Process {
 };
 
 struct Tenant {
-  std::string name;                          // letters, digits, '-', '_', '.'
-  std::uint32_t share_percent = 100;         // CUDA_DEVICE_SM_LIMIT: 1 .. 100; 0 = no limit, as 100
+  std::string name;                   // letters, digits, '-', '_', '.'
+  std::uint32_t share_percent = 100;  // CUDA_DEVICE_SM_LIMIT: 1 .. 100; 0 = no limit, as 100
   Policy policy = Policy::force;
-  std::vector<Process> processes;            // each its own limiter over the tenant's one budget cell
+  std::vector<Process> processes;  // each its own limiter over the tenant's one budget cell
   // The limiter's own settings, for experiments; 0 = the limiter's default.
   std::uint64_t burst_ns = 0;
   std::uint64_t in_flight_max_ns = 0;
@@ -126,12 +126,12 @@ enum class Sharing {
 };
 
 struct Scenario {
-  std::string device = "h100-80gb";          // a FAKECUDA_DEVICES spec; processes say which device they use
+  std::string device = "h100-80gb";  // a FAKECUDA_DEVICES spec; processes say which device they use
   std::uint64_t timeslice_ns = 2 * kMillisecondNs;
-  std::uint64_t switch_ns = 0;               // a handover between processes (an H100: ~160 us; scenarios pass it)
+  std::uint64_t switch_ns = 0;  // a handover between processes (an H100: ~160 us; scenarios pass it)
   std::uint64_t duration_ns = 6 * kSecondNs;
-  std::uint64_t settle_ns = kSecondNs;       // windows starting before this are not judged
-  std::uint64_t window_ns = kSecondNs;       // the share is measured per window; duration and settle are multiples
+  std::uint64_t settle_ns = kSecondNs;  // windows starting before this are not judged
+  std::uint64_t window_ns = kSecondNs;  // the share is measured per window; duration and settle are multiples
   std::uint64_t observe_period_ns = 100 * kMillisecondNs;  // `default` policy: how often NVML is read
   std::uint64_t seed = 1;
   Measurement measurement = Measurement::shim;
@@ -145,8 +145,8 @@ struct Scenario {
   // boundary of a busy one's work instead of waiting for its own window. False: for comparisons.
   bool prompt_service = true;
   std::vector<Tenant> tenants;
-  bool record_trace = false;                 // fills Result::trace (a line per kernel: big for short kernels)
-  bool record_waits = false;                 // fills TenantResult::launch_waits_ns
+  bool record_trace = false;  // fills Result::trace (a line per kernel: big for short kernels)
+  bool record_waits = false;  // fills TenantResult::launch_waits_ns
   // If not 0: every sample_ns, each tenant's cumulative busy time is recorded (TenantResult::busy_samples_ns);
   // duration_ns must be a multiple.
   std::uint64_t sample_ns = 0;
@@ -159,11 +159,11 @@ struct Scenario {
 // devices; TenantResult::cap says so).
 struct TenantResult {
   std::string name;
-  double cap = 1.0;                          // the share as a fraction, times the devices its processes use
-  std::vector<double> window_shares;         // every whole window from time 0: busy fraction of the window
-  double mean_share = 0;                     // over the windows from settle_ns on
-  double worst_window_error = 0;             // largest |window share - cap| over those windows
-  std::uint64_t kernels = 0;                 // completed
+  double cap = 1.0;                   // the share as a fraction, times the devices its processes use
+  std::vector<double> window_shares;  // every whole window from time 0: busy fraction of the window
+  double mean_share = 0;              // over the windows from settle_ns on
+  double worst_window_error = 0;      // largest |window share - cap| over those windows
+  std::uint64_t kernels = 0;          // completed
   // Scenario::sample_ns: the tenant's cumulative busy time (the model's exact per-process device time, summed over
   // its processes) at sample_ns, 2 x sample_ns, ..., duration_ns.
   std::vector<std::uint64_t> busy_samples_ns;
@@ -176,14 +176,14 @@ struct TenantResult {
 };
 
 struct Result {
-  std::string error;                         // not empty: the scenario was refused, nothing ran
+  std::string error;  // not empty: the scenario was refused, nothing ran
   std::uint64_t seed = 0;
   std::vector<TenantResult> tenants;
-  std::string trace;                         // JSON lines (sim/core/README.md), when Scenario::record_trace
-  std::uint64_t trace_digest = 0;            // FNV-1a 64 of `trace`
+  std::string trace;               // JSON lines (sim/core/README.md), when Scenario::record_trace
+  std::uint64_t trace_digest = 0;  // FNV-1a 64 of `trace`
   std::uint64_t kernels = 0;
-  std::uint64_t loop_steps = 0;              // iterations of the event loop
-  std::uint64_t late_reactions = 0;          // a process acting later than it should have: must be 0
+  std::uint64_t loop_steps = 0;      // iterations of the event loop
+  std::uint64_t late_reactions = 0;  // a process acting later than it should have: must be 0
   // time_division: launches that waited, by reason (policy::WaitReason: window, debt, others_work, fit, sibling,
   // cut_in, lead),
   // and the waits' total and longest time.

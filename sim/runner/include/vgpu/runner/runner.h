@@ -16,11 +16,11 @@ enum class Mode { virtual_time, live };
 
 struct Options {
   Mode mode = Mode::virtual_time;
-  std::string trace_path;   // JSON lines written here as the run goes; "" = kept in Outcome::trace only
+  std::string trace_path;  // JSON lines written here as the run goes; "" = kept in Outcome::trace only
   // Where the built pieces are: lib/libvgpu.so, lib/libcuda.so.1 and lib/libnvidia-ml.so.1 (fakecuda), and
   // bin/vgpu-tenant, bin/vgpu-sampler (live mode). "" = VGPU_INSTALL_DIR from the environment.
   std::string install_dir;
-  std::string work_dir;     // temporary files (regions, the fake machine); "" = a new directory under TMPDIR
+  std::string work_dir;  // temporary files (regions, the fake machine); "" = a new directory under TMPDIR
   // Called from the running thread at least once per second of scenario time (and at the end with 1.0).
   std::function<void(double fraction_done, const std::string& what)> progress;
   const std::atomic<bool>* cancel = nullptr;  // set to stop early: processes are killed, the trace is closed
@@ -31,9 +31,9 @@ struct Options {
 };
 
 struct Outcome {
-  bool ok = false;          // false: `error` says why (nothing ran, or the run was cut short)
+  bool ok = false;  // false: `error` says why (nothing ran, or the run was cut short)
   std::string error;
-  std::string trace;        // the whole trace when Options::trace_path is "" (else empty)
+  std::string trace;  // the whole trace when Options::trace_path is "" (else empty)
   double wall_seconds = 0;
 };
 

@@ -44,8 +44,8 @@ struct PeriodFigures {
   bool hami = false;  // --hami-metrics: the hami_* series and vgpu_container_hami_cache_valid
   std::vector<CacheFigures> caches;
   std::vector<CounterFigures> counters;  // vgpu_container_throttled_seconds_total, _refused_allocations_total
-  std::uint64_t periods = 0;   // periods judged so far, this one included
-  std::uint64_t stamp_ns = 0;  // CLOCK_REALTIME at the end of the period
+  std::uint64_t periods = 0;             // periods judged so far, this one included
+  std::uint64_t stamp_ns = 0;            // CLOCK_REALTIME at the end of the period
 };
 
 // The exposition text (Prometheus text format 0.0.4) of one period: families in a fixed order, each with its HELP and

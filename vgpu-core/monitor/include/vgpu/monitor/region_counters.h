@@ -14,8 +14,8 @@ namespace vgpu::monitor {
 // One device of the region: the container's monitoring counters there (the container's word: Device::held_ns and
 // Device::refused_allocations, written by its processes).
 struct RegionCounters {
-  std::string uuid;                      // NVML's form of the device's UUID ("GPU-" and 32 hex digits)
-  std::uint64_t held_ns = 0;             // launches' waits for the compute limiter, in all
+  std::string uuid;                       // NVML's form of the device's UUID ("GPU-" and 32 hex digits)
+  std::uint64_t held_ns = 0;              // launches' waits for the compute limiter, in all
   std::uint64_t refused_allocations = 0;  // allocations refused at the memory limit
 };
 

@@ -54,7 +54,7 @@ struct Config {
   // CUDA_TASK_PRIORITY (HAMi's device plugin sets it from the pod's nvidia.com/priority: a lower number is a higher
   // priority), written where HAMi's monitor reads it (docs/hami-cache.md). 1 when unset, as HAMi-core.
   int task_priority = 1;
-  int log_level = 1;                     // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
+  int log_level = 1;  // LIBCUDA_LOG_LEVEL: 0 silent .. 4 debug
   // CUDA_DISABLE_CONTROL=true: the container asked to be left alone (HAMi's device plugin then mounts no
   // /etc/ld.so.preload). If the shim is loaded all the same it controls nothing: no limit, no region, every hook
   // forwards; the other variables are not read, as they would not be without the shim (docs/hami-env.md).
@@ -63,7 +63,7 @@ struct Config {
   // memory to host memory is not implemented (HAMi-core does not read the variable either): the memory limits hold as
   // given, and the shim says so once at LIBCUDA_LOG_LEVEL 2.
   bool oversubscribe = false;
-  std::string source;                    // "environment" or the config file's path, for messages
+  std::string source;  // "environment" or the config file's path, for messages
 
   bool AnyMemoryLimit() const;
   bool AnyLimit() const;

@@ -15,14 +15,14 @@ namespace vgpu::policy {
 // read and written with atomics: no lock, safe under SIGKILL (a process that dies mid-update loses at most one
 // refill interval).
 inline constexpr std::uint64_t kBucketNs = 10'000'000;  // measured busy time is kept per 10 ms
-inline constexpr std::uint32_t kBuckets = 128;           // 1.28 s of history
+inline constexpr std::uint32_t kBuckets = 128;          // 1.28 s of history
 
 struct BudgetCell {
-  std::int64_t budget_ns;          // GPU time the container may still start; negative = debt being repaid
-  std::uint64_t refilled_at_ns;    // the budget includes refills up to this time
-  std::uint32_t rate_permille;     // refill rate now: the share, or 1000 while `default` lets the container run free
-  std::uint32_t share_permille;    // the configured share (monitoring)
-  std::uint64_t bucket_epoch;      // index (time / kBucketNs) of the newest bucket written
+  std::int64_t budget_ns;           // GPU time the container may still start; negative = debt being repaid
+  std::uint64_t refilled_at_ns;     // the budget includes refills up to this time
+  std::uint32_t rate_permille;      // refill rate now: the share, or 1000 while `default` lets the container run free
+  std::uint32_t share_permille;     // the configured share (monitoring)
+  std::uint64_t bucket_epoch;       // index (time / kBucketNs) of the newest bucket written
   std::uint32_t busy_ns[kBuckets];  // measured GPU time per 10 ms bucket, a ring indexed by epoch % kBuckets
 };
 
@@ -38,17 +38,17 @@ std::uint32_t NextMonitorScale(std::uint32_t scale_permille, std::uint32_t used_
 // What identifies a kernel for cost learning: the function and the launch shape.
 struct KernelKey {
   const void* function;
-  std::uint64_t shape;             // grid and block sizes hashed together
+  std::uint64_t shape;  // grid and block sizes hashed together
   bool operator==(const KernelKey& other) const { return function == other.function && shape == other.shape; }
 };
 
 struct LimiterConfig {
-  std::uint32_t share_permille = 1000;   // 300 = 30 %
-  bool throttle = true;                  // false for `disable`: measure and publish only
-  bool lend_when_idle = false;           // `default`: run free while nobody else wants the GPU
-  std::uint64_t burst_ns = 20'000'000;   // the most the budget holds, times the share (see docs)
+  std::uint32_t share_permille = 1000;  // 300 = 30 %
+  bool throttle = true;                 // false for `disable`: measure and publish only
+  bool lend_when_idle = false;          // `default`: run free while nobody else wants the GPU
+  std::uint64_t burst_ns = 20'000'000;  // the most the budget holds, times the share (see docs)
   std::uint64_t default_cost_ns = 100'000;
-  std::uint64_t in_flight_max_ns = 20'000'000;  // expected-but-unmeasured GPU time one process may have queued
+  std::uint64_t in_flight_max_ns = 20'000'000;        // expected-but-unmeasured GPU time one process may have queued
   std::uint64_t settle_after_ns = 60'000'000'000ull;  // a launch never measured is settled at its estimate
   // A launch that finds the budget in debt waits until it is repaid and this much more (at most a quarter of the
   // burst), so that a throttled process runs its kernels in bursts, back to back, instead of one launch per refill
@@ -193,13 +193,13 @@ class Limiter {
   struct Cost {
     std::uint32_t count = 0;
     std::uint32_t unknown_in_flight = 0;  // launches admitted before the first measurement, not yet settled
-    std::uint64_t estimate_ns = 0;         // the median of `recent`: the launch charge
-    std::uint64_t longer_sum = 0;          // of `longer`
-    std::uint32_t launches = 0;            // admitted so far (Admission::launches)
-    std::uint64_t upper_quartile_ns = 0;   // of `recent`: tells one size with stray outliers from a mix of sizes
-    std::uint64_t longer_second_ns = 0;    // the second largest of `longer`
+    std::uint64_t estimate_ns = 0;        // the median of `recent`: the launch charge
+    std::uint64_t longer_sum = 0;         // of `longer`
+    std::uint32_t launches = 0;           // admitted so far (Admission::launches)
+    std::uint64_t upper_quartile_ns = 0;  // of `recent`: tells one size with stray outliers from a mix of sizes
+    std::uint64_t longer_second_ns = 0;   // the second largest of `longer`
     std::uint64_t recent[16] = {};
-    std::uint64_t longer[64] = {};         // the last 64 measurements, for the mean
+    std::uint64_t longer[64] = {};  // the last 64 measurements, for the mean
   };
 
   std::uint64_t BusyOf(const KernelKey& key, std::uint64_t accounted_ns) const;
@@ -218,11 +218,11 @@ class Limiter {
   // writing the cell (a budget, a lending rate) cannot give it more. Never binds where the cell is honest: it refills
   // at the container's rate and this process's launches are a part of the container's.
   std::int64_t own_budget_ns_ = 0;
-  std::atomic<std::int64_t> spent_ns_{0};  // (one writer at a time: the caller's lock)
-  std::uint64_t own_refilled_at_ns_ = 0;   // 0: not started (the first Admit starts it full)
-  std::uint32_t own_rate_permille_ = 0;    // what this process decided: the share, or 1000 while it lends
+  std::atomic<std::int64_t> spent_ns_{0};    // (one writer at a time: the caller's lock)
+  std::uint64_t own_refilled_at_ns_ = 0;     // 0: not started (the first Admit starts it full)
+  std::uint32_t own_rate_permille_ = 0;      // what this process decided: the share, or 1000 while it lends
   std::uint32_t own_scale_permille_ = 1000;  // the node monitor's correction (ScaleOwn)
-  std::uint32_t OwnRate() const;           // own_rate_permille_ scaled, at least 1
+  std::uint32_t OwnRate() const;             // own_rate_permille_ scaled, at least 1
   // `defer_busy`: busy time not yet added to the cell, all in bucket `busy_epoch_`.
   std::uint64_t busy_epoch_ = 0;
   std::uint64_t busy_held_ns_ = 0;

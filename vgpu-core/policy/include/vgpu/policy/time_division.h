@@ -12,8 +12,8 @@
 
 namespace vgpu::policy {
 
-inline constexpr std::size_t kMaxMembers = 64;   // containers sharing the GPUs of one node
-inline constexpr std::uint32_t kMaxGpus = 64;    // bit i of Member::gpus: the node's GPU i
+inline constexpr std::size_t kMaxMembers = 64;  // containers sharing the GPUs of one node
+inline constexpr std::uint32_t kMaxGpus = 64;   // bit i of Member::gpus: the node's GPU i
 inline constexpr std::uint64_t kNoTime = UINT64_MAX;
 // The cycles a plan accepts (WindowPlan::Build): 100 us .. 10 s.
 inline constexpr std::uint64_t kCycleLeastNs = 100'000;
@@ -21,9 +21,9 @@ inline constexpr std::uint64_t kCycleMostNs = 10'000'000'000ull;
 
 // A container with a compute limit, as every shim on the node sees it.
 struct Member {
-  std::uint64_t id = 0;               // orders the members: the same on every shim
-  std::uint32_t share_permille = 0;   // 1 .. 1000 of each GPU it spans
-  std::uint64_t gpus = 0;             // bit i: the member runs on the node's GPU i
+  std::uint64_t id = 0;              // orders the members: the same on every shim
+  std::uint32_t share_permille = 0;  // 1 .. 1000 of each GPU it spans
+  std::uint64_t gpus = 0;            // bit i: the member runs on the node's GPU i
 };
 
 // A stretch of time [start_ns, end_ns).
@@ -102,7 +102,7 @@ struct Published {
 // by idle time, so members with work each get their windows' time in the long run.
 struct Account {
   std::int64_t balance_ns = 0;
-  std::uint64_t as_of_ns = 0;   // the balance counts window time up to here
+  std::uint64_t as_of_ns = 0;  // the balance counts window time up to here
 };
 
 // Brings the account up to `now_ns`: adds the window time since, credit capped at kCreditCycles cycles' window time.
@@ -137,10 +137,10 @@ const char* WaitReasonName(WaitReason reason);
 
 // The decision for one launch.
 struct Release {
-  std::uint64_t at_ns = 0;          // go at this time (<= now: at once); kNoTime with others_work: at a completion
+  std::uint64_t at_ns = 0;  // go at this time (<= now: at once); kNoTime with others_work: at a completion
   WaitReason reason = WaitReason::none;
-  Interval window;                  // the window it goes into (or would), its own or lent
-  bool free = false;                // an idle window borrowed (`default`): what runs there is not charged
+  Interval window;                    // the window it goes into (or would), its own or lent
+  bool free = false;                  // an idle window borrowed (`default`): what runs there is not charged
   std::uint64_t cut_in_until_ns = 0;  // prompt service: what to publish as Published::cut_in_until_ns (0: none)
   // Prompt service: another member may cut in (OtherMayCutIn): a caller that lets later launches go without asking
   // (the shim's lease of its turn) asks again within kPromptLeadNs, so that it sees an ask and keeps to the lead.
@@ -204,9 +204,8 @@ inline constexpr std::uint64_t kPromptLeadNs = 2'000'000;
 // `arrived_ns`: when the launch first asked (prompt service: a member cuts in only with a launch that came after it
 // had been idle for kCutInIdleNs; kNoTime: never).
 Release Decide(const WindowPlan& plan, std::size_t me, std::uint32_t gpu, std::span<const Published> published,
-               const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns,
-               std::uint64_t estimate_ns, std::uint64_t now_ns, bool peers_held = false,
-               std::uint64_t arrived_ns = kNoTime);
+               const Account& account, const TurnConfig& config, std::uint64_t queued_end_ns, std::uint64_t estimate_ns,
+               std::uint64_t now_ns, bool peers_held = false, std::uint64_t arrived_ns = kNoTime);
 
 // A launch refused because it does not fit what is left of the member's own window (WaitReason::fit), with nothing
 // of the member's in flight (`queue_empty`), cannot go before that window ends: its balance gains the time it leaves
@@ -255,17 +254,18 @@ struct SiblingTurn {
   std::uint64_t end_ns = 0;  // the holder's released work is expected done by here
 };
 inline constexpr std::uint32_t kMaxSiblingHolder = 2047;  // (the region's slot + 1)
-inline constexpr std::uint64_t kSiblingGrainNs = 1'000;  // end_ns is kept in these units, rounded up (51 bits: 71 years)
+inline constexpr std::uint64_t kSiblingGrainNs =
+    1'000;  // end_ns is kept in these units, rounded up (51 bits: 71 years)
 inline constexpr std::uint64_t kHandBackNs = 1'000'000;
 std::uint64_t PackSiblingTurn(const SiblingTurn& turn);
 SiblingTurn UnpackSiblingTurn(std::uint64_t word);
 
 // What a process does with the word it read.
 struct SiblingStep {
-  bool go = false;              // it may release its launch now (after writing `write`)
-  std::uint64_t look_ns = 0;    // otherwise: look again by then (a holder's work may end sooner: poll too)
-  SiblingTurn write;            // what to swap in for what was read (equal to it: nothing to write)
-  bool took = false;            // go, having taken the turn from another (or nobody): its sub-turn starts now
+  bool go = false;            // it may release its launch now (after writing `write`)
+  std::uint64_t look_ns = 0;  // otherwise: look again by then (a holder's work may end sooner: poll too)
+  SiblingTurn write;          // what to swap in for what was read (equal to it: nothing to write)
+  bool took = false;          // go, having taken the turn from another (or nobody): its sub-turn starts now
 };
 
 // A launch of process `self` whose container may release it now (Decide said so): may it go? Its work would then
@@ -277,8 +277,7 @@ struct SiblingStep {
 //   says so (`waiting`).
 // - A holder that handed the turn over takes it back only if nobody has by end_ns + kHandBackNs.
 SiblingStep DecideSibling(const SiblingTurn& seen, std::uint32_t self, std::uint64_t held_since_ns,
-                          std::uint64_t subturn_ns, std::uint64_t end_after_ns, std::uint64_t now_ns,
-                          bool past_bound);
+                          std::uint64_t subturn_ns, std::uint64_t end_after_ns, std::uint64_t now_ns, bool past_bound);
 
 // When a process's released work, expected done at `queued_end_ns`, is published as done (to the other members as
 // its busy_until, to its siblings as the turn's end): with a margin of max(200 us, a tenth of what is queued), so

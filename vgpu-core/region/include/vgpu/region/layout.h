@@ -28,25 +28,25 @@ enum class SlotState : std::uint32_t { free = 0, claiming = 1, live = 2 };
 
 struct Device {
   std::uint8_t uuid[16];
-  std::uint32_t in_use;                  // 1 once a process named this device
+  std::uint32_t in_use;  // 1 once a process named this device
   std::uint32_t reserved0;
-  std::uint64_t used_bytes;              // derived: sum of the live slots' used_bytes (a cache, repaired)
-  std::uint64_t context_bytes;           // measured context overhead on this device, 0 = not yet known
-  std::uint64_t limit_bytes;             // as configured by the last process that attached; monitoring only
+  std::uint64_t used_bytes;     // derived: sum of the live slots' used_bytes (a cache, repaired)
+  std::uint64_t context_bytes;  // measured context overhead on this device, 0 = not yet known
+  std::uint64_t limit_bytes;    // as configured by the last process that attached; monitoring only
   // The compute limiter's shared budget (vgpu::policy::BudgetCell, docs/compute-limit.md), updated with atomics
   // only. Opaque here: the region does not depend on the policy code; the shim checks that it fits.
   alignas(8) std::uint8_t compute[576];
   // Version 6: monitoring only (docs/region.md, "Monitoring counters"), never read by enforcement. Each only grows, by
   // an 8-byte relaxed fetch_add without the lock; a container's processes can write them: only their own figures.
-  std::uint64_t held_ns;                 // time the container's launches waited for the compute limiter (budget, turn)
-  std::uint64_t refused_allocations;     // allocations refused at the memory limit (Charge false), one per call
+  std::uint64_t held_ns;              // time the container's launches waited for the compute limiter (budget, turn)
+  std::uint64_t refused_allocations;  // allocations refused at the memory limit (Charge false), one per call
 };
 
 struct Slot {
   SlotState state;
-  std::int32_t pid;                      // in the container's pid namespace; -1: a holder we could not name
-  std::uint64_t generation;              // unique per claim: a process notices if its slot was taken from it
-  std::uint64_t started_ns;              // CLOCK_REALTIME at claim, for monitoring
+  std::int32_t pid;          // in the container's pid namespace; -1: a holder we could not name
+  std::uint64_t generation;  // unique per claim: a process notices if its slot was taken from it
+  std::uint64_t started_ns;  // CLOCK_REALTIME at claim, for monitoring
   std::uint64_t used_bytes[kMaxDevices];
   std::uint64_t peak_bytes[kMaxDevices];
 };
@@ -55,15 +55,15 @@ struct Region {
   std::uint64_t magic;
   std::uint32_t version;
   std::uint32_t region_bytes;
-  std::uint64_t created_ns;              // CLOCK_REALTIME at creation, for monitoring
+  std::uint64_t created_ns;  // CLOCK_REALTIME at creation, for monitoring
   std::uint64_t next_generation;
-  std::uint64_t last_reap_ns;            // CLOCK_MONOTONIC (one clock per host: every process agrees)
-  std::uint32_t device_count;            // entries of `devices` in use
+  std::uint64_t last_reap_ns;  // CLOCK_MONOTONIC (one clock per host: every process agrees)
+  std::uint32_t device_count;  // entries of `devices` in use
   // How many times a locker inherited the lock from a dead owner (EOWNERDEAD) and repaired: each is a process that
   // died inside the lock. Monitoring only, counted under the lock (read with a 4-byte atomic load). Was `reserved0`
   // (always 0, never read): no version bump, since a build that does not count it only leaves it at 0.
   std::uint32_t lock_repairs;
-  alignas(64) unsigned char lock_storage[64];   // robust, process-shared pthread mutex
+  alignas(64) unsigned char lock_storage[64];  // robust, process-shared pthread mutex
   Device devices[kMaxDevices];
   Slot slots[kMaxSlots];
 };

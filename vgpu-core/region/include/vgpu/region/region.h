@@ -114,15 +114,15 @@ class Attachment {
   std::uint32_t ReapLocked(std::uint64_t now_ns, bool force);
   bool ReopenLocked(std::string* error);
 
-  void* mapped_ = nullptr;           // the whole file (kFileBytes): HAMi-core's part, then the region
+  void* mapped_ = nullptr;  // the whole file (kFileBytes): HAMi-core's part, then the region
   hami::SharedRegion* hami_ = nullptr;
   Region* region_ = nullptr;
-  int fd_ = -1;                     // our own open file description, never the mapped one: it holds our liveness lock
-  std::atomic<int> slot_{-1};       // read without the lock by OwnUsed and slot()
+  int fd_ = -1;                // our own open file description, never the mapped one: it holds our liveness lock
+  std::atomic<int> slot_{-1};  // read without the lock by OwnUsed and slot()
   std::uint64_t own_[kMaxDevices] = {};  // this process's usage per device, as it reserved and released it
-  std::uint64_t tampered_ = 0;      // times our slot was found rewritten and put back
-  std::uint64_t generation_ = 0;    // the slot's generation when we claimed it
-  std::uint64_t file_device_ = 0;   // st_dev and st_ino of the mapped file, to reopen the same file after fork
+  std::uint64_t tampered_ = 0;           // times our slot was found rewritten and put back
+  std::uint64_t generation_ = 0;         // the slot's generation when we claimed it
+  std::uint64_t file_device_ = 0;        // st_dev and st_ino of the mapped file, to reopen the same file after fork
   std::uint64_t file_inode_ = 0;
   std::string path_;
 };
@@ -131,28 +131,28 @@ class Attachment {
 // process holds, read without the lock and without a slot of its own, so a monitor never changes what it watches.
 struct DeviceSnapshot {
   std::uint8_t uuid[16];
-  std::uint64_t used_bytes;                 // sum of the live processes' slots (not the cached Device::used_bytes)
-  std::uint64_t cached_used_bytes;          // Device::used_bytes, what limits are enforced against: it also counts
-                                            // dead processes' slots not yet reaped (equal to used_bytes once reaped)
-  std::uint64_t limit_bytes;                // as the last process that attached configured it
-  std::uint64_t context_bytes;              // measured context overhead, 0 = not yet known
-  std::uint64_t held_ns;                    // Device::held_ns: launches' waits for the compute limiter, in all
-  std::uint64_t refused_allocations;        // Device::refused_allocations: allocations refused at the memory limit
-  std::vector<std::uint8_t> compute;        // a raw copy of Device::compute (the policy code reads it)
+  std::uint64_t used_bytes;           // sum of the live processes' slots (not the cached Device::used_bytes)
+  std::uint64_t cached_used_bytes;    // Device::used_bytes, what limits are enforced against: it also counts
+                                      // dead processes' slots not yet reaped (equal to used_bytes once reaped)
+  std::uint64_t limit_bytes;          // as the last process that attached configured it
+  std::uint64_t context_bytes;        // measured context overhead, 0 = not yet known
+  std::uint64_t held_ns;              // Device::held_ns: launches' waits for the compute limiter, in all
+  std::uint64_t refused_allocations;  // Device::refused_allocations: allocations refused at the memory limit
+  std::vector<std::uint8_t> compute;  // a raw copy of Device::compute (the policy code reads it)
 };
 
 struct SlotSnapshot {
   std::int32_t pid;
   std::uint64_t generation;
-  std::vector<std::uint64_t> used_bytes;    // per device, indexed as Snapshot::devices
+  std::vector<std::uint64_t> used_bytes;  // per device, indexed as Snapshot::devices
 };
 
 struct Snapshot {
   std::uint32_t version = 0;
-  std::uint32_t lock_repairs = 0;           // Region::lock_repairs: processes that died holding the lock
-  std::int32_t lock_holder_tid = 0;         // the thread (host tid) holding the lock as it was read, 0 if free
-  std::vector<DeviceSnapshot> devices;      // the devices in use, in the region's order
-  std::vector<SlotSnapshot> live;           // slots whose process still lives
+  std::uint32_t lock_repairs = 0;       // Region::lock_repairs: processes that died holding the lock
+  std::int32_t lock_holder_tid = 0;     // the thread (host tid) holding the lock as it was read, 0 if free
+  std::vector<DeviceSnapshot> devices;  // the devices in use, in the region's order
+  std::vector<SlotSnapshot> live;       // slots whose process still lives
 };
 
 // Reads the region at `path` (O_RDONLY, PROT_READ: a monitor needs no write access). A slot counts as live only

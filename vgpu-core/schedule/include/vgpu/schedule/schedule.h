@@ -19,8 +19,8 @@ namespace vgpu::schedule {
 
 inline constexpr std::uint64_t kScheduleMagic = 0x4448435355504756ULL;  // "VGPUSCHD" little-endian
 inline constexpr std::uint32_t kScheduleVersion = 1;
-inline constexpr std::uint32_t kMaxGpus = 8;       // the node's GPUs, by UUID
-inline constexpr std::uint32_t kMaxEntries = 64;   // containers with a compute limit on the node
+inline constexpr std::uint32_t kMaxGpus = 8;      // the node's GPUs, by UUID
+inline constexpr std::uint32_t kMaxEntries = 64;  // containers with a compute limit on the node
 // An entry whose heartbeat is older than this is not a member: its windows go to the others.
 inline constexpr std::uint64_t kStaleNs = 1'000'000'000;
 
@@ -37,9 +37,9 @@ struct Entry {
   std::uint64_t id;              // the container's (drawn when its region was made); 0: the entry is free
   std::uint32_t share_permille;  // of each GPU it spans
   std::uint32_t reserved0;
-  std::uint64_t gpus;            // bit i: the GPU at uuids[i]
-  std::uint64_t heartbeat_ns;    // refreshed by its launching processes
-  std::uint64_t longest_ns;      // its longest kernel's expected time (policy::CycleFor)
+  std::uint64_t gpus;          // bit i: the GPU at uuids[i]
+  std::uint64_t heartbeat_ns;  // refreshed by its launching processes
+  std::uint64_t longest_ns;    // its longest kernel's expected time (policy::CycleFor)
   std::uint64_t joined_ns;
   // A member on one GPU: the rest of its window up to here is declined (policy::DeclinedUntil). Reserved (0) in
   // files of shims before 63c1e82 (2026-11-28): 0 means none, so a shim that never writes it reads the file right.
@@ -55,10 +55,10 @@ struct Header {
   std::uint64_t magic;
   std::uint32_t version;
   std::uint32_t file_bytes;
-  std::uint64_t base_cycle_ns;   // policy::CycleFor's base and bound, fixed by the file's creator
+  std::uint64_t base_cycle_ns;  // policy::CycleFor's base and bound, fixed by the file's creator
   std::uint64_t cycle_max_ns;
-  std::uint32_t gpu_count;       // entries of `uuids` in use
-  std::uint32_t lock_repairs;    // lockers that inherited the lock from a dead owner
+  std::uint32_t gpu_count;     // entries of `uuids` in use
+  std::uint32_t lock_repairs;  // lockers that inherited the lock from a dead owner
   std::uint8_t uuids[kMaxGpus][16];
   alignas(64) unsigned char lock_storage[64];  // robust, process-shared pthread mutex: membership changes only
   Entry entries[kMaxEntries];
@@ -90,8 +90,8 @@ class Board {
   // Opens the schedule file at `path`, creating it (with the given cycle base and bound) if absent. Null, with
   // `error` one line naming the file, what was found and what to do, when it cannot be opened or is not a version
   // 1 schedule file (the caller falls back to the limiter: never uncapped).
-  static std::unique_ptr<Board> Open(const std::string& path, std::uint64_t base_cycle_ns,
-                                     std::uint64_t cycle_max_ns, std::string& error);
+  static std::unique_ptr<Board> Open(const std::string& path, std::uint64_t base_cycle_ns, std::uint64_t cycle_max_ns,
+                                     std::string& error);
   ~Board();
   Board(const Board&) = delete;
   Board& operator=(const Board&) = delete;
