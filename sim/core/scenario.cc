@@ -6,24 +6,15 @@
 
 #include "fakecuda/model/layout.h"
 #include "fakecuda/model/model.h"
+#include "vgpu/scenario/limits.h"
 #include "vgpu/sim/sim.h"
 
 namespace vgpu::sim {
 namespace {
 
-constexpr std::uint64_t kMaxKernelNs = 3600 * kSecondNs;  // an hour: far above any kernel, far from overflow
-constexpr std::uint64_t kMaxDurationNs = 100 * 3600 * kSecondNs;
+using scenario::limits::kMaxDurationNs;
+using scenario::limits::kMaxKernelNs;
 constexpr std::size_t kMaxSegments = 100'000;  // per process: each has its own kernels (cost entries)
-
-bool NameIsPlain(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (const char c : name) {
-    const bool ok =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 std::string Field(const std::string& where, const char* name, std::uint64_t value, const char* accepted) {
   return where + name + " = " + std::to_string(value) + "; accepted: " + accepted;
@@ -41,7 +32,9 @@ std::string ValidateWorkload(const Workload& w, const std::string& where) {
   }
   if (w.kind == WorkloadKind::mixed) {
     if (w.sizes_ns.empty()) return where + "sizes_ns is empty; accepted: one or more sizes, e.g. {5000, 20000000}";
-    if (w.sizes_ns.size() > 1024) return Field(where, "sizes_ns.size()", w.sizes_ns.size(), "1 .. 1024 sizes");
+    if (w.sizes_ns.size() > scenario::limits::kMaxMixedSizes) {
+      return Field(where, "sizes_ns.size()", w.sizes_ns.size(), "1 .. 1024 sizes");
+    }
     for (const std::uint64_t size : w.sizes_ns) {
       if (size < 1 || size > kMaxKernelNs) return Field(where, "sizes_ns[]", size, "1 ns .. 1 hour, e.g. 5000");
     }
@@ -178,10 +171,10 @@ std::string ValidateTimes(const Scenario& s) {
   }
   if (s.switch_ns > 100 * kMillisecondNs) return Field("", "switch_ns", s.switch_ns, "0 .. 100 ms, e.g. 160000");
   if (s.window_ns < kMillisecondNs || s.window_ns > kMaxDurationNs) {
-    return Field("", "window_ns", s.window_ns, "1 ms .. 100 h, e.g. 1000000000");
+    return Field("", "window_ns", s.window_ns, "1 ms .. 1 h, e.g. 1000000000");
   }
   if (s.duration_ns < s.window_ns || s.duration_ns > kMaxDurationNs || s.duration_ns % s.window_ns != 0) {
-    return Field("", "duration_ns", s.duration_ns, "a whole number of windows up to 100 h, e.g. 6000000000");
+    return Field("", "duration_ns", s.duration_ns, "a whole number of windows up to 1 h, e.g. 6000000000");
   }
   if (s.settle_ns >= s.duration_ns || s.settle_ns % s.window_ns != 0) {
     return Field("", "settle_ns", s.settle_ns, "a whole number of windows below duration_ns, e.g. 1000000000");
@@ -247,7 +240,7 @@ std::string ValidateProcess(const Process& process, const std::string& at, std::
 std::string ValidateTenant(const Scenario& s, std::size_t t) {
   const Tenant& tenant = s.tenants[t];
   const std::string where = "tenants[" + std::to_string(t) + "].";
-  if (!NameIsPlain(tenant.name)) {
+  if (!scenario::limits::IsPlainName(tenant.name)) {
     return where + "name = '" + tenant.name + "'; accepted: 1 .. 64 letters, digits, '-', '_', '.', e.g. a";
   }
   for (std::size_t other = 0; other < t; ++other) {

@@ -18,20 +18,11 @@ namespace vgpu::runner {
 namespace internal {
 namespace {
 
-constexpr std::uint32_t kMaxTenants = 16;
-constexpr std::uint32_t kMaxReplicas = 64;
-// The fake machine has 256 process slots (fakecuda/model/layout.h); the sampler takes one in live mode.
-constexpr std::uint64_t kMaxProcesses = 255;
-constexpr std::uint64_t kMaxKernelNs = 3600 * scenario::kSecondNs;
-constexpr std::uint64_t kMaxDurationNs = 100 * 3600 * scenario::kSecondNs;
-
-bool NameIsPlain(const std::string& name) {
-  if (name.empty() || name.size() > 64 || name == "." || name == "..") return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-           c == '.';
-  });
-}
+using scenario::limits::kMaxDurationNs;
+using scenario::limits::kMaxKernelNs;
+using scenario::limits::kMaxReplicas;
+using scenario::limits::kMaxTenants;
+constexpr std::uint64_t kMaxProcesses = scenario::limits::kMaxProcessesInAll;
 
 std::string Field(const std::string& where, const char* name, std::uint64_t value, const std::string& accepted) {
   return where + name + " = " + std::to_string(value) + "; accepted: " + accepted;
@@ -43,7 +34,8 @@ std::string CheckPhase(const scenario::Phase& phase, const std::string& where) {
     return {};
   }
   if (phase.sizes_ns.empty()) return where + "sizes_ns is empty; accepted: one or more kernel sizes, e.g. [1ms]";
-  if (phase.sizes_ns.size() > 1024) return Field(where, "sizes_ns.size()", phase.sizes_ns.size(), "1 .. 1024");
+  if (phase.sizes_ns.size() > scenario::limits::kMaxMixedSizes)
+    return Field(where, "sizes_ns.size()", phase.sizes_ns.size(), "1 .. 1024");
   for (const std::uint64_t size : phase.sizes_ns) {
     if (size < 1 || size > kMaxKernelNs) return Field(where, "sizes_ns[]", size, "1 ns .. 1 h, e.g. 1000000");
   }
@@ -134,7 +126,7 @@ std::string Check(const scenario::Scenario& s, Mode mode) {
     return Field("", "device_count", device_count, "1 .. 16 for gpu = 'real'");
   }
   if (s.duration_ns == 0 || s.duration_ns > kMaxDurationNs) {
-    return Field("", "duration_ns", s.duration_ns, "1 ns .. 100 h, e.g. 6000000000");
+    return Field("", "duration_ns", s.duration_ns, "1 ns .. 1 h, e.g. 6000000000");
   }
   if (s.sample_ns == 0 || s.duration_ns % s.sample_ns != 0) {
     return Field("", "sample_ns", s.sample_ns,
@@ -162,7 +154,7 @@ std::string Check(const scenario::Scenario& s, Mode mode) {
   for (std::size_t t = 0; t < s.tenants.size(); ++t) {
     const scenario::TenantSpec& tenant = s.tenants[t];
     const std::string where = "tenants[" + std::to_string(t) + "].";
-    if (!NameIsPlain(tenant.name)) {
+    if (!scenario::limits::IsPlainName(tenant.name)) {
       return where + "name = '" + tenant.name + "'; accepted: 1 .. 64 letters, digits, '-', '_', '.', e.g. a";
     }
     for (std::size_t other = 0; other < t; ++other) {

@@ -27,21 +27,20 @@ using yaml::Shown;
 
 constexpr std::size_t kMaxProblems = 50;
 constexpr std::size_t kMaxCollected = 1000;  // before sorting into file order; a bound on memory, not a limit
-constexpr std::size_t kMaxNameChars = 64;
-constexpr std::size_t kMaxTenants = 16;
+using limits::kMaxDurationNs;
+using limits::kMaxMixedSizes;
+using limits::kMaxProcessesInAll;
+using limits::kMaxReplicas;
+using limits::kMaxTenants;
+using limits::kMinDurationNs;
+static_assert(kMaxProcessesInAll == fakecuda::model::kMaxProcesses - 1, "limits.h: the fake machine's slots changed");
 constexpr std::size_t kMaxProcessEntries = 16;
-constexpr std::uint64_t kMaxReplicas = 64;
-// The fake machine's process slots, less the one the live runner's sampler takes (sim/runner/runner.cc).
-constexpr std::uint64_t kMaxProcessesInAll = fakecuda::model::kMaxProcesses - 1;
 constexpr std::uint64_t kMaxRealDevices = 16;
 constexpr std::size_t kMaxPhases = 64;
-constexpr std::size_t kMaxMixedSizes = 1024;
 constexpr std::uint64_t kMaxInFlight = fakecuda::model::kStreamDepth;
 constexpr std::uint64_t kMaxBlocks = 65535;
 constexpr double kMaxJitterPercent = 50;
 constexpr double kMaxRate = 1e6;
-constexpr std::uint64_t kMinDurationNs = 100 * kMillisecondNs;
-constexpr std::uint64_t kMaxDurationNs = 3600 * kSecondNs;
 constexpr std::uint64_t kMiB = 1ull << 20;
 constexpr std::size_t kMaxReadBytes = 1 << 20;
 
@@ -51,13 +50,7 @@ std::string Join(const std::string& path, std::string_view key) {
 
 std::string Index(const std::string& path, std::size_t index) { return path + "[" + std::to_string(index) + "]"; }
 
-bool IsNameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-}
-
-bool IsName(std::string_view name) {
-  return !name.empty() && name.size() <= kMaxNameChars && std::all_of(name.begin(), name.end(), IsNameChar);
-}
+bool IsName(std::string_view name) { return limits::IsPlainName(name); }
 
 // Edit distance, for "did you mean". Keys are short; longer text is not compared at all.
 std::size_t Distance(std::string_view a, std::string_view b) {
@@ -375,7 +368,8 @@ class Checker {
       if (!IsName(*text)) {
         Add(node->line, "name",
             Shown(*node) +
-                " is not a scenario name; expected 1 .. 64 letters, digits, '-', '_', '.' (e.g. thirty-seventy)");
+                " is not a scenario name; expected 1 .. 64 letters, digits, '-', '_', '.', not . or .. (e.g. "
+                "thirty-seventy)");
         return;
       }
       scenario_.name = *text;
@@ -671,7 +665,8 @@ class Checker {
     if (text == nullptr) return;
     if (!IsName(*text)) {
       Add(name->line, name_path,
-          Shown(*name) + " is not a tenant name; expected 1 .. 64 letters, digits, '-', '_', '.' (e.g. a)");
+          Shown(*name) +
+              " is not a tenant name; expected 1 .. 64 letters, digits, '-', '_', '.', not . or .. (e.g. a)");
       return;
     }
     for (const auto& [other, line] : tenant_names_) {

@@ -409,6 +409,11 @@ TEST(ScenarioRules, DuplicateKeysAndTenantNames) {
   std::string text = kMinimal;
   text.replace(text.find("name: a"), 7, "name: a/b");
   EXPECT_PROBLEM(text, 3, "tenants[0].name", "a/b is not a tenant name; expected 1 .. 64 letters, digits");
+  // As the runner and the simulator refuse it (one rule: vgpu/scenario/limits.h): a live run makes a folder of it.
+  text = kMinimal;
+  text.replace(text.find("name: a"), 7, "name: '..'");
+  EXPECT_PROBLEM(text, 3, "tenants[0].name",
+                 "\"..\" is not a tenant name; expected 1 .. 64 letters, digits, '-', '_', '.', not . or ..");
 }
 
 TEST(ScenarioRules, ValuesOutOfRange) {

@@ -970,6 +970,13 @@ TEST(Validate, EachRefusalNamesTheFieldTheValueAndWhatIsAccepted) {
   Scenario name = good;
   name.tenants[0].name = "a\"b";
   cases.push_back({"name", name, {"tenants[0].name = 'a\"b'", "letters, digits"}});
+  // The scenario file's limits (vgpu/scenario/limits.h): the simulator took 100 h and "..", a file neither.
+  Scenario dots = good;
+  dots.tenants[0].name = "..";
+  cases.push_back({"dots", dots, {"tenants[0].name = '..'"}});
+  Scenario hours = good;
+  hours.duration_ns = 2 * 3600 * kSecondNs;
+  cases.push_back({"hours", hours, {"duration_ns = 7200000000000", "up to 1 h"}});
   Scenario twice = Of({OneProcess("a", 30, Persistent(kMillisecondNs)), OneProcess("a", 30, Mixed())});
   cases.push_back({"twice", twice, {"tenants[1].name = 'a' is used twice"}});
   Scenario sizes = good;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "vgpu/scenario/limits.h"
+
 namespace vgpu::scenario {
 
 inline constexpr std::uint64_t kMicrosecondNs = 1000;

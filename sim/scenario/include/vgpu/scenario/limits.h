@@ -1,0 +1,34 @@
+// A scenario's limits, one set for every reader of one: the scenario file's loader (scenario.h), the runner's check
+// of a scenario built in code (sim/runner), and the simulator's check of its own input (sim/core). What one accepts
+// the others accept too; their messages quote these figures.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace vgpu::scenario::limits {
+
+inline constexpr std::uint64_t kMinDurationNs = 100'000'000;        // a scenario file's shortest run: 100 ms
+inline constexpr std::uint64_t kMaxDurationNs = 3'600'000'000'000;  // an hour: a run, a phase, a window
+inline constexpr std::uint64_t kMaxKernelNs = 3'600'000'000'000;    // an hour: far above any kernel, far from overflow
+inline constexpr std::size_t kMaxTenants = 16;
+inline constexpr std::uint64_t kMaxReplicas = 64;  // identical processes of one entry
+// The fake machine's 256 process slots (fakecuda/model/layout.h), less the one the live runner's sampler takes.
+inline constexpr std::uint64_t kMaxProcessesInAll = 255;
+inline constexpr std::size_t kMaxMixedSizes = 1024;  // kernel sizes of one mixed workload
+inline constexpr std::size_t kMaxNameChars = 64;
+
+inline bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+}
+
+// A tenant's name: 1 .. kMaxNameChars letters, digits, '-', '_' and '.', not "." or ".." (a live run makes a folder
+// of each tenant's name).
+inline bool IsPlainName(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxNameChars && name != "." && name != ".." &&
+         std::all_of(name.begin(), name.end(), IsNameChar);
+}
+
+}  // namespace vgpu::scenario::limits
