@@ -530,6 +530,50 @@ TEST_F(CacheFile, ARegionTheShimWroteIsReadForItsCounters) {
   EXPECT_NE(error.find("too short to hold a libvgpu region"), std::string::npos) << error;
 }
 
+// The monitor reads both parts of each container's file from one open a period (it opened the file twice): each part
+// as the reader of that part alone gives it, with its own state and error.
+TEST_F(CacheFile, OneOpenGivesBothPartsAsTheirOwnReadersDo) {
+  std::string error;
+  std::vector<RegionCounters> counters;
+  HamiCache hami;
+  ContainerFileRead read = ReadContainerFile(dir_, &hami, counters);
+  EXPECT_EQ(read.counters, CacheState::absent);
+  EXPECT_EQ(read.hami, CacheState::absent);
+  {
+    std::unique_ptr<region::Attachment> attachment(region::Attachment::Open(dir_ + "/5f0c.cache", error));
+    ASSERT_NE(attachment, nullptr) << error;
+    const int device = attachment->DeviceIndex(kUuidBytes0);
+    ASSERT_EQ(device, 0);
+    attachment->AddHeldNs(device, 750'000'000);
+    attachment->CountRefusedAllocation(device);
+  }
+  read = ReadContainerFile(dir_, &hami, counters);
+  ASSERT_EQ(read.counters, CacheState::read) << read.counters_error;
+  ASSERT_EQ(read.hami, CacheState::read) << read.hami_error;
+  std::vector<RegionCounters> alone_counters;
+  HamiCache alone_hami;
+  ASSERT_EQ(ReadRegionCountersFile(dir_, alone_counters, error), CacheState::read) << error;
+  ASSERT_EQ(ReadCacheFile(dir_, alone_hami, error), CacheState::read) << error;
+  ASSERT_EQ(counters.size(), 1u);
+  EXPECT_EQ(counters[0].uuid, alone_counters[0].uuid);
+  EXPECT_EQ(counters[0].held_ns, 750'000'000u);
+  EXPECT_EQ(counters[0].refused_allocations, 1u);
+  ASSERT_EQ(hami.devices.size(), alone_hami.devices.size());
+  EXPECT_EQ(hami.devices[0].uuid, alone_hami.devices[0].uuid);
+  EXPECT_EQ(hami.devices[0].limit_bytes, alone_hami.devices[0].limit_bytes);
+  // Without HAMi's part asked for, it is left alone.
+  HamiCache untouched;
+  read = ReadContainerFile(dir_, nullptr, counters);
+  EXPECT_EQ(read.counters, CacheState::read);
+  EXPECT_EQ(read.hami, CacheState::absent);
+  // A HAMi-core file: HAMi's part reads, ours is invalid with the reason, named after the folder's file.
+  Write("hami-only.cache", Image());
+  read = ReadContainerFile(dir_ + "/hami-only.cache", &untouched, counters);
+  EXPECT_EQ(read.hami, CacheState::read) << read.hami_error;
+  EXPECT_EQ(read.counters, CacheState::invalid);
+  EXPECT_NE(read.counters_error.find("too short to hold a libvgpu region"), std::string::npos) << read.counters_error;
+}
+
 // ---- HTTP --------------------------------------------------------------------------------------------------------
 
 TEST(MetricsHttp, GetOrHeadMetricsElseTheRightRefusal) {

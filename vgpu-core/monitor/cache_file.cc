@@ -71,21 +71,18 @@ int OpenCache(const std::string& path, std::string& found, CacheState& state, st
   return file_fd;
 }
 
-// Opens the file at `path` (as OpenCache), checks that it is a regular file, and hands `parse` its size and a
-// bounded pread; an error names the folder's file when one was looked up.
 using Parse = std::function<bool(std::uint64_t file_bytes, const ReadAt& read, std::string& error)>;
-CacheState ReadWith(const std::string& path, const Parse& parse, std::string& error) {
-  CacheState state = CacheState::invalid;
-  std::string found;
-  const int fd = OpenCache(path, found, state, error);
-  if (fd < 0) return state;
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    error = (found.empty() ? std::string() : found + ": ") + "not a regular file";
-    ::close(fd);
-    return CacheState::invalid;
-  }
-  const ReadAt read = [fd](std::uint64_t offset, std::size_t length, void* into) {
+
+// One part of a cache file for ReadParts: its parser, and what came of it.
+struct Part {
+  Parse parse;
+  CacheState state = CacheState::absent;
+  std::string error;
+};
+
+// Bounded preads of the open file `fd`.
+ReadAt PreadOf(int fd) {
+  return [fd](std::uint64_t offset, std::size_t length, void* into) {
     std::size_t done = 0;
     while (done < length) {
       const ssize_t got =
@@ -96,10 +93,39 @@ CacheState ReadWith(const std::string& path, const Parse& parse, std::string& er
     }
     return true;
   };
-  const bool valid = parse(static_cast<std::uint64_t>(info.st_size), read, error);
+}
+
+// Opens the file at `path` once (as OpenCache), checks that it is a regular file, and hands each part's parser its
+// size and bounded preads; each part's state and error are set (an error names the folder's file when one was looked
+// up; a file that cannot be opened or is not a regular file gives every part the same).
+void ReadParts(const std::string& path, std::vector<Part>& parts) {
+  const auto all = [&](CacheState state, const std::string& error) {
+    for (Part& part : parts) part.state = state, part.error = error;
+  };
+  CacheState state = CacheState::invalid;
+  std::string found, error;
+  const int fd = OpenCache(path, found, state, error);
+  if (fd < 0) return all(state, error);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return all(CacheState::invalid, (found.empty() ? std::string() : found + ": ") + "not a regular file");
+  }
+  const ReadAt read = PreadOf(fd);
+  for (Part& part : parts) {
+    const bool valid = part.parse(static_cast<std::uint64_t>(info.st_size), read, part.error);
+    part.state = valid ? CacheState::read : CacheState::invalid;
+    if (!valid && !found.empty()) part.error = found + ": " + part.error;
+  }
   ::close(fd);
-  if (!valid && !found.empty()) error = found + ": " + error;
-  return valid ? CacheState::read : CacheState::invalid;
+}
+
+CacheState ReadWith(const std::string& path, Parse parse, std::string& error) {
+  std::vector<Part> parts(1);
+  parts[0].parse = std::move(parse);
+  ReadParts(path, parts);
+  error = parts[0].error;
+  return parts[0].state;
 }
 
 }  // namespace
@@ -120,6 +146,27 @@ CacheState ReadRegionCountersFile(const std::string& path, std::vector<RegionCou
         return ReadRegionCounters(file_bytes, read, out, why);
       },
       error);
+}
+
+ContainerFileRead ReadContainerFile(const std::string& path, HamiCache* hami, std::vector<RegionCounters>& counters) {
+  std::vector<Part> parts(hami != nullptr ? 2 : 1);
+  parts[0].parse = [&](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
+    return ReadRegionCounters(file_bytes, read, counters, why);
+  };
+  if (hami != nullptr) {
+    parts[1].parse = [hami](std::uint64_t file_bytes, const ReadAt& read, std::string& why) {
+      return ReadHamiCache(file_bytes, read, *hami, why);
+    };
+  }
+  ReadParts(path, parts);
+  ContainerFileRead result;
+  result.counters = parts[0].state;
+  result.counters_error = parts[0].error;
+  if (hami != nullptr) {
+    result.hami = parts[1].state;
+    result.hami_error = parts[1].error;
+  }
+  return result;
 }
 
 }  // namespace vgpu::monitor

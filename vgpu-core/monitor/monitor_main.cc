@@ -479,50 +479,41 @@ bool NewReason(std::map<std::string, std::string>& reported, const std::string& 
   return true;
 }
 
-// With --hami-metrics: each container's cache file as HAMi's monitor reads it.
-void ReadHamiCaches(vgpu::monitor::PeriodFigures& figures, std::map<std::string, std::string>& reported) {
-  for (std::size_t c = 0; c < figures.containers.size(); ++c) {
-    const Container& container = figures.containers[c];
-    if (container.cache_path.empty()) continue;
-    vgpu::monitor::CacheFigures cache;
-    cache.container = c;
-    std::string error;
-    cache.state = vgpu::monitor::ReadCacheFile(container.cache_path, cache.cache, error);
-    if (NewReason(reported, "hami " + container.name + " " + container.cache_path,
-                  cache.state == vgpu::monitor::CacheState::invalid, error)) {
-      Log(1, "%s: cache file %s: %s: its hami_* series are left out", container.name.c_str(),
-          container.cache_path.c_str(), error.c_str());
-    }
-    figures.caches.push_back(std::move(cache));
-  }
-}
-
-// Each container's region counters (time held by its compute limit, allocations refused), from the same file.
-void ReadContainerCounters(vgpu::monitor::PeriodFigures& figures, std::map<std::string, std::string>& reported) {
+// Each container's cache file, opened once: our region's counters (time held by its compute limit, allocations
+// refused), and with --hami-metrics its part as HAMi's monitor reads it. A new reason a part is not read is logged.
+void ReadContainerFiles(vgpu::monitor::PeriodFigures& figures, std::map<std::string, std::string>& reported) {
   for (std::size_t c = 0; c < figures.containers.size(); ++c) {
     const Container& container = figures.containers[c];
     if (container.cache_path.empty()) continue;
     vgpu::monitor::CounterFigures counters;
     counters.container = c;
-    std::string error;
-    const auto state = vgpu::monitor::ReadRegionCountersFile(container.cache_path, counters.devices, error);
+    vgpu::monitor::CacheFigures cache;
+    cache.container = c;
+    const vgpu::monitor::ContainerFileRead read =
+        vgpu::monitor::ReadContainerFile(container.cache_path, figures.hami ? &cache.cache : nullptr, counters.devices);
     if (NewReason(reported, "region " + container.name + " " + container.cache_path,
-                  state == vgpu::monitor::CacheState::invalid, error)) {
+                  read.counters == vgpu::monitor::CacheState::invalid, read.counters_error)) {
       Log(1, "%s: cache file %s: %s: its throttled and refused counters are left out", container.name.c_str(),
-          container.cache_path.c_str(), error.c_str());
+          container.cache_path.c_str(), read.counters_error.c_str());
     }
-    if (state == vgpu::monitor::CacheState::read) figures.counters.push_back(std::move(counters));
+    if (read.counters == vgpu::monitor::CacheState::read) figures.counters.push_back(std::move(counters));
+    if (!figures.hami) continue;
+    if (NewReason(reported, "hami " + container.name + " " + container.cache_path,
+                  read.hami == vgpu::monitor::CacheState::invalid, read.hami_error)) {
+      Log(1, "%s: cache file %s: %s: its hami_* series are left out", container.name.c_str(),
+          container.cache_path.c_str(), read.hami_error.c_str());
+    }
+    cache.state = read.hami;
+    figures.caches.push_back(std::move(cache));
   }
 }
 
-// With --metrics-port: this period's figures as Prometheus' text, handed to the server (docs/metrics.md). Each
-// container's cache file is read for its region counters, and with --hami-metrics as HAMi's; a new reason one is not
-// read is logged once.
+// With --metrics-port: this period's figures as Prometheus' text, handed to the server (docs/metrics.md), with each
+// container's cache file read (ReadContainerFiles).
 void PublishMetrics(vgpu::monitor::MetricsServer& server, const Options& options, vgpu::monitor::PeriodFigures figures,
                     std::map<std::string, std::string>& cache_reported) {
   figures.hami = options.hami_metrics;
-  if (figures.hami) ReadHamiCaches(figures, cache_reported);
-  ReadContainerCounters(figures, cache_reported);
+  ReadContainerFiles(figures, cache_reported);
   figures.stamp_ns = Now(CLOCK_REALTIME);
   server.Publish(vgpu::monitor::FormatMetrics(figures));
 }

@@ -29,4 +29,14 @@ bool ReadRegionCounters(std::uint64_t file_bytes, const ReadAt& read, std::vecto
 // file yet; `invalid`: `error` says why.
 CacheState ReadRegionCountersFile(const std::string& path, std::vector<RegionCounters>& out, std::string& error);
 
+// Both of a container's file's parts from one open (the monitor reads every container's each period): the region's
+// counters, and HAMi's part when `hami` is not null, each as the function above or ReadCacheFile reads it alone.
+struct ContainerFileRead {
+  CacheState counters = CacheState::absent;
+  std::string counters_error;
+  CacheState hami = CacheState::absent;  // (absent when not asked for)
+  std::string hami_error;
+};
+ContainerFileRead ReadContainerFile(const std::string& path, HamiCache* hami, std::vector<RegionCounters>& counters);
+
 }  // namespace vgpu::monitor
