@@ -1,5 +1,6 @@
 // Identifiers, clocks, temperature and power of a fake device, derived from its spec and utilization.
 #include "figures.h"
+#include "vgpu/base/random.h"
 #include "vgpu/base/uuid.h"
 
 #include <algorithm>
@@ -75,11 +76,8 @@ std::string UuidString(const model::DeviceSpec& spec) { return vgpu::base::GpuUu
 
 std::string SerialString(const model::DeviceSpec& spec) {
   // FNV-1a over the UUID: stable, and distinct for distinct UUIDs in practice.
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (const std::uint8_t byte : spec.uuid) {
-    hash ^= byte;
-    hash *= 0x100000001b3ull;
-  }
+  std::uint64_t hash = vgpu::base::kFnvOffset;
+  for (const std::uint8_t byte : spec.uuid) hash = vgpu::base::Fnv1aStep(hash, byte);
   char text[32];
   std::snprintf(text, sizeof text, "165%010" PRIu64, static_cast<std::uint64_t>(hash % 10'000'000'000ull));
   return text;

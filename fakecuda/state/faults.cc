@@ -17,7 +17,6 @@
 namespace fakecuda::faults {
 namespace {
 
-constexpr std::uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ull;  // SplitMix64's increment
 constexpr std::uint64_t kGarbageSalt = 0x6761726261676521ull;  // "garbage!": garbage values draw apart from hits
 
 std::string_view Trim(std::string_view s) {
@@ -184,11 +183,7 @@ bool ParseRule(std::string_view text, std::size_t number, Rule& rule, std::strin
   return true;
 }
 
-std::uint64_t Mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using vgpu::base::Mix64;
 
 // A uniform draw in [0, 1) from the top 53 bits: exact for every double, and the same on every platform.
 double UnitInterval(std::uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
@@ -229,17 +224,6 @@ bool ParseSeed(std::string_view text, std::uint64_t& seed, std::string& error) {
   }
   return true;
 }
-
-std::uint64_t Fnv1a64(std::string_view text) {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (const char c : text) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 0x100000001b3ull;
-  }
-  return hash;
-}
-
-std::uint64_t SplitMix64At(std::uint64_t state, std::uint64_t index) { return Mix(state + index * kGoldenGamma); }
 
 bool Injector::Configure(const std::vector<Rule>& rules, std::uint64_t seed, const Library& library,
                          std::string& error) {
@@ -335,7 +319,7 @@ Outcome Injector::Evaluate(const char* symbol) {
     }
     if (rule.garbage) {
       outcome.garbage = true;
-      outcome.garbage_seed = Mix(rule.generator_start ^ kGarbageSalt) ^ call;
+      outcome.garbage_seed = Mix64(rule.generator_start ^ kGarbageSalt) ^ call;
     }
   }
   return outcome;

@@ -1,6 +1,7 @@
 // Launches vgpu_spin through the CUDA Driver API, closed loop or at a fixed rate, and measures the run.
 #include "workload.h"
 #include "vgpu/base/clock.h"
+#include "vgpu/base/random.h"
 
 #include <poll.h>
 #include <time.h>
@@ -290,26 +291,8 @@ class Reporter {
   std::thread thread_;
 };
 
-// SplitMix64 (Steele, Lea, Flood 2014), as the simulator's: the same draws from the same seed everywhere.
-class SplitMix64 {
- public:
-  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-
-  std::uint64_t Next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-
-  // Uniform in [0, bound), bound > 0.
-  std::uint64_t Below(std::uint64_t bound) {
-    return static_cast<std::uint64_t>((static_cast<unsigned __int128>(Next()) * bound) >> 64);
-  }
-
- private:
-  std::uint64_t state_;
-};
+// The simulator's generator (vgpu/base/random.h): the same draws from the same seed everywhere.
+using vgpu::base::SplitMix64;
 
 // --churn: threads that allocate and free device memory in a tight loop beside the kernels (every call goes through
 // a shim's accounting, and so through its region lock), paused, resumed and stopped from stdin by Control below.

@@ -2,6 +2,7 @@
 // the region), the launching thread sleeps to the exact moment the budget allows, and CUDA events around the
 // kernel measure what it really cost (docs/compute-limit.md). The stages a launch passes are in launch.h, each in
 // its own file; this file holds the entry points and the order of the stages.
+#include "vgpu/base/random.h"
 #include "driver_memory.h"
 #include "launch.h"
 
@@ -11,8 +12,8 @@ namespace {
 using namespace launch;
 
 std::uint64_t ShapeOf(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::uint64_t v : {gx, gy, gz, bx, by, bz, shared}) h = (h ^ v) * 1099511628211ull;
+  std::uint64_t h = base::kFnvOffset;
+  for (std::uint64_t v : {gx, gy, gz, bx, by, bz, shared}) h = base::Fnv1aStep(h, v);
   return h;
 }
 

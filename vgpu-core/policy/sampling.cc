@@ -1,6 +1,8 @@
 // Which launches are measured (sampling.h).
 #include "vgpu/policy/sampling.h"
 
+#include "vgpu/base/random.h"
+
 #include <algorithm>
 
 namespace vgpu::policy {
@@ -24,10 +26,7 @@ std::uint64_t MeasuredOneIn(std::uint64_t estimate_ns, bool steady) {
 }
 
 std::uint64_t SamplerSeed(std::uint64_t process_seed, std::uint64_t thread_index) {
-  std::uint64_t z = process_seed + 0x9e3779b97f4a7c15ull * (thread_index + 1);  // SplitMix64's finalizer
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return base::SplitMix64At(process_seed, thread_index + 1);
 }
 
 }  // namespace vgpu::policy

@@ -45,6 +45,8 @@
 #include <string_view>
 #include <vector>
 
+#include "vgpu/base/random.h"
+
 namespace fakecuda::faults {
 
 inline constexpr std::size_t kMaxRules = 32;
@@ -76,10 +78,9 @@ bool ParseRules(std::string_view text, std::vector<Rule>& rules, std::string& er
 // Parses FAKECUDA_SEED: decimal digits, 0..2^64-1.
 bool ParseSeed(std::string_view text, std::uint64_t& seed, std::string& error);
 
-// The generator, exposed so that tests and tools can reproduce a run's draws.
-std::uint64_t Fnv1a64(std::string_view text);
-// The `index`-th output (1-based) of SplitMix64 started at `state`: what `index` calls of next() return last.
-std::uint64_t SplitMix64At(std::uint64_t state, std::uint64_t index);
+// The generator (vgpu/base/random.h), named here so that tests and tools can reproduce a run's draws.
+using vgpu::base::Fnv1a64;
+using vgpu::base::SplitMix64At;
 
 // What a fake library tells this layer about itself.
 struct Library {
