@@ -3,7 +3,6 @@
 // wherever a kernel completion makes a process act, so every process acts at the instant it would in real life.
 #include <algorithm>
 #include <bit>
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +15,7 @@
 #include "fakecuda/model/model.h"
 #include "random.h"
 #include "shim_measure.h"
+#include "vgpu/base/json_line.h"
 #include "vgpu/policy/limiter.h"
 #include "vgpu/policy/time_division.h"
 #include "vgpu/sim/sim.h"
@@ -29,41 +29,6 @@ constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 constexpr std::uint32_t kNvmlDevice = 0;  // `default` observes NVML here (Validate keeps such tenants on it)
 constexpr std::int32_t kFirstPid = 1000;
 constexpr std::uintptr_t kFirstFunction = 0x10000;  // kernel "functions" are addresses only the limiter sees
-
-// Appends JSON-lines fields without allocation per field; integers only, so the bytes are the same everywhere.
-class LineWriter {
- public:
-  explicit LineWriter(std::string& out) : out_(out) {}
-  LineWriter& Begin(const char* event) {
-    out_ += "{\"ev\":\"";
-    out_ += event;
-    out_ += '"';
-    return *this;
-  }
-  LineWriter& Text(const char* key, const std::string& value) {
-    Key(key);
-    out_ += '"';
-    out_ += value;  // validated: plain characters only
-    out_ += '"';
-    return *this;
-  }
-  LineWriter& Number(const char* key, std::uint64_t value) {
-    Key(key);
-    char digits[24];
-    const auto [end, ec] = std::to_chars(digits, digits + sizeof digits, value);
-    out_.append(digits, end);
-    return *this;
-  }
-  void End() { out_ += "}\n"; }
-
- private:
-  void Key(const char* key) {
-    out_ += ",\"";
-    out_ += key;
-    out_ += "\":";
-  }
-  std::string& out_;
-};
 
 std::uint64_t Fnv1a64(const std::string& bytes) {
   std::uint64_t hash = 0xcbf29ce484222325ull;
@@ -264,7 +229,7 @@ class Engine final : public model::TimelineListener {
     ++result_.kernels;
     if (scenario_.record_waits) tenant.result.responses_ns.push_back(op.end_ns - std::min(op.end_ns, done.called_ns));
     if (scenario_.record_trace) {
-      LineWriter line(result_.trace);
+      base::JsonLine line(result_.trace);
       line.Begin("kernel")
           .Text("tenant", tenant.spec->name)
           .Number("process", p.index_in_tenant)
@@ -492,7 +457,7 @@ class Engine final : public model::TimelineListener {
   }
 
   void WriteHeader() {
-    LineWriter(result_.trace)
+    base::JsonLine(result_.trace)
         .Begin("sim")
         .Number("seed", scenario_.seed)
         .Text("device", scenario_.device)
@@ -502,7 +467,7 @@ class Engine final : public model::TimelineListener {
         .Number("window_ns", scenario_.window_ns)
         .End();
     for (const TenantState& tenant : tenants_) {
-      LineWriter(result_.trace)
+      base::JsonLine(result_.trace)
           .Begin("tenant")
           .Text("tenant", tenant.spec->name)
           .Number("share_permille", tenant.share_permille)
@@ -1063,7 +1028,7 @@ class Engine final : public model::TimelineListener {
     if (time_division_) WakeTurnWaiters(now_ns_);
     if (scenario_.record_trace) {
       const TenantState& tenant = tenants_[p.tenant];
-      LineWriter(result_.trace)
+      base::JsonLine(result_.trace)
           .Begin("crash")
           .Text("tenant", tenant.spec->name)
           .Number("process", p.index_in_tenant)
@@ -1142,7 +1107,7 @@ class Engine final : public model::TimelineListener {
       if (tenant.cell().rate_permille != tenant.reported_rate_permille) {
         tenant.reported_rate_permille = tenant.cell().rate_permille;
         if (scenario_.record_trace) {
-          LineWriter(result_.trace)
+          base::JsonLine(result_.trace)
               .Begin("rate")
               .Text("tenant", tenant.spec->name)
               .Number("t_ns", now_ns_)
@@ -1165,7 +1130,7 @@ class Engine final : public model::TimelineListener {
       tenant.result.window_shares.push_back(static_cast<double>(window_busy_ns) /
                                             static_cast<double>(scenario_.window_ns));
       if (scenario_.record_trace) {
-        LineWriter(result_.trace)
+        base::JsonLine(result_.trace)
             .Begin("window")
             .Text("tenant", tenant.spec->name)
             .Number("start_ns", now_ns_ - scenario_.window_ns)

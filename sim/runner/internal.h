@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "vgpu/base/json_line.h"
 #include "vgpu/runner/runner.h"
 #include "vgpu/scenario/scenario.h"
 
@@ -40,23 +41,9 @@ std::vector<ProcessRun> Expand(const scenario::Scenario& scenario);
 
 const char* PolicyText(scenario::Policy policy);
 
-// A JSON string literal, quotes included; control characters, quotes and backslashes escaped.
-std::string JsonString(std::string_view text);
-
-// One JSON line, fields in the order they are added.
-class Line {
- public:
-  explicit Line(const char* event);
-  Line& Text(const char* key, std::string_view value);
-  Line& Number(const char* key, std::uint64_t value);
-  Line& Signed(const char* key, std::int64_t value);
-  Line& Numbers(const char* key, const std::vector<std::uint32_t>& values);
-  std::string Done() const { return text_ + "}\n"; }
-
- private:
-  void Key(const char* key);
-  std::string text_;
-};
+// One trace line, fields in the order they are added: Line("exit").Number("t_ns", t).Done(). Control characters in
+// strings are written \u00XX, as the trace always had them.
+inline base::JsonLine Line(const char* event) { return base::JsonLine(event, base::Controls::unicode); }
 
 // Where the trace goes: a file written line by line as the run goes, or a string for Outcome::trace.
 class TraceSink {

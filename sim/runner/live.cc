@@ -950,7 +950,7 @@ class LiveRun {
       message = ExitText(status);
       for (const std::string& line : child.err_tail) message += "; " + line;
     }
-    Line line("exit");
+    base::JsonLine line = Line("exit");
     line.Number("t_ns", t)
         .Text("tenant", name)
         .Number("process", run.index)

@@ -230,61 +230,6 @@ std::vector<ProcessRun> Expand(const scenario::Scenario& s) {
   return runs;
 }
 
-std::string JsonString(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (byte < 0x20 || byte == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", byte);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-Line::Line(const char* event) : text_(std::string("{\"ev\":\"") + event + "\"") {}
-
-void Line::Key(const char* key) {
-  text_ += ",\"";
-  text_ += key;
-  text_ += "\":";
-}
-
-Line& Line::Text(const char* key, std::string_view value) {
-  Key(key);
-  text_ += JsonString(value);
-  return *this;
-}
-
-Line& Line::Number(const char* key, std::uint64_t value) {
-  Key(key);
-  text_ += std::to_string(value);
-  return *this;
-}
-
-Line& Line::Signed(const char* key, std::int64_t value) {
-  Key(key);
-  text_ += std::to_string(value);
-  return *this;
-}
-
-Line& Line::Numbers(const char* key, const std::vector<std::uint32_t>& values) {
-  Key(key);
-  text_ += '[';
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) text_ += ',';
-    text_ += std::to_string(values[i]);
-  }
-  text_ += ']';
-  return *this;
-}
-
 TraceSink::~TraceSink() {
   if (file_ != nullptr) std::fclose(file_);
 }

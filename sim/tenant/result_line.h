@@ -3,7 +3,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 namespace vgpu::tenant {
 
@@ -37,8 +36,5 @@ struct ResultLine {
 // "error" or "oom".
 // kernels_per_s and busy_fraction are derived here (0 when nothing elapsed).
 std::string FormatResultLine(const ResultLine& result);
-
-// A JSON string literal, quotes included.
-std::string JsonString(std::string_view text);
 
 }  // namespace vgpu::tenant
