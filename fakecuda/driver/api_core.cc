@@ -466,215 +466,133 @@ FAKECUDA_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice* device, const char* bus
   return CUDA_ERROR_INVALID_DEVICE;
 }
 
+namespace {
+
+// Attributes with one value on every GPU fakecuda models.
+struct FixedAttribute {
+  CUdevice_attribute attribute;
+  int value;
+};
+constexpr FixedAttribute kFixedAttributes[] = {
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535},
+    {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536},
+    {CU_DEVICE_ATTRIBUTE_MAX_PITCH, 2147483647},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
+    {CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 512},
+    {CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 32},
+    {CU_DEVICE_ATTRIBUTE_GPU_OVERLAP, 1},
+    {CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0},
+    {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
+    {CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT, 512},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
+    {CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0},
+    {CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0},
+    {CU_DEVICE_ATTRIBUTE_TCC_DRIVER, 0},
+    {CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 2},
+    {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+    {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD, 0},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1},
+    {CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
+    {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO, 2},
+    {CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH, 131072},
+    {CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH, 131072},
+    {CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT, 65536},
+    {CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH, 16384},
+    {CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT, 16384},
+    {CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH, 16384},
+};
+
+// Attributes the device's preset (model::DeviceSpec) decides; `physical` is the device's index on the machine.
+struct PresetAttribute {
+  CUdevice_attribute attribute;
+  int (*value)(const model::DeviceSpec& s, std::uint32_t physical);
+};
+constexpr int ComputeCapability(const model::DeviceSpec& s) { return static_cast<int>(s.cc_major * 10 + s.cc_minor); }
+constexpr PresetAttribute kPresetAttributes[] = {
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.max_threads_per_block); }},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.shared_bytes_per_block); }},
+    {CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.warp_size); }},
+    {CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.clock_khz); }},
+    {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.sm_count); }},
+    {CU_DEVICE_ATTRIBUTE_ECC_ENABLED,
+     [](const model::DeviceSpec& s, std::uint32_t) { return s.cc_major >= 8 ? 1 : 0; }},
+    {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.pci_bus); }},
+    {CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.memory_clock_khz); }},
+    {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.memory_bus_bits); }},
+    {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.l2_bytes); }},
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.max_threads_per_sm); }},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.cc_major); }},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.cc_minor); }},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.shared_bytes_per_sm); }},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.registers_per_sm); }},
+    {CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID,
+     [](const model::DeviceSpec&, std::uint32_t physical) { return static_cast<int>(physical); }},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.shared_bytes_per_sm) - 1024; }},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.max_blocks_per_sm); }},
+    {CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE,
+     [](const model::DeviceSpec& s, std::uint32_t) { return static_cast<int>(s.l2_bytes / 4 * 3); }},
+    {CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH,
+     [](const model::DeviceSpec& s, std::uint32_t) { return ComputeCapability(s) >= 90 ? 1 : 0; }},
+};
+
+}  // namespace
+
+// The fixed values, then the preset's; any other valid attribute reads 0 (unsupported), as the driver reports an
+// attribute a GPU lacks.
 FAKECUDA_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
   FAKECUDA_ENTER("cuDeviceGetAttribute");
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::uint32_t physical = 0;
   if (!PhysicalDevice(TheDriver(), device, physical)) return CUDA_ERROR_INVALID_DEVICE;
-  const model::DeviceSpec& s = Spec(TheDriver(), physical);
-  const int cc = static_cast<int>(s.cc_major * 10 + s.cc_minor);
-  int v = 0;
-  switch (attribute) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
-      v = static_cast<int>(s.max_threads_per_block);
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
-      v = 1024;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y:
-      v = 1024;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z:
-      v = 64;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X:
-      v = 2147483647;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
-      v = 65535;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z:
-      v = 65535;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
-      v = static_cast<int>(s.shared_bytes_per_block);
-      break;
-    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY:
-      v = 65536;
-      break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
-      v = static_cast<int>(s.warp_size);
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_PITCH:
-      v = 2147483647;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK:
-      v = 65536;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE:
-      v = static_cast<int>(s.clock_khz);
-      break;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT:
-      v = 512;
-      break;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT:
-      v = 32;
-      break;
-    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-      v = static_cast<int>(s.sm_count);
-      break;
-    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
-      v = CU_COMPUTEMODE_DEFAULT;
-      break;
-    case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT:
-      v = 512;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
-      v = s.cc_major >= 8 ? 1 : 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
-      v = static_cast<int>(s.pci_bus);
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE:
-      v = static_cast<int>(s.memory_clock_khz);
-      break;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
-      v = static_cast<int>(s.memory_bus_bits);
-      break;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:
-      v = static_cast<int>(s.l2_bytes);
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
-      v = static_cast<int>(s.max_threads_per_sm);
-      break;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
-      v = 2;
-      break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
-      v = static_cast<int>(s.cc_major);
-      break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
-      v = static_cast<int>(s.cc_minor);
-      break;
-    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR:
-      v = static_cast<int>(s.shared_bytes_per_sm);
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR:
-      v = static_cast<int>(s.registers_per_sm);
-      break;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID:
-      v = static_cast<int>(physical);
-      break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
-      v = static_cast<int>(s.shared_bytes_per_sm) - 1024;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR:
-      v = static_cast<int>(s.max_blocks_per_sm);
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE:
-      v = static_cast<int>(s.l2_bytes / 4 * 3);
-      break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-      v = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK:
-      v = 1024;
-      break;
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH:
-      v = cc >= 90 ? 1 : 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED:
-      v = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO:
-      v = 2;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH:
-      v = 131072;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH:
-      v = 131072;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT:
-      v = 65536;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH:
-      v = 16384;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT:
-      v = 16384;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH:
-      v = 16384;
-      break;
-    default:
-      if (static_cast<int>(attribute) <= 0 || attribute >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
-      v = 0;  // a valid attribute fakecuda does not model: reported as unsupported/zero
+  if (static_cast<int>(attribute) <= 0 || attribute >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  for (const FixedAttribute& fixed : kFixedAttributes) {
+    if (fixed.attribute == attribute) {
+      *value = fixed.value;
+      return CUDA_SUCCESS;
+    }
   }
-  *value = v;
+  for (const PresetAttribute& preset : kPresetAttributes) {
+    if (preset.attribute == attribute) {
+      *value = preset.value(Spec(TheDriver(), physical), physical);
+      return CUDA_SUCCESS;
+    }
+  }
+  *value = 0;
   return CUDA_SUCCESS;
 }
 

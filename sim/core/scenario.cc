@@ -140,18 +140,6 @@ Workload Rate(double launches_per_second, std::uint64_t kernel_ns, std::uint32_t
   return w;
 }
 
-const char* PolicyName(Policy policy) {
-  switch (policy) {
-    case Policy::force:
-      return "force";
-    case Policy::default_policy:
-      return "default";
-    case Policy::disable:
-      return "disable";
-  }
-  return "?";
-}
-
 const char* SharingName(Sharing sharing) {
   switch (sharing) {
     case Sharing::budget:
@@ -166,10 +154,11 @@ namespace {
 
 // The run's clock and its windows: time slices, handovers, windows, duration, settling, NVML period, samples.
 std::string ValidateTimes(const Scenario& s) {
-  if (s.timeslice_ns < kMicrosecondNs || s.timeslice_ns > kSecondNs) {
+  if (s.timeslice_ns < scenario::limits::kMinTimesliceNs || s.timeslice_ns > scenario::limits::kMaxTimesliceNs) {
     return Field("", "timeslice_ns", s.timeslice_ns, "1 us .. 1 s, e.g. 2000000");
   }
-  if (s.switch_ns > 100 * kMillisecondNs) return Field("", "switch_ns", s.switch_ns, "0 .. 100 ms, e.g. 160000");
+  if (s.switch_ns > scenario::limits::kMaxSwitchNs)
+    return Field("", "switch_ns", s.switch_ns, "0 .. 100 ms, e.g. 160000");
   if (s.window_ns < kMillisecondNs || s.window_ns > kMaxDurationNs) {
     return Field("", "window_ns", s.window_ns, "1 ms .. 1 h, e.g. 1000000000");
   }

@@ -471,7 +471,7 @@ class Engine final : public model::TimelineListener {
           .Begin("tenant")
           .Text("tenant", tenant.spec->name)
           .Number("share_permille", tenant.share_permille)
-          .Text("policy", PolicyName(tenant.spec->policy))
+          .Text("policy", scenario::PolicyName(tenant.spec->policy))
           .Number("processes", tenant.processes.size())
           .End();
     }

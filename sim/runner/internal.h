@@ -10,6 +10,7 @@
 
 #include "vgpu/base/json_line.h"
 #include "vgpu/runner/runner.h"
+#include "vgpu/scenario/check.h"
 #include "vgpu/scenario/scenario.h"
 
 namespace vgpu::runner::internal {
@@ -29,17 +30,11 @@ struct ProcessRun {
   std::uint64_t end_ns = 0;  // crash_at if any, else stop
 };
 
-// Checks what a run relies on, whether or not the scenario came from the parser (a struct built by hand must not
-// crash the runner): "" or one line naming the field, its value and what is accepted.
+// The modes' rules (a virtual run has no real GPU and no faults; a live one samples in whole milliseconds), then the
+// scenario's own (scenario::Check): "" or one line naming the field, its value and what is accepted.
 std::string Check(const scenario::Scenario& scenario, Mode mode);
 
-// The device specs of a fake `gpu:` value, one per physical device: "2*h100-80gb,a100-40gb" (FAKECUDA_DEVICES'
-// syntax; "2xh100-80gb", the scenario file's, too) gives {"h100-80gb", "h100-80gb", "a100-40gb"}.
-bool DeviceItems(const std::string& gpu, std::vector<std::string>& items, std::string& error);
-
 std::vector<ProcessRun> Expand(const scenario::Scenario& scenario);
-
-const char* PolicyText(scenario::Policy policy);
 
 // One trace line, fields in the order they are added: Line("exit").Number("t_ns", t).Done(). Control characters in
 // strings are written \u00XX, as the trace always had them.

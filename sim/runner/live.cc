@@ -420,7 +420,7 @@ class LiveRun {
       reserved_bytes_.assign(device_count_, 0);
     } else {
       std::vector<std::string> items;
-      if (!DeviceItems(s_.gpu, items, error)) return false;
+      if (!scenario::DeviceItems(s_.gpu, items, error)) return false;
       device_count_ = static_cast<std::uint32_t>(items.size());
       for (const std::string& item : items) {
         fakecuda::model::MachineConfig config = fakecuda::model::DefaultConfig();
@@ -566,7 +566,7 @@ class LiveRun {
       // NVML (the sampler, the device numbers in the trace) counts devices in PCI order; CUDA's default is fastest
       // first. On a machine of mixed GPUs they differ: make CUDA count as NVML does.
       environment.push_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
-      environment.push_back(std::string("GPU_CORE_UTILIZATION_POLICY=") + PolicyText(tenant.policy));
+      environment.push_back(std::string("GPU_CORE_UTILIZATION_POLICY=") + scenario::PolicyName(tenant.policy));
       environment.push_back("CUDA_TASK_PRIORITY=" + std::to_string(tenant.priority));
       if (s_.sharing == scenario::Sharing::time_division) {
         environment.push_back("VGPU_COMPUTE_SHARING=time-division");

@@ -16,93 +16,6 @@
 
 namespace vgpu::runner {
 namespace internal {
-namespace {
-
-using scenario::limits::kMaxDurationNs;
-using scenario::limits::kMaxKernelNs;
-using scenario::limits::kMaxReplicas;
-using scenario::limits::kMaxTenants;
-constexpr std::uint64_t kMaxProcesses = scenario::limits::kMaxProcessesInAll;
-
-std::string Field(const std::string& where, const char* name, std::uint64_t value, const std::string& accepted) {
-  return where + name + " = " + std::to_string(value) + "; accepted: " + accepted;
-}
-
-std::string CheckPhase(const scenario::Phase& phase, const std::string& where) {
-  if (phase.kind == scenario::Phase::Kind::idle) {
-    if (phase.for_ns == 0) return Field(where, "for_ns", 0, "an idle phase needs a time above 0, e.g. 1s");
-    return {};
-  }
-  if (phase.sizes_ns.empty()) return where + "sizes_ns is empty; accepted: one or more kernel sizes, e.g. [1ms]";
-  if (phase.sizes_ns.size() > scenario::limits::kMaxMixedSizes)
-    return Field(where, "sizes_ns.size()", phase.sizes_ns.size(), "1 .. 1024");
-  for (const std::uint64_t size : phase.sizes_ns) {
-    if (size < 1 || size > kMaxKernelNs) return Field(where, "sizes_ns[]", size, "1 ns .. 1 h, e.g. 1000000");
-  }
-  if (phase.depth < 1 || phase.depth > 128) return Field(where, "depth", phase.depth, "1 .. 128, e.g. 4");
-  if (phase.blocks < 1 || phase.blocks > 65535) return Field(where, "blocks", phase.blocks, "1 .. 65535");
-  if (phase.jitter_permille > 500) return Field(where, "jitter_permille", phase.jitter_permille, "0 .. 500");
-  if (!(phase.rate >= 0 && phase.rate <= 1e9)) {
-    return where + "rate = " + std::to_string(phase.rate) + "; accepted: 0 (closed loop) .. 1e9 launches per second";
-  }
-  if (phase.rate > 0 && phase.rate < 0.001) {
-    return where + "rate = " + std::to_string(phase.rate) + "; accepted: 0 (closed loop) or at least 0.001";
-  }
-  return {};
-}
-
-}  // namespace
-
-const char* PolicyText(scenario::Policy policy) {
-  switch (policy) {
-    case scenario::Policy::force:
-      return "force";
-    case scenario::Policy::default_policy:
-      return "default";
-    case scenario::Policy::disable:
-      return "disable";
-  }
-  return "force";
-}
-
-bool DeviceItems(const std::string& gpu, std::vector<std::string>& items, std::string& error) {
-  items.clear();
-  std::string_view rest = gpu;
-  const auto trim = [](std::string_view text) {
-    while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
-    while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
-    return text;
-  };
-  while (!rest.empty()) {
-    const std::size_t comma = rest.find(',');
-    std::string_view item = trim(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    std::uint64_t repeat = 1;
-    // "2*h100-80gb" (FAKECUDA_DEVICES) or "2xh100-80gb" (the scenario file): digits, then '*' or 'x'.
-    std::size_t digits = 0;
-    while (digits < item.size() && item[digits] >= '0' && item[digits] <= '9') ++digits;
-    if (digits > 0 && digits < item.size() && (item[digits] == '*' || item[digits] == 'x')) {
-      const auto [end, ec] = std::from_chars(item.data(), item.data() + digits, repeat);
-      if (ec != std::errc() || repeat == 0 || repeat > 8) {
-        error = "gpu = '" + gpu + "': the repeat count in '" + std::string(item) +
-                "' is not 1 .. 8; accepted: e.g. h100-80gb or 2xh100-80gb";
-        return false;
-      }
-      item = trim(item.substr(digits + 1));
-    }
-    if (item.empty()) {
-      error = "gpu = '" + gpu + "' has an empty device; accepted: e.g. h100-80gb or 2xh100-80gb";
-      return false;
-    }
-    for (std::uint64_t r = 0; r < repeat; ++r) items.emplace_back(item);
-  }
-  if (items.empty() || items.size() > 8) {
-    error = "gpu = '" + gpu + "' names " + std::to_string(items.size()) +
-            " devices; accepted: 1 .. 8, e.g. h100-80gb or 2xh100-80gb";
-    return false;
-  }
-  return true;
-}
 
 std::string Check(const scenario::Scenario& s, Mode mode) {
   if (mode == Mode::virtual_time) {
@@ -116,96 +29,11 @@ std::string Check(const scenario::Scenario& s, Mode mode) {
     if (!s.live_mode) return "mode: the scenario is not meant for live mode (its mode list has no live)";
     if (s.real_gpu && !s.faults.empty()) return "faults: fault rules need the fake GPU, and gpu = 'real'";
   }
-  std::uint32_t device_count = s.device_count;
-  if (!s.real_gpu) {
-    std::vector<std::string> items;
-    std::string error;
-    if (!DeviceItems(s.gpu, items, error)) return error;
-    device_count = static_cast<std::uint32_t>(items.size());
-  } else if (device_count < 1 || device_count > 16) {
-    return Field("", "device_count", device_count, "1 .. 16 for gpu = 'real'");
-  }
-  if (s.duration_ns == 0 || s.duration_ns > kMaxDurationNs) {
-    return Field("", "duration_ns", s.duration_ns, "1 ns .. 1 h, e.g. 6000000000");
-  }
-  if (s.sample_ns == 0 || s.duration_ns % s.sample_ns != 0) {
-    return Field("", "sample_ns", s.sample_ns,
-                 "above 0 and dividing duration_ns (" + std::to_string(s.duration_ns) + "), e.g. 100000000");
-  }
-  if (s.window_ns == 0 || s.window_ns % s.sample_ns != 0 || s.duration_ns % s.window_ns != 0) {
-    return Field("", "window_ns", s.window_ns,
-                 "a multiple of sample_ns (" + std::to_string(s.sample_ns) + ") dividing duration_ns (" +
-                     std::to_string(s.duration_ns) + ")");
-  }
-  if (s.settle_ns % s.window_ns != 0 || s.settle_ns > s.duration_ns) {
-    return Field("", "settle_ns", s.settle_ns,
-                 "a multiple of window_ns (" + std::to_string(s.window_ns) + ") up to duration_ns");
-  }
-  if (s.timeslice_ns < 1000 || s.timeslice_ns > scenario::kSecondNs) {
-    return Field("", "timeslice_ns", s.timeslice_ns, "1 us .. 1 s, e.g. 2000000");
-  }
   if (mode == Mode::live && s.sample_ns % scenario::kMillisecondNs != 0) {
-    return Field("", "sample_ns", s.sample_ns, "whole milliseconds in live mode (vgpu-tenant --report-ms)");
+    return "sample_ns = " + std::to_string(s.sample_ns) +
+           "; accepted: whole milliseconds in live mode (vgpu-tenant --report-ms)";
   }
-  if (s.tenants.empty() || s.tenants.size() > kMaxTenants) {
-    return Field("", "tenants.size()", s.tenants.size(), "1 .. 16 tenants");
-  }
-  std::uint64_t processes = 0;
-  for (std::size_t t = 0; t < s.tenants.size(); ++t) {
-    const scenario::TenantSpec& tenant = s.tenants[t];
-    const std::string where = "tenants[" + std::to_string(t) + "].";
-    if (!scenario::limits::IsPlainName(tenant.name)) {
-      return where + "name = '" + tenant.name + "'; accepted: 1 .. 64 letters, digits, '-', '_', '.', e.g. a";
-    }
-    for (std::size_t other = 0; other < t; ++other) {
-      if (s.tenants[other].name == tenant.name) return where + "name = '" + tenant.name + "' is used twice";
-    }
-    if (tenant.cores_percent > 100) return Field(where, "cores_percent", tenant.cores_percent, "0 .. 100");
-    if (tenant.devices.empty()) return where + "devices is empty; accepted: one or more device indices, e.g. [0]";
-    for (std::size_t d = 0; d < tenant.devices.size(); ++d) {
-      if (tenant.devices[d] >= device_count) {
-        return Field(where, ("devices[" + std::to_string(d) + "]").c_str(), tenant.devices[d],
-                     "0 .. " + std::to_string(device_count - 1) + " (gpu = '" + s.gpu + "')");
-      }
-      for (std::size_t e = 0; e < d; ++e) {
-        if (tenant.devices[e] == tenant.devices[d]) {
-          return Field(where, ("devices[" + std::to_string(d) + "]").c_str(), tenant.devices[d],
-                       "each device once per tenant");
-        }
-      }
-    }
-    for (std::size_t p = 0; p < tenant.processes.size(); ++p) {
-      const scenario::ProcessSpec& process = tenant.processes[p];
-      const std::string at = where + "processes[" + std::to_string(p) + "].";
-      if (process.replicas < 1 || process.replicas > kMaxReplicas) {
-        return Field(at, "replicas", process.replicas, "1 .. 64");
-      }
-      if (process.stop_ns > s.duration_ns || process.start_ns >= process.stop_ns) {
-        return Field(at, "stop_ns", process.stop_ns,
-                     "above start_ns (" + std::to_string(process.start_ns) + ") and at most duration_ns (" +
-                         std::to_string(s.duration_ns) + ")");
-      }
-      if (process.crash_at_ns && (*process.crash_at_ns < process.start_ns || *process.crash_at_ns >= process.stop_ns)) {
-        return Field(at, "crash_at_ns", *process.crash_at_ns,
-                     "in [start_ns, stop_ns) = [" + std::to_string(process.start_ns) + ", " +
-                         std::to_string(process.stop_ns) + ")");
-      }
-      if (process.device >= tenant.devices.size()) {
-        return Field(at, "device", process.device,
-                     "a CUDA ordinal of the tenant's devices, 0 .. " + std::to_string(tenant.devices.size() - 1));
-      }
-      if (process.work.empty()) return at + "work is empty; accepted: one or more phases, e.g. [{kernels: 1ms}]";
-      for (std::size_t w = 0; w < process.work.size(); ++w) {
-        const std::string phase_error = CheckPhase(process.work[w], at + "work[" + std::to_string(w) + "].");
-        if (!phase_error.empty()) return phase_error;
-      }
-      processes += process.replicas;
-    }
-  }
-  if (processes > kMaxProcesses) {
-    return Field("", "processes (replicas of every tenant)", processes, "1 .. 255 (the fake machine's slots)");
-  }
-  return {};
+  return scenario::Check(s);
 }
 
 std::vector<ProcessRun> Expand(const scenario::Scenario& s) {
@@ -292,7 +120,7 @@ void WriteHeader(const scenario::Scenario& s, Mode mode, std::uint32_t device_co
                     .Numbers("devices", tenant.devices)
                     .Number("cores_percent", tenant.cores_percent)
                     .Number("memory_limit_bytes", tenant.memory_limit_bytes)
-                    .Text("policy", PolicyText(tenant.policy))
+                    .Text("policy", scenario::PolicyName(tenant.policy))
                     .Number("priority", tenant.priority)
                     .Number("processes", processes)
                     .Done());

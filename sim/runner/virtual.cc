@@ -20,18 +20,6 @@ namespace {
 // would spend its time on the schedule, not the kernels.
 constexpr std::size_t kMaxSegments = 1'000'000;
 
-sim::Policy SimPolicy(scenario::Policy policy) {
-  switch (policy) {
-    case scenario::Policy::force:
-      return sim::Policy::force;
-    case scenario::Policy::default_policy:
-      return sim::Policy::default_policy;
-    case scenario::Policy::disable:
-      return sim::Policy::disable;
-  }
-  return sim::Policy::force;
-}
-
 // What vgpu-tenant does for a kernels phase, as the simulator's workload.
 bool ToWorkload(const scenario::Phase& phase, sim::Workload& workload, std::string& error) {
   workload = sim::Workload{};
@@ -244,7 +232,7 @@ void AddTenants(const scenario::Scenario& s, std::uint32_t d, const std::vector<
     sim::Tenant tenant;
     tenant.name = s.tenants[t].name;
     tenant.share_percent = s.tenants[t].cores_percent;
-    tenant.policy = SimPolicy(s.tenants[t].policy);
+    tenant.policy = s.tenants[t].policy;
     for (std::uint32_t i = 0; i < runs.size(); ++i) {
       if (runs[i].tenant != t || runs[i].device != d || ledger[i].oom || segments[i].empty()) continue;
       sim::Process process;
@@ -403,7 +391,8 @@ Outcome RunVirtual(const scenario::Scenario& s, const Options& options, TraceSin
   Outcome outcome;
   std::vector<std::string> items;
   std::vector<fakecuda::model::DeviceSpec> specs;
-  if (!DeviceItems(s.gpu, items, outcome.error) || !DeviceSpecs(s, items, specs, outcome.error)) return outcome;
+  if (!scenario::DeviceItems(s.gpu, items, outcome.error) || !DeviceSpecs(s, items, specs, outcome.error))
+    return outcome;
   const auto device_count = static_cast<std::uint32_t>(items.size());
   const std::vector<ProcessRun> runs = Expand(s);
   std::vector<std::vector<sim::Segment>> segments;

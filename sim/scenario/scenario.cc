@@ -34,13 +34,15 @@ using limits::kMaxReplicas;
 using limits::kMaxTenants;
 using limits::kMinDurationNs;
 static_assert(kMaxProcessesInAll == fakecuda::model::kMaxProcesses - 1, "limits.h: the fake machine's slots changed");
-constexpr std::size_t kMaxProcessEntries = 16;
-constexpr std::uint64_t kMaxRealDevices = 16;
-constexpr std::size_t kMaxPhases = 64;
-constexpr std::uint64_t kMaxInFlight = fakecuda::model::kStreamDepth;
-constexpr std::uint64_t kMaxBlocks = 65535;
-constexpr double kMaxJitterPercent = 50;
-constexpr double kMaxRate = 1e6;
+using limits::kMaxBlocks;
+using limits::kMaxPhases;
+using limits::kMaxProcessEntries;
+using limits::kMaxRate;
+using limits::kMaxRealDevices;
+constexpr std::uint64_t kMaxInFlight = limits::kMaxDepth;
+static_assert(kMaxInFlight == fakecuda::model::kStreamDepth, "limits.h: the fake GPU's stream depth changed");
+static_assert(limits::kMaxFakeDevices == fakecuda::model::kMaxDevices, "limits.h: the fake machine's devices changed");
+constexpr double kMaxJitterPercent = limits::kMaxJitterPermille / 10.0;
 constexpr std::uint64_t kMiB = 1ull << 20;
 constexpr std::size_t kMaxReadBytes = 1 << 20;
 
@@ -458,7 +460,7 @@ class Checker {
   }
 
   void CheckTimeslice(const Node& node) {
-    auto ns = Duration(node, "timeslice", kMicrosecondNs, kSecondNs, "2100us");
+    auto ns = Duration(node, "timeslice", limits::kMinTimesliceNs, limits::kMaxTimesliceNs, "2100us");
     if (!ns) return;
     if (*ns % kMicrosecondNs != 0) {  // passed on as FAKECUDA_TIMESLICE_US
       Add(node.line, "timeslice", Shown(node) + " is not a whole number of microseconds; expected 1us .. 1s");
@@ -480,7 +482,7 @@ class Checker {
   }
 
   void CheckSwitch(const Node& node) {
-    auto ns = Duration(node, "switch", 0, 100 * kMillisecondNs, "160us");
+    auto ns = Duration(node, "switch", 0, limits::kMaxSwitchNs, "160us");
     if (!ns) return;
     if (*ns % kMicrosecondNs != 0) {  // passed on as FAKECUDA_SWITCH_US
       Add(node.line, "switch", Shown(node) + " is not a whole number of microseconds; expected 0us .. 100ms");
@@ -975,7 +977,7 @@ class Checker {
         double value = 0;
         if (!values::ParseDecimal(*text, value)) {
           Add(rate->line, Join(path, "rate"), Shown(*rate) + " is not a number; expected " + accepted);
-        } else if (value < 0.001 || value > kMaxRate) {  // vgpu-tenant's and the runner's least rate
+        } else if (value < limits::kMinRate || value > kMaxRate) {  // vgpu-tenant's and the runner's least rate
           Add(rate->line, Join(path, "rate"), Shown(*rate) + " is out of range; expected " + accepted);
         } else {
           phase.rate = value;

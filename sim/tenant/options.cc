@@ -271,19 +271,19 @@ const FlagSpec* FindFlag(std::string_view name) {
   return nullptr;
 }
 
+// What a number's start says against it (empty, a sign, a leading zero), or nullptr.
+const char* StartProblem(std::string_view text) {
+  if (text.empty()) return "is empty";
+  if (text[0] == '-') return "is negative";
+  if (HasLeadingZero(text)) return "has a leading zero (octal to some tools, decimal to others, so refused)";
+  return nullptr;
+}
+
 }  // namespace
 
 std::optional<std::uint64_t> ParseWholeNumber(std::string_view text, std::string* problem) {
-  if (text.empty()) {
-    *problem = "is empty";
-    return std::nullopt;
-  }
-  if (text[0] == '-') {
-    *problem = "is negative";
-    return std::nullopt;
-  }
-  if (HasLeadingZero(text)) {
-    *problem = "has a leading zero (octal to some tools, decimal to others, so refused)";
+  if (const char* refused = StartProblem(text)) {
+    *problem = refused;
     return std::nullopt;
   }
   std::uint64_t value = 0;
@@ -345,16 +345,8 @@ std::optional<std::uint64_t> ParseSizeBytes(std::string_view text, std::string* 
 }
 
 std::optional<double> ParseDecimal(std::string_view text, std::string* problem) {
-  if (text.empty()) {
-    *problem = "is empty";
-    return std::nullopt;
-  }
-  if (text[0] == '-') {
-    *problem = "is negative";
-    return std::nullopt;
-  }
-  if (HasLeadingZero(text)) {
-    *problem = "has a leading zero (octal to some tools, decimal to others, so refused)";
+  if (const char* refused = StartProblem(text)) {
+    *problem = refused;
     return std::nullopt;
   }
   double value = 0;

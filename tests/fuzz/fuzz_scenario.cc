@@ -8,6 +8,7 @@
 //     <= duration, crash_at in [start, stop), devices unique and on the GPU, processes' devices within the
 //     container's, at most 255 processes, expectations' periods holding a whole window, oom: true only with a memory
 //     limit, gpu: real live only and without faults, every string valid UTF-8;
+//   - it keeps check.h's rules, which the runner applies to a scenario however it was built;
 //   - it round-trips: written back out as YAML (every value explicit, times in ns, sizes in bytes, strings quoted
 //     with escapes) and loaded again, it validates and gives the same scenario, field by field, line numbers aside.
 #include <charconv>
@@ -20,6 +21,7 @@
 #include <string_view>
 
 #include "fakecuda/model/layout.h"
+#include "vgpu/scenario/check.h"
 #include "vgpu/scenario/scenario.h"
 
 namespace {
@@ -383,6 +385,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const Scenario& scenario = *loaded.scenario;
   CHECK(scenario.file == file);
   CheckScenario(scenario);
+  const std::string broken = Check(scenario);  // the rules the runner applies (check.h)
+  CHECK(broken.empty(), "the loader accepted a scenario check.h refuses: " + broken);
 
   const std::string written = Write(scenario);
   const Loaded again = LoadText(written, "again.yaml");

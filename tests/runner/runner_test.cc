@@ -632,7 +632,7 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"names", [](scenario::Scenario& s) { s.tenants.push_back(s.tenants[0]); }, "is used twice"},
         // The scenario file's limits (vgpu/scenario/limits.h): the runner took 100 h where a file took 1 h.
         Refusal{"duration", [](scenario::Scenario& s) { s.duration_ns = 2 * 3600 * kSecondNs; },
-                "duration_ns = 7200000000000; accepted: 1 ns .. 1 h"},
+                "duration_ns = 7200000000000; accepted: 100 ms .. 1 h"},
         Refusal{"dot_name", [](scenario::Scenario& s) { s.tenants[0].name = ".."; }, "tenants[0].name = '..'"},
         Refusal{"no_tenant", [](scenario::Scenario& s) { s.tenants.clear(); }, "tenants.size() = 0"},
         Refusal{"mixed_rate",

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "values.h"
+#include "vgpu/scenario/check.h"
 #include "yaml.h"
 
 namespace vgpu::scenario {
@@ -111,6 +112,9 @@ Scenario Valid(const std::string& text, const std::string& file = "test.yaml") {
   Loaded loaded = LoadText(text, file);
   EXPECT_TRUE(loaded.problems.empty()) << Dump(loaded);
   EXPECT_TRUE(loaded.scenario.has_value());
+  if (loaded.scenario) {
+    EXPECT_EQ(Check(*loaded.scenario), "") << "the loader accepted what check.h refuses";
+  }
   return loaded.scenario.value_or(Scenario{});
 }
 
@@ -975,6 +979,10 @@ void ExpectWellFormed(const std::string& text, const std::string& what) {
     ASSERT_FALSE(problem.message.empty()) << what;
     ASSERT_TRUE(IsUtf8(problem.ToString())) << what << "\n" << problem.ToString();
   }
+  // What the loader accepts keeps the rules the runner applies (check.h): one set of rules, two ways in.
+  if (loaded.scenario) {
+    ASSERT_EQ(Check(*loaded.scenario), "") << what << "\n" << text;
+  }
 }
 
 TEST(ScenarioRobustness, EveryPrefixOfAValidFile) {
@@ -1060,6 +1068,73 @@ TEST(ScenarioRobustness, LargeInputsStayLinear) {
   EXPECT_LT(seconds, 20.0);
 }
 
+// ---- the rules of a struct built in code (check.h) ----------------------------------------------------------------
+
+// A struct a file could have given, then one field broken at a time the way code can break it. Each was taken by
+// the runner's own check before the rules were one (rate 1e7, 65 phases, 17 entries, a tenant with no process,
+// priority 2, settle equal to duration, a 1 ns duration), or is a bound a file states in other words.
+TEST(ScenarioCheck, RefusesWhatAFileCouldNotSayNamingTheField) {
+  const Scenario base = Valid("duration: 2s\ntenants:\n  - name: a\n    processes:\n      - work: [{kernels: 1ms}]\n");
+  ASSERT_EQ(Check(base), "");
+  struct Case {
+    const char* expected;
+    void (*change)(Scenario&);
+  };
+  const Case cases[] = {
+      {"work[0].rate = 10000000.000000; accepted: 0 (a closed loop) or 0.001 .. 1e6",
+       [](Scenario& s) { s.tenants[0].processes[0].work[0].rate = 1e7; }},
+      {"work[0].rate = 0.000100", [](Scenario& s) { s.tenants[0].processes[0].work[0].rate = 1e-4; }},
+      {"work.size() = 65; accepted: 1 .. 64",
+       [](Scenario& s) { s.tenants[0].processes[0].work.resize(65, s.tenants[0].processes[0].work[0]); }},
+      {"tenants[0].processes.size() = 17",
+       [](Scenario& s) { s.tenants[0].processes.resize(17, s.tenants[0].processes[0]); }},
+      {"tenants[0].processes.size() = 0", [](Scenario& s) { s.tenants[0].processes.clear(); }},
+      {"tenants[0].priority = 2", [](Scenario& s) { s.tenants[0].priority = 2; }},
+      {"settle_ns = 2000000000", [](Scenario& s) { s.settle_ns = s.duration_ns; }},
+      {"duration_ns = 1; accepted: 100 ms .. 1 h", [](Scenario& s) { s.duration_ns = 1; }},
+      {"sample_ns = 120000000000", [](Scenario& s) { s.sample_ns = s.window_ns = 120 * kS, s.duration_ns = 240 * kS; }},
+      {"switch_ns = 200000000", [](Scenario& s) { s.switch_ns = 200 * kMs; }},
+      {"work[0].jitter_permille = 501", [](Scenario& s) { s.tenants[0].processes[0].work[0].jitter_permille = 501; }},
+      {"work[0].ranks = 1",
+       [](Scenario& s) {
+         s.tenants[0].processes[0].work[0].collective_ns = kMs;
+         s.tenants[0].processes[0].work[0].ranks = 1;
+       }},
+      {"work[0].for_ns = 3600000000001", [](Scenario& s) { s.tenants[0].processes[0].work[0].for_ns = 3600 * kS + 1; }},
+      {"tenants[0].expect[0].to_ns = 3000000000",
+       [](Scenario& s) {
+         Expectation e;
+         e.percent = 30, e.from_ns = kS, e.to_ns = 3 * kS;
+         s.tenants[0].expect.push_back(e);
+       }},
+      {"tenants[0].expect[0].tolerance_points = 0.000000",
+       [](Scenario& s) {
+         Expectation e;
+         e.percent = 30, e.from_ns = kS, e.to_ns = 2 * kS, e.tolerance_points = 0;
+         s.tenants[0].expect.push_back(e);
+       }},
+      {"gpu = '9*h100-80gb': the repeat count", [](Scenario& s) { s.gpu = "9*h100-80gb"; }},
+      {"gpu = '8*h100-80gb,h100-80gb' names 9 devices", [](Scenario& s) { s.gpu = "8*h100-80gb,h100-80gb"; }},
+      {"device_count = 17", [](Scenario& s) { s.gpu = "real", s.real_gpu = true, s.device_count = 17; }},
+  };
+  for (const Case& c : cases) {
+    Scenario s = base;
+    c.change(s);
+    const std::string problem = Check(s);
+    EXPECT_NE(problem.find(c.expected), std::string::npos) << "expected: " << c.expected << "\ngot: " << problem;
+    EXPECT_EQ(problem.find('\n'), std::string::npos) << problem;
+  }
+}
+
+// The rules' edges are the file's: what a file may say at its bounds, a struct may hold.
+TEST(ScenarioCheck, AcceptsTheFilesBounds) {
+  const Scenario s = Valid(
+      "gpu: 8xh100-80gb\nduration: 100ms\nsettle: 0s\nwindow: 100ms\nsample: 1ms\nswitch: 100ms\ntimeslice: 1s\n"
+      "tenants:\n  - name: a\n    processes:\n      - replicas: 64\n        work:\n          - kernels: 1us\n"
+      "            depth: 128\n            rate: 1000000\n            jitter: 50%\n            blocks: 65535\n");
+  EXPECT_EQ(Check(s), "");
+}
+
 // ---- files --------------------------------------------------------------------------------------------------------
 
 // The scenario library in scenarios/ is the format's first user: every file in it loads without a problem.
@@ -1072,6 +1147,7 @@ TEST(ScenarioLoadFile, TheScenarioLibraryLoads) {
     EXPECT_TRUE(loaded.scenario.has_value()) << Dump(loaded);
     if (loaded.scenario) {
       EXPECT_EQ(loaded.scenario->name, entry.path().stem().string());
+      EXPECT_EQ(Check(*loaded.scenario), "") << entry.path();
     }
   }
   EXPECT_GT(files, 0u);

@@ -287,6 +287,33 @@ std::uint32_t OwnBooksOn(const DeviceLimiter& d, const StreamState* state) {
   return own;
 }
 
+namespace {
+
+// A book of `granted` launches of `key` on `stream`, each accounted and charged `each_ns`, valid at the generations
+// current now; not measuring, not queued, onto a drained stream (callers set what differs).
+LaunchBook NewBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream stream, CUcontext context,
+                   StreamState& state, std::uint64_t each_ns, std::uint64_t now, std::uint32_t granted,
+                   std::uint64_t turn_until_ns) {
+  LaunchBook book{};
+  book.function = key.function;
+  book.shape = key.shape;
+  book.stream = stream;
+  book.context = context;
+  book.device = &d;
+  book.state = &state;
+  book.generation = g_book_generations.streams.load(std::memory_order_acquire);
+  book.fork_generation = g_book_generations.forks.load(std::memory_order_relaxed);
+  book.accounted_each_ns = each_ns;
+  book.charged_ns = each_ns;
+  book.last_ns = now;
+  book.left = granted;
+  book.granted = granted;
+  book.turn_until_ns = turn_until_ns;
+  return book;
+}
+
+}  // namespace
+
 // After a launch planned unmeasured on `stream` (no window open there): a book of the launches after it. Caller holds
 // d.mutex. Evicts a book of this device if the thread has no free place (one of another device is left alone: its
 // mutex is not held).
@@ -309,24 +336,9 @@ std::uint64_t OpenBook(DeviceLimiter& d, const policy::KernelKey& key, CUstream 
   std::uint64_t each = 0;
   const std::uint32_t granted = d.limiter->AdmitBook(key, now, unmeasured, kBookNs, each);
   if (granted == 0) return 0;
-  *place = LaunchBook{key.function,
-                      key.shape,
-                      stream,
-                      context,
-                      &d,
-                      &state,
-                      g_book_generations.streams.load(std::memory_order_acquire),
-                      g_book_generations.forks.load(std::memory_order_relaxed),
-                      each,
-                      estimate_ns,
-                      now,
-                      granted,
-                      granted,
-                      measure_next && granted == unmeasured,
-                      false,
-                      false,
-                      0,
-                      turn_until_ns};
+  *place = NewBook(d, key, stream, context, state, each, now, granted, turn_until_ns);
+  place->charged_ns = estimate_ns;
+  place->measure_next = measure_next && granted == unmeasured;
   ++state.books;
   VGPU_COUNT(books_opened, 1);
   VGPU_COUNT(book_launches_granted, granted);
@@ -353,24 +365,9 @@ std::uint64_t OpenWindowBook(DeviceLimiter& d, const policy::KernelKey& key, CUs
   booked.charged_ns = each;
   state.booked_reserved += granted;
   state.estimated_ns += std::uint64_t{granted} * each;
-  *place = LaunchBook{key.function,
-                      key.shape,
-                      stream,
-                      context,
-                      &d,
-                      &state,
-                      g_book_generations.streams.load(std::memory_order_acquire),
-                      g_book_generations.forks.load(std::memory_order_relaxed),
-                      each,
-                      each,
-                      now,
-                      granted,
-                      granted,
-                      false,
-                      false,
-                      true,
-                      state.window_seq.load(std::memory_order_seq_cst),
-                      turn_until_ns};
+  *place = NewBook(d, key, stream, context, state, each, now, granted, turn_until_ns);
+  place->window = true;
+  place->window_seq = state.window_seq.load(std::memory_order_seq_cst);
   VGPU_COUNT(window_books_opened, 1);
   VGPU_COUNT(book_launches_granted, granted);
   return std::uint64_t{granted} * each;

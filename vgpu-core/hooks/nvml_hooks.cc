@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "shim.h"
 #include "driver_memory.h"
@@ -172,49 +173,46 @@ extern "C" VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) try {
 }
 VGPU_NVML_CATCH
 
-extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) try {
-  if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+namespace {
+
+// nvmlDeviceGetMemoryInfo and its _v2, one body: the real call's figures, then the slice's in a limited container.
+// On a failed slice nothing of the whole device's figures is left behind (a _v2's version is kept).
+// `real` is Real::'s pointer itself, read after ResolveRealNvml() has set it.
+template <typename Memory>
+nvmlReturn_t MemoryInfo(nvmlReturn_t (*const& real)(nvmlDevice_t, Memory*), nvmlDevice_t device, Memory* memory) {
+  if (!ResolveRealNvml() || real == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
   const Mode mode = CurrentMode();
   if (mode == Mode::failed) return kFailedClosedNvml;
-  const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo(device, memory);
+  const nvmlReturn_t result = real(device, memory);
   if (result != NVML_SUCCESS || mode != Mode::limited) return result;
   unsigned long long total = 0, used = 0, free_bytes = 0;
   bool sliced = false;
   if (const nvmlReturn_t r = SliceView(device, memory->total, memory->free, total, used, free_bytes, sliced);
       r != NVML_SUCCESS) {
-    *memory = nvmlMemory_t{};  // nothing of the whole device's figures is left behind
+    Memory empty{};
+    if constexpr (std::is_same_v<Memory, nvmlMemory_v2_t>) empty.version = memory->version;
+    *memory = empty;
     return r;
   }
   if (sliced) {
     memory->total = total;
+    if constexpr (std::is_same_v<Memory, nvmlMemory_v2_t>) {
+      memory->reserved = 0;  // the slice has no driver reserve: total = used + free, as cuMemGetInfo shows it
+    }
     memory->used = used;
     memory->free = free_bytes;
   }
   return result;
 }
+
+}  // namespace
+
+extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) try {
+  return MemoryInfo(Real::nvmlDeviceGetMemoryInfo, device, memory);
+}
 VGPU_NVML_CATCH
 
 extern "C" VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) try {
-  if (!ResolveRealNvml() || Real::nvmlDeviceGetMemoryInfo_v2 == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
-  const Mode mode = CurrentMode();
-  if (mode == Mode::failed) return kFailedClosedNvml;
-  const nvmlReturn_t result = Real::nvmlDeviceGetMemoryInfo_v2(device, memory);
-  if (result != NVML_SUCCESS || mode != Mode::limited) return result;
-  unsigned long long total = 0, used = 0, free_bytes = 0;
-  bool sliced = false;
-  if (const nvmlReturn_t r = SliceView(device, memory->total, memory->free, total, used, free_bytes, sliced);
-      r != NVML_SUCCESS) {
-    const unsigned int version = memory->version;
-    *memory = nvmlMemory_v2_t{};
-    memory->version = version;
-    return r;
-  }
-  if (sliced) {
-    memory->total = total;
-    memory->reserved = 0;  // the slice has no driver reserve: total = used + free, as cuMemGetInfo shows it
-    memory->used = used;
-    memory->free = free_bytes;
-  }
-  return result;
+  return MemoryInfo(Real::nvmlDeviceGetMemoryInfo_v2, device, memory);
 }
 VGPU_NVML_CATCH

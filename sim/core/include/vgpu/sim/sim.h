@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "vgpu/scenario/scenario.h"
+
 namespace vgpu::sim {
 
 inline constexpr std::uint64_t kMicrosecondNs = 1'000;
@@ -14,8 +16,8 @@ inline constexpr std::uint64_t kMillisecondNs = 1'000'000;
 inline constexpr std::uint64_t kSecondNs = 1'000'000'000;
 
 // GPU_CORE_UTILIZATION_POLICY: `force` caps hard, `default` lends the GPU while nobody else wants it, `disable`
-// measures and never throttles.
-enum class Policy { force, default_policy, disable };
+// measures and never throttles. The scenario file's enum, named by scenario::PolicyName.
+using Policy = scenario::Policy;
 
 enum class WorkloadKind {
   closed_loop,  // kernels back to back, at most `queue_depth` launched and not complete; depth 1 = launch-sync-launch
@@ -195,13 +197,14 @@ struct Result {
 // Runs a scenario to its end in virtual time. No wall clock is read.
 Result Run(const Scenario& scenario);
 
-// "" if the scenario can run, else a one-line message naming the field, its value and what is accepted.
+// "" if the scenario can run, else a one-line message naming the field, its value and what is accepted. The
+// simulator's own input, finer than a scenario file (segments, launch overheads, jitter to 999 permille): the runner
+// builds it from a scenario that passed scenario::Check; the bounds both have are limits.h's.
 std::string Validate(const Scenario& scenario);
 
 // A few lines: the seed, then per tenant its cap, mean share after settling, worst window and window shares.
 std::string Summary(const Result& result);
 
-const char* PolicyName(Policy policy);
 const char* SharingName(Sharing sharing);
 
 }  // namespace vgpu::sim
