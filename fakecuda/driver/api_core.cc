@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <new>
 
 #include "fakecuda/state/faults.h"
@@ -321,27 +322,17 @@ FAKECUDA_EXPORT CUresult cuDriverGetVersion(int* version) {
 FAKECUDA_EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
   if (const CUresult fault = EnterCall("cuGetErrorName"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  for (const auto& e : kErrors) {
-    if (e.code == error) {
-      *name = e.name;
-      return CUDA_SUCCESS;
-    }
-  }
-  *name = nullptr;
-  return CUDA_ERROR_INVALID_VALUE;
+  const auto* e = std::find_if(std::begin(kErrors), std::end(kErrors), [&](const auto& x) { return x.code == error; });
+  *name = e == std::end(kErrors) ? nullptr : e->name;
+  return *name != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 FAKECUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
   if (const CUresult fault = EnterCall("cuGetErrorString"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
   if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  for (const auto& e : kErrors) {
-    if (e.code == error) {
-      *text = e.description;
-      return CUDA_SUCCESS;
-    }
-  }
-  *text = nullptr;
-  return CUDA_ERROR_INVALID_VALUE;
+  const auto* e = std::find_if(std::begin(kErrors), std::end(kErrors), [&](const auto& x) { return x.code == error; });
+  *text = e == std::end(kErrors) ? nullptr : e->description;
+  return *text != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 // The export tables are private interfaces between the driver and the CUDA runtime; fakecuda does not

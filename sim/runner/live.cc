@@ -32,6 +32,7 @@
 #include "fakecuda/model/model.h"
 #include "internal.h"
 #include "vgpu/base/clock.h"
+#include "vgpu/base/duration.h"
 #include "vgpu/base/uuid.h"
 #include "vgpu/policy/config.h"
 #include "vgpu/region/region.h"
@@ -58,13 +59,7 @@ constexpr std::size_t kStderrLinesKept = 4;
 
 using vgpu::base::MonotonicNs;
 
-// "1500ms", "2s", "5us", "7ns": the largest unit that keeps the value whole (vgpu-tenant's --phase syntax).
-std::string FormatDuration(std::uint64_t ns) {
-  if (ns != 0 && ns % kSecondNs == 0) return std::to_string(ns / kSecondNs) + "s";
-  if (ns != 0 && ns % kMillisecondNs == 0) return std::to_string(ns / kMillisecondNs) + "ms";
-  if (ns != 0 && ns % 1000 == 0) return std::to_string(ns / 1000) + "us";
-  return std::to_string(ns) + "ns";
-}
+using vgpu::base::FormatDuration;  // "1.5s", "2s", "5us": vgpu-tenant reads them with the same grammar
 
 // Seconds as a decimal with no more digits than needed: "3", "2.5", "0.000001".
 std::string FormatSeconds(std::uint64_t ns) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "vgpu/base/duration.h"
+
 namespace vgpu::scenario::values {
 
 // Decimal digits only: no sign, no spaces, no hex ("010" is ten). False on overflow.
@@ -14,10 +16,11 @@ bool ParseWhole(std::string_view text, std::uint64_t& value);
 // Digits with an optional fraction ("30", "2.5"): no sign, no exponent, no "inf".
 bool ParseDecimal(std::string_view text, double& value);
 
-enum class DurationStatus { ok, malformed, no_unit, finer_than_ns, too_large };
-
-// A decimal number and one of ns, us, ms, s ("1.5s", "200ms", "5us"), exact to the nanosecond.
-DurationStatus ParseDuration(std::string_view text, std::uint64_t& ns);
+// A decimal number and one of ns, us, ms, s ("1.5s", "200ms", "5us"), exact to the nanosecond: vgpu/base/duration.h,
+// the grammar vgpu-tenant's command line reads too.
+using base::DurationStatus;
+using base::FormatDuration;  // "6s", "1.5s", "200ms", "0s"
+using base::ParseDuration;
 
 // Bytes with an optional Ki, Mi, Gi, Ti or k, m, g, t suffix, powers of 1024 as CUDA_DEVICE_MEMORY_LIMIT reads them
 // (fakecuda's ParseBytes, which also takes K, M, G, T and a b or B for bytes).
@@ -26,7 +29,6 @@ bool ParseSize(std::string_view text, std::uint64_t& bytes);
 // "30" or "30%", decimals allowed ("2.5%").
 bool ParsePercent(std::string_view text, double& percent);
 
-std::string FormatDuration(std::uint64_t ns);  // "6s", "1.5s", "200ms", "0s"
 std::string FormatBytes(std::uint64_t bytes);  // "4Gi", "518Mi", "1000 bytes"
 std::string FormatNumber(double value);        // "30", "2.5"
 

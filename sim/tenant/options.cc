@@ -9,6 +9,8 @@
 #include <string>
 #include <system_error>
 
+#include "vgpu/base/duration.h"
+
 namespace vgpu::tenant {
 namespace {
 
@@ -279,6 +281,21 @@ const char* StartProblem(std::string_view text) {
   return nullptr;
 }
 
+// Whether std::from_chars read all of `text`; if not, *problem says why.
+bool Converted(std::string_view text, const std::from_chars_result& result, const char* not_a_number,
+               const char* out_of_range, std::string* problem) {
+  if (result.ec == std::errc::invalid_argument) {
+    *problem = not_a_number;
+  } else if (result.ec == std::errc::result_out_of_range) {
+    *problem = out_of_range;
+  } else if (result.ptr != text.data() + text.size()) {
+    *problem = "has trailing characters " + Quoted(text.substr(static_cast<std::size_t>(result.ptr - text.data())));
+  } else {
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::optional<std::uint64_t> ParseWholeNumber(std::string_view text, std::string* problem) {
@@ -287,17 +304,8 @@ std::optional<std::uint64_t> ParseWholeNumber(std::string_view text, std::string
     return std::nullopt;
   }
   std::uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, 10);
-  if (error == std::errc::invalid_argument) {
-    *problem = "is not a whole number";
-    return std::nullopt;
-  }
-  if (error == std::errc::result_out_of_range) {
-    *problem = "is too large (more than 18446744073709551615)";
-    return std::nullopt;
-  }
-  if (end != text.data() + text.size()) {
-    *problem = "has trailing characters " + Quoted(std::string_view(end, text.data() + text.size() - end));
+  const std::from_chars_result result = std::from_chars(text.data(), text.data() + text.size(), value, 10);
+  if (!Converted(text, result, "is not a whole number", "is too large (more than 18446744073709551615)", problem)) {
     return std::nullopt;
   }
   return value;
@@ -350,19 +358,9 @@ std::optional<double> ParseDecimal(std::string_view text, std::string* problem) 
     return std::nullopt;
   }
   double value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, std::chars_format::general);
-  if (error == std::errc::invalid_argument) {
-    *problem = "is not a number";
-    return std::nullopt;
-  }
-  if (error == std::errc::result_out_of_range) {
-    *problem = "is out of the range of a double";
-    return std::nullopt;
-  }
-  if (end != text.data() + text.size()) {
-    *problem = "has trailing characters " + Quoted(std::string_view(end, text.data() + text.size() - end));
-    return std::nullopt;
-  }
+  const std::from_chars_result result =
+      std::from_chars(text.data(), text.data() + text.size(), value, std::chars_format::general);
+  if (!Converted(text, result, "is not a number", "is out of the range of a double", problem)) return std::nullopt;
   if (!std::isfinite(value)) {
     *problem = "is not a finite number";
     return std::nullopt;
@@ -378,37 +376,34 @@ std::optional<std::uint64_t> ParseDurationNs(std::string_view text, std::string*
   }
   const std::string_view number = text.substr(0, unit_start);
   const std::string_view unit = text.substr(unit_start);
-  double unit_ns = 0;
-  if (unit == "ns") {
-    unit_ns = 1;
-  } else if (unit == "us") {
-    unit_ns = 1e3;
-  } else if (unit == "ms") {
-    unit_ns = 1e6;
-  } else if (unit == "s") {
-    unit_ns = 1e9;
-  } else if (unit.empty()) {
+  if (unit.empty()) {
     *problem = text.empty() ? "is empty" : "has no unit";
     return std::nullopt;
-  } else {
+  }
+  if (unit != "ns" && unit != "us" && unit != "ms" && unit != "s") {
     *problem = "has an unknown unit " + Quoted(unit);
     return std::nullopt;
   }
-  const std::optional<double> value = ParseDecimal(number, problem);
-  if (!value) {
+  if (!number.empty() && number[0] == '-') {
+    *problem = "is negative";
     return std::nullopt;
   }
-  const double ns = *value * unit_ns;
-  if (ns >= 1.8e19) {
-    *problem = "is too long";
-    return std::nullopt;
+  // The scenario file's grammar (vgpu/base/duration.h): exact, no exponent; "010ms" is ten (no tool reads a
+  // duration as octal).
+  std::uint64_t ns = 0;
+  switch (base::ParseDuration(text, ns)) {
+    case base::DurationStatus::ok:
+      return ns;
+    case base::DurationStatus::finer_than_ns:
+      *problem = "is not a whole number of nanoseconds";
+      return std::nullopt;
+    case base::DurationStatus::too_large:
+      *problem = "is too long";
+      return std::nullopt;
+    default:  // the unit is one of the four, so the number is not digits with an optional fraction
+      *problem = "is not a decimal number (digits with an optional fraction, e.g. 1.5)";
+      return std::nullopt;
   }
-  const double whole_ns = std::round(ns);
-  if (std::fabs(ns - whole_ns) > 1e-6 * std::max(1.0, ns)) {
-    *problem = "is not a whole number of nanoseconds";
-    return std::nullopt;
-  }
-  return static_cast<std::uint64_t>(whole_ns);
 }
 
 namespace {

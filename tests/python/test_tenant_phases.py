@@ -213,7 +213,14 @@ def test_a_bad_phase_is_refused_with_one_line_and_exit_2(fake_gpu, tenant_availa
     (["--kernel-us", "5", "--phase", "kernels=1ms", "--seconds", "1"], "--kernel-us and --phase exclude each other"),
     (["--report-ms", "0", "--seconds", "1"], '--report-ms "0" is out of range'),
     (["--seed", "x", "--seconds", "1"], '--seed "x" is not a whole number'),
-], ids=["no-end", "repeat-without-seconds", "kernel-us-and-phase", "report-ms", "seed"])
+    (["--seed", "012", "--seconds", "1"], '--seed "012" has a leading zero'),
+    (["--seed", "12x", "--seconds", "1"], '--seed "12x" has trailing characters "x"'),
+    (["--seed", "-1", "--seconds", "1"], '--seed "-1" is negative'),
+    (["--seed", "18446744073709551616", "--seconds", "1"], "is too large (more than 18446744073709551615)"),
+    (["--seconds", "1.5s"], '--seconds "1.5s" has trailing characters "s"'),
+    (["--seconds", "1e999"], '--seconds "1e999" is out of the range of a double'),
+], ids=["no-end", "repeat-without-seconds", "kernel-us-and-phase", "report-ms", "seed", "seed-leading-zero",
+        "seed-trailing", "seed-negative", "seed-too-large", "seconds-trailing", "seconds-out-of-range"])
 def test_bad_combinations_are_refused_with_one_line_and_exit_2(fake_gpu, tenant_available, args, says):
     result = fake_gpu.tenant(*args, timeout=30, check=False)
     assert result.returncode == 2, result.describe()
