@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iterator>
 #include <new>
+#include <utility>
 
 #include "fakecuda/state/faults.h"
 #include "internal.h"
@@ -335,18 +336,19 @@ FAKECUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
   return *text != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-// The export tables are private interfaces between the driver and the CUDA runtime; fakecuda does not
-// model the runtime's, so libcudart-based programs (PyTorch) do not run on it. Driver API clients do. It has one
-// table of its own, standing in for what a private table can do past an interposer: allocation and free that no
-// exported symbol names (kPrivateTableId; docs/fakecuda.md).
+// The export tables: private interfaces between the driver and the CUDA runtime (export_tables.cc;
+// docs/fakecuda-runtime.md), and fakecuda's own table, standing in for what a private table can do past an
+// interposer: allocation and free that no exported symbol names (kPrivateTableId; docs/fakecuda.md). Any other id
+// is refused with the table null, as the runtime tolerates for the tables it can do without.
 FAKECUDA_EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
   if (const CUresult fault = EnterCall("cuGetExportTable"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
-  if (table != nullptr && id != nullptr && std::memcmp(id->bytes, kPrivateTableId, sizeof kPrivateTableId) == 0) {
+  if (table == nullptr || id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (std::memcmp(id->bytes, kPrivateTableId, sizeof kPrivateTableId) == 0) {
     *table = PrivateExportTable();
     return CUDA_SUCCESS;
   }
-  if (table != nullptr) *table = nullptr;
-  return CUDA_ERROR_NOT_SUPPORTED;
+  *table = RuntimeExportTable(*id);
+  return *table != nullptr ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
 }
 
 FAKECUDA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
@@ -623,6 +625,28 @@ FAKECUDA_EXPORT CUresult cuDeviceCanAccessPeer(int* can_access, CUdevice device,
 
 // ---- primary contexts ------------------------------------------------------------------------------------
 
+namespace fakecuda::driver {
+
+// The device's primary context made, at the address reserved for it if the runtime was given one (not retained).
+// Caller holds d.mutex; p.context is null.
+CUresult MakePrimary(Driver& d, std::uint32_t physical, CUdevice ordinal) {
+  Driver::Primary& p = d.primary[physical];
+  auto* c = p.reserved != nullptr ? std::exchange(p.reserved, nullptr) : new Context();
+  c->device = physical;
+  c->ordinal = static_cast<std::uint32_t>(ordinal);
+  c->primary = true;
+  c->flags = p.flags;
+  if (const CUresult r = SetUpContext(d, c); r != CUDA_SUCCESS) {
+    delete c;
+    return r;
+  }
+  Register(d, c);
+  p.context = c;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace fakecuda::driver
+
 FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   FAKECUDA_ENTER("cuDevicePrimaryCtxRetain");
   Driver& d = TheDriver();
@@ -632,22 +656,27 @@ FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice d
   std::lock_guard<std::mutex> guard(d.mutex);
   Driver::Primary& p = d.primary[physical];
   if (p.context == nullptr) {
-    auto* c = new Context();
-    c->device = physical;
-    c->ordinal = static_cast<std::uint32_t>(device);
-    c->primary = true;
-    c->flags = p.flags;
-    if (const CUresult r = SetUpContext(d, c); r != CUDA_SUCCESS) {
-      delete c;
-      return r;
-    }
-    Register(d, c);
-    p.context = c;
+    if (const CUresult r = MakePrimary(d, physical, device); r != CUDA_SUCCESS) return r;
   }
   ++p.retains;
   *context = reinterpret_cast<CUcontext>(p.context);
   return CUDA_SUCCESS;
 }
+
+namespace fakecuda::driver {
+
+CUresult PrimaryContextHandle(CUdevice device, CUcontext& context) {
+  Driver& d = TheDriver();
+  std::uint32_t physical = 0;
+  if (!PhysicalDevice(d, device, physical)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Driver::Primary& p = d.primary[physical];
+  if (p.context == nullptr && p.reserved == nullptr) p.reserved = new Context();
+  context = reinterpret_cast<CUcontext>(p.context != nullptr ? p.context : p.reserved);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace fakecuda::driver
 
 namespace {
 // cuDevicePrimaryCtxRelease_v2 and cuDevicePrimaryCtxRelease: one body, each entry point checked under its own name.
@@ -837,6 +866,21 @@ FAKECUDA_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* popped) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// A primary context the runtime was given the handle of (PrimaryContextHandle) is made when it is first made current,
+// as the runtime does before it retains it; null if `handle` is no such reservation or the context cannot be made.
+// Caller holds d.mutex.
+Context* MakeReservedPrimary(Driver& d, CUcontext handle) {
+  for (std::uint32_t ordinal = 0; ordinal < d.visible.size(); ++ordinal) {
+    const std::uint32_t physical = d.visible[ordinal];
+    if (d.primary[physical].reserved != reinterpret_cast<Context*>(handle)) continue;
+    if (MakePrimary(d, physical, static_cast<CUdevice>(ordinal)) != CUDA_SUCCESS) return nullptr;
+    return d.primary[physical].context;
+  }
+  return nullptr;
+}
+}  // namespace
+
 FAKECUDA_EXPORT CUresult cuCtxSetCurrent(CUcontext handle) {
   FAKECUDA_ENTER("cuCtxSetCurrent");
   Driver& d = TheDriver();
@@ -850,6 +894,7 @@ FAKECUDA_EXPORT CUresult cuCtxSetCurrent(CUcontext handle) {
   // A destroyed context can be made current (observed on an H100, driver 580.159.04): work in it then fails
   // with CUDA_ERROR_CONTEXT_IS_DESTROYED.
   if (c == nullptr && d.destroyed_contexts.count(handle) != 0) c = reinterpret_cast<Context*>(handle);
+  if (c == nullptr) c = MakeReservedPrimary(d, handle);
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (stack.empty())
     stack.push_back(c);

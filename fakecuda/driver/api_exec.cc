@@ -1,15 +1,20 @@
 // Fake libcuda.so.1: modules and functions, streams, events, kernel launches, host functions and graphs,
 // and the waits that synchronize with the shared timeline.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <span>
 #include <sstream>
 #include <thread>
 #include <utility>
 
 #include "internal.h"
+#include "image.h"
 #include "ptx.h"
 
 namespace fakecuda::driver {
@@ -577,25 +582,49 @@ std::uint64_t CostOf(const Driver& d, const std::string& name) {
   return it != d.kernel_costs.end() ? it->second : d.default_kernel_ns;
 }
 
-CUresult LoadModule(CUmodule* out, std::string_view image) {
-  Driver& d = TheDriver();
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> guard(d.mutex);
-  Context* c = CurrentContext(d);
-  if (c == nullptr) return NoContextError(d);
-  ptx::Module parsed;
+// libzstd, loaded when a fatbin first needs it (zstd-compressed PTX); none: such an entry cannot be read.
+bool InflateZstd(std::span<const std::uint8_t> frame, std::size_t bytes, std::vector<std::uint8_t>& out) {
+  using Decompress = std::size_t (*)(void*, std::size_t, const void*, std::size_t);
+  using IsError = unsigned (*)(std::size_t);
+  static void* const library = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) return false;
+  static const auto decompress = reinterpret_cast<Decompress>(dlsym(library, "ZSTD_decompress"));
+  static const auto is_error = reinterpret_cast<IsError>(dlsym(library, "ZSTD_isError"));
+  if (decompress == nullptr || is_error == nullptr) return false;
+  out.resize(bytes);
+  const std::size_t made = decompress(out.data(), out.size(), frame.data(), frame.size());
+  if (is_error(made) != 0) return false;
+  out.resize(made);
+  return true;
+}
+
+// What a device of architecture `device_sm` runs from `image` (PTX text, a cubin or a fatbin: image.h), or the error
+// the driver gives, logged under `symbol`.
+CUresult DescribeImage(const void* image, int device_sm, const char* symbol, ptx::Module& parsed) {
   std::string error;
-  if (!ptx::Parse(image, parsed, error)) {
-    if (state::LogLevel() >= 1) state::LogError("cuModuleLoadData: %s", error.c_str());
-    return ptx::LooksLikePtx(image) ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
+  bool from_ptx = false;
+  if (!image::Describe(image, device_sm, InflateZstd, parsed, from_ptx, error)) {
+    if (state::LogLevel() >= 1) state::LogError("%s: %s", symbol, error.c_str());
+    if (image::Sniff(image) == image::Format::fatbin) return CUDA_ERROR_NO_BINARY_FOR_GPU;
+    return from_ptx ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
   }
-  const model::DeviceSpec& spec = Spec(d, c->device);
-  if (parsed.target_sm > static_cast<int>(spec.cc_major * 10 + spec.cc_minor)) {
-    if (state::LogLevel() >= 1)
-      state::LogError("cuModuleLoadData: PTX targets sm_%d, the device is sm_%u%u", parsed.target_sm, spec.cc_major,
-                      spec.cc_minor);
-    return CUDA_ERROR_INVALID_PTX;
+  if (parsed.target_sm > device_sm || (!from_ptx && parsed.target_sm / 10 != device_sm / 10)) {
+    if (state::LogLevel() >= 1) {
+      state::LogError("%s: %s targets sm_%d, the device is sm_%d", symbol, from_ptx ? "PTX" : "the cubin",
+                      parsed.target_sm, device_sm);
+    }
+    return from_ptx ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_NO_BINARY_FOR_GPU;
   }
+  return CUDA_SUCCESS;
+}
+
+int DeviceSm(const Driver& d, std::uint32_t physical) {
+  const model::DeviceSpec& spec = Spec(d, physical);
+  return static_cast<int>(spec.cc_major * 10 + spec.cc_minor);
+}
+
+// The module of `parsed` in context `c`, its functions registered. Caller holds d.mutex.
+CUresult MakeModule(Driver& d, Context* c, const ptx::Module& parsed, Module*& out) {
   auto module = std::make_unique<Module>();
   module->context = c;
   module->ptx_version = parsed.version;
@@ -617,12 +646,29 @@ CUresult LoadModule(CUmodule* out, std::string_view image) {
     f->per_wave_ns = CostOf(d, entry.name);
     module->functions[entry.name] = Register(d, f);
   }
-  *out = reinterpret_cast<CUmodule>(Register(d, module.release()));
+  out = Register(d, module.release());
+  return CUDA_SUCCESS;
+}
+
+// A module from PTX text, a cubin or a fatbin, in the current context. `symbol` names the entry point in the log
+// line of a refusal.
+CUresult LoadModule(CUmodule* out, const void* image, const char* symbol) {
+  Driver& d = TheDriver();
+  if (out == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Context* c = CurrentContext(d);
+  if (c == nullptr) return NoContextError(d);
+  ptx::Module parsed;
+  if (const CUresult r = DescribeImage(image, DeviceSm(d, c->device), symbol, parsed); r != CUDA_SUCCESS) return r;
+  Module* module = nullptr;
+  if (const CUresult r = MakeModule(d, c, parsed, module); r != CUDA_SUCCESS) return r;
+  *out = reinterpret_cast<CUmodule>(module);
   return CUDA_SUCCESS;
 }
 
 // Frees the module's objects; its footprint is the caller's to give back (UnloadModule, or the context's teardown).
 void DestroyModule(Driver& d, Module* module) {
+  if (module->library != nullptr) module->library->modules.erase(module->context);
   for (auto& [name, f] : module->functions) {
     Unregister(d, f);
     delete f;
@@ -823,17 +869,27 @@ namespace state = fakecuda::state;
 
 // ---- modules and functions ---------------------------------------------------------------------------------
 
+// As the real driver: lazy unless CUDA_MODULE_LOADING=EAGER (fakecuda charges a module's footprint at its first
+// launch either way; FAKECUDA_LAZY_LOAD_NS).
+FAKECUDA_EXPORT CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
+  FAKECUDA_ENTER("cuModuleGetLoadingMode");
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const char* setting = std::getenv("CUDA_MODULE_LOADING");
+  *mode = setting != nullptr && std::strcmp(setting, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
+  return CUDA_SUCCESS;
+}
+
 FAKECUDA_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   FAKECUDA_ENTER("cuModuleLoadData");
   if (image == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return LoadModule(module, static_cast<const char*>(image));
+  return LoadModule(module, image, "cuModuleLoadData");
 }
 
 FAKECUDA_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int count,
                                             CUjit_option* options, void** values) {
   FAKECUDA_ENTER("cuModuleLoadDataEx");
   if (image == nullptr || (count > 0 && (options == nullptr || values == nullptr))) return CUDA_ERROR_INVALID_VALUE;
-  return LoadModule(module, static_cast<const char*>(image));  // JIT options do not change the cost model
+  return LoadModule(module, image, "cuModuleLoadDataEx");  // JIT options do not change the cost model
 }
 
 FAKECUDA_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* path) {
@@ -843,7 +899,155 @@ FAKECUDA_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* path) {
   if (!file) return CUDA_ERROR_FILE_NOT_FOUND;
   std::stringstream text;
   text << file.rdbuf();
-  return LoadModule(module, text.str());
+  const std::string image = text.str();  // NUL-terminated: PTX text reads as a C string
+  return LoadModule(module, image.c_str(), "cuModuleLoad");
+}
+
+FAKECUDA_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatbin) {
+  FAKECUDA_ENTER("cuModuleLoadFatBinary");
+  if (fatbin == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return LoadModule(module, fatbin, "cuModuleLoadFatBinary");
+}
+
+// ---- libraries (context-independent modules: what the CUDA runtime loads its kernels with) ----------------------
+
+namespace {
+
+// The library's module in the current context, made on first use. Caller holds d.mutex.
+CUresult LibraryModule(Driver& d, Library& library, Module*& module) {
+  Context* c = CurrentContext(d);
+  if (c == nullptr) return NoContextError(d);
+  if (const auto it = library.modules.find(c); it != library.modules.end()) {
+    module = it->second;
+    return CUDA_SUCCESS;
+  }
+  const auto description = library.descriptions.find(DeviceSm(d, c->device));
+  if (description == library.descriptions.end()) return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  if (const CUresult r = MakeModule(d, c, description->second, module); r != CUDA_SUCCESS) return r;
+  module->library = &library;
+  library.modules[c] = module;
+  return CUDA_SUCCESS;
+}
+
+// A kernel handle is a Function (of the library's module in some context), as cuKernelGetFunction gives it.
+Function* LookupKernel(Driver& d, CUkernel kernel) { return Lookup<Function>(d, kernel, Kind::function); }
+
+}  // namespace
+
+// Reads the image for every device architecture of the machine (the image need not outlive the call). Library and
+// JIT options change nothing fakecuda models.
+FAKECUDA_EXPORT CUresult cuLibraryLoadData(CUlibrary* out, const void* code, CUjit_option* jit_options,
+                                           void** jit_values, unsigned int jit_count, CUlibraryOption* options,
+                                           void** values, unsigned int count) {
+  FAKECUDA_ENTER("cuLibraryLoadData");
+  if (out == nullptr || code == nullptr || (jit_count > 0 && (jit_options == nullptr || jit_values == nullptr)) ||
+      (count > 0 && (options == nullptr || values == nullptr))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  auto library = std::make_unique<Library>();
+  for (const std::uint32_t physical : d.visible) {
+    const int sm = DeviceSm(d, physical);
+    if (library->descriptions.count(sm) != 0) continue;
+    fakecuda::ptx::Module parsed;
+    if (const CUresult r = DescribeImage(code, sm, "cuLibraryLoadData", parsed); r != CUDA_SUCCESS) return r;
+    library->descriptions[sm] = std::move(parsed);
+  }
+  *out = reinterpret_cast<CUlibrary>(Register(d, library.release()));
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuLibraryUnload(CUlibrary handle) {
+  FAKECUDA_ENTER("cuLibraryUnload");
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Library* library = Lookup<Library>(d, handle, Kind::library);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  while (!library->modules.empty()) {
+    Module* module = library->modules.begin()->second;
+    if (module->loaded) UnchargeDevice(d, module->context->device, module->footprint_bytes);
+    DestroyModule(d, module);  // erases itself from library->modules
+  }
+  Unregister(d, library);
+  delete library;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuLibraryGetModule(CUmodule* out, CUlibrary handle) {
+  FAKECUDA_ENTER("cuLibraryGetModule");
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Library* library = Lookup<Library>(d, handle, Kind::library);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Module* module = nullptr;
+  if (const CUresult r = LibraryModule(d, *library, module); r != CUDA_SUCCESS) return r;
+  *out = reinterpret_cast<CUmodule>(module);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuLibraryGetKernel(CUkernel* out, CUlibrary handle, const char* name) {
+  FAKECUDA_ENTER("cuLibraryGetKernel");
+  if (out == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Library* library = Lookup<Library>(d, handle, Kind::library);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Module* module = nullptr;
+  if (const CUresult r = LibraryModule(d, *library, module); r != CUDA_SUCCESS) return r;
+  const auto it = module->functions.find(name);
+  if (it == module->functions.end()) return CUDA_ERROR_NOT_FOUND;
+  *out = reinterpret_cast<CUkernel>(it->second);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuLibraryGetKernelCount(unsigned int* count, CUlibrary handle) {
+  FAKECUDA_ENTER("cuLibraryGetKernelCount");
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Library* library = Lookup<Library>(d, handle, Kind::library);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *count = library->descriptions.empty()
+               ? 0
+               : static_cast<unsigned int>(library->descriptions.begin()->second.entries.size());
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuKernelGetFunction(CUfunction* out, CUkernel kernel) {
+  FAKECUDA_ENTER("cuKernelGetFunction");
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = LookupKernel(d, kernel);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *out = reinterpret_cast<CUfunction>(f);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuKernelGetName(const char** name, CUkernel kernel) {
+  FAKECUDA_ENTER("cuKernelGetName");
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = LookupKernel(d, kernel);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *name = f->name.c_str();
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, size_t* size) {
+  FAKECUDA_ENTER("cuKernelGetParamInfo");
+  if (offset == nullptr && size == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = LookupKernel(d, kernel);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (index >= f->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (offset != nullptr) *offset = f->params[index].offset;
+  if (size != nullptr) *size = f->params[index].size;
+  return CUDA_SUCCESS;
 }
 
 FAKECUDA_EXPORT CUresult cuModuleUnload(CUmodule handle) {

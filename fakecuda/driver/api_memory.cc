@@ -486,6 +486,7 @@ void TearDownContextStreamsAndModules(Driver& d, Context* c);
 
 void TearDownContext(Driver& d, Context* c) {
   d.destroyed_contexts.insert(c);
+  ForgetContextStorage(reinterpret_cast<CUcontext>(c));
   for (auto it = d.allocations.begin(); it != d.allocations.end();) {
     auto next = std::next(it);
     if (it->second.context == c && it->second.kind != AllocationKind::host) {

@@ -16,6 +16,7 @@
 
 #include "fakecuda/model/model.h"
 #include "fakecuda/state/state.h"
+#include "ptx.h"
 
 #define FAKECUDA_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -47,7 +48,8 @@ enum class Kind : std::uint32_t {
   graph_node,
   pool,
   array,
-  mipmapped_array
+  mipmapped_array,
+  library
 };
 
 struct Context;
@@ -124,14 +126,26 @@ struct Function : Object {
   bool uses_malloc = false;       // its PTX calls the device-side malloc
 };
 
+struct Library;
+
 struct Module : Object {
   Module() : Object(Kind::module) {}
   Context* context = nullptr;
-  int ptx_version = 0;  // e.g. 88 for .version 8.8
-  int target_sm = 0;    // e.g. 75 for .target sm_75
+  Library* library = nullptr;  // the library it is that library's module in `context` (cuLibraryLoadData), or null
+  int ptx_version = 0;         // e.g. 88 for .version 8.8
+  int target_sm = 0;           // e.g. 75 for .target sm_75
   std::map<std::string, Function*> functions;
   std::uint64_t footprint_bytes = 0;  // what the driver takes when it loads the module (code and data)
   bool loaded = false;                // footprint charged: at load (eager) or a function's first launch (lazy)
+};
+
+// A context-independent library (cuLibraryLoadData): what each device architecture of the machine runs from it,
+// read at load, and its module in each context that has used it (made on first use). A CUkernel is the Function of
+// that module in the calling thread's context.
+struct Library : Object {
+  Library() : Object(Kind::library) {}
+  std::map<int, ptx::Module> descriptions;  // by device architecture (90: sm_90)
+  std::map<Context*, Module*> modules;
 };
 
 struct KernelNode {
@@ -224,6 +238,9 @@ struct Driver {
   std::unordered_set<const void*> destroyed_contexts;  // may still be current somewhere: CONTEXT_IS_DESTROYED
   struct Primary {
     Context* context = nullptr;
+    // The handle the runtime was given for a primary context not yet retained (export_tables.cc): the retain that
+    // makes the context makes it at this address.
+    Context* reserved = nullptr;
     unsigned int retains = 0;
     unsigned int flags = 0;
   } primary[model::kMaxDevices];
@@ -287,6 +304,13 @@ Context* CurrentContext(Driver& d);
 // What a call needing a context returns when CurrentContext is null: CUDA_ERROR_CONTEXT_IS_DESTROYED if the
 // thread's current context was destroyed, else CUDA_ERROR_INVALID_CONTEXT (as the real driver).
 CUresult NoContextError(Driver& d);
+
+// The CUDA runtime's export tables (export_tables.cc; docs/fakecuda-runtime.md): the table with this id, or null.
+const void* RuntimeExportTable(const CUuuid& id);
+// The context-local storage of a context that goes (its values are the runtime's; their destructors are not run).
+void ForgetContextStorage(CUcontext context);
+// The device's primary context, retained or not: the handle cuDevicePrimaryCtxRetain gives (reserved if need be).
+CUresult PrimaryContextHandle(CUdevice device, CUcontext& context);
 
 // The private export table (api_memory.cc; docs/fakecuda.md): what cuGetExportTable gives for kPrivateTableId.
 const void* PrivateExportTable();
