@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
-PROGRAMS = ("basics", "fill", "burn")
+PROGRAMS = ("basics", "fill", "burn", "hami")
 RUNTIMES = ("static", "shared")
+# Other ways nvcc can build `basics`: PTX only (zstd-compressed in the fatbin, inflated by libzstd at load), and a
+# cubin for sm_80 only (an A100 runs it, an H100 does not).
+VARIANTS = {"ptx": ["-gencode", "arch=compute_90,code=compute_90"], "sm80": ["-gencode", "arch=compute_80,code=sm_80"]}
 CONTEXT_MIB = 518  # the h100-80gb preset's context (fakecuda/model), charged to the container under the shim
 
 
@@ -36,15 +39,15 @@ def programs(tmp_path_factory) -> dict[tuple[str, str], Path]:
         pytest.skip("nvcc is not on PATH nor in $CUDA_HOME/bin (default /usr/local/cuda): the CUDA toolkit builds "
                     "the runtime test programs")
     out = tmp_path_factory.mktemp("runtime-programs")
+    builds = [(name, runtime, ["-arch=sm_90", f"-cudart={runtime}"]) for runtime in RUNTIMES for name in PROGRAMS]
+    builds += [("basics", variant, flags) for variant, flags in VARIANTS.items()]
     built = {}
-    for runtime in RUNTIMES:
-        for name in PROGRAMS:
-            target = out / f"{name}-{runtime}"
-            command = [nvcc, "-O2", "-arch=sm_90", f"-cudart={runtime}", "-I", str(RUNTIME_DIR), "-o", str(target),
-                       str(RUNTIME_DIR / f"{name}.cu")]
-            result = subprocess.run(command, capture_output=True, text=True)
-            assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr}"
-            built[(name, runtime)] = target
+    for name, variant, flags in builds:
+        target = out / f"{name}-{variant}"
+        command = [nvcc, "-O2", *flags, "-I", str(RUNTIME_DIR), "-o", str(target), str(RUNTIME_DIR / f"{name}.cu")]
+        result = subprocess.run(command, capture_output=True, text=True)
+        assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr}"
+        built[(name, variant)] = target
     return built
 
 
@@ -103,3 +106,38 @@ def test_a_runtime_program_is_held_to_its_compute_cap(fake_gpu, programs, runtim
     print(f"\n{runtime} runtime: {free_rate:.0f} kernels/s free, {ratio:.3f} of that at a 30 % cap")
     assert free_rate > 700, f"1 ms kernels back to back ran at {free_rate:.0f}/s"
     assert 0.20 <= ratio <= 0.36, f"at a 30 % cap the program ran {ratio:.3f} of its free rate"
+
+
+def test_a_ptx_only_program_runs_from_its_compressed_ptx(fake_gpu, programs):
+    seen = fake_gpu.run(programs[("basics", "ptx")]).json
+    assert seen["contents_kept"] and seen["graph_nodes"] == 4, seen
+
+
+def test_a_cubin_runs_only_on_its_architecture_as_on_the_real_driver(fake_gpu, programs):
+    refused = fake_gpu.run(programs[("basics", "sm80")], check=False)
+    assert refused.returncode == 1, refused.describe()
+    assert "cudaErrorNoKernelImageForDevice" in refused.stderr, refused.describe()
+
+
+def test_an_sm80_cubin_runs_on_an_a100(fake_gpu, programs):
+    fake_gpu.env["FAKECUDA_DEVICES"] = "a100-40gb"
+    seen = fake_gpu.run(programs[("basics", "sm80")]).json
+    assert seen["sm"] == 80 and seen["name"] == "NVIDIA A100-SXM4-40GB", seen
+
+
+@pytest.mark.parametrize("shimmed", [False, True], ids=["alone", "under-the-shim"])
+@pytest.mark.parametrize("kind", ["device", "managed", "host", "hostalloc", "register"])
+def test_hami_cores_allocation_scenarios(fake_gpu, programs, shim_path, kind, shimmed):
+    """HAMi-core's test_runtime_alloc*.c: 84 sizes around powers of two; device memory shows, host memory does not."""
+    if shimmed:
+        with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="2g")
+    seen = fake_gpu.run(programs[("hami", "static")], "alloc", kind).json
+    assert seen == {"kind": kind, "checked": 84, "failure": ""}
+
+
+@pytest.mark.parametrize("shimmed", [False, True], ids=["alone", "under-the-shim"])
+def test_hami_cores_launch_scenario(fake_gpu, programs, shim_path, shimmed):
+    """HAMi-core's test_runtime_launch.cu: a 1024-thread kernel, then 100 synchronized launches over 2^27 doubles."""
+    if shimmed:
+        with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="2g", CUDA_DEVICE_SM_LIMIT="50")
+    assert fake_gpu.run(programs[("hami", "shared")], "launch").json == {"launches": 101}

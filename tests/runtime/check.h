@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(call)                                                                                        \
-  do {                                                                                                     \
-    const cudaError_t check_error_ = (call);                                                               \
-    if (check_error_ != cudaSuccess) {                                                                     \
+#define CHECK(call)                                                                                       \
+  do {                                                                                                    \
+    const cudaError_t check_error_ = (call);                                                              \
+    if (check_error_ != cudaSuccess) {                                                                    \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorName(check_error_)); \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
   } while (0)
