@@ -223,7 +223,18 @@ int ErrorCodeOf(std::string_view name) {
   return -1;
 }
 
+// FAKECUDA_LOG_CALLS=1: each entry point's name, as it is entered, on stderr (what a program new to fakecuda asks
+// for, and where it stops: docs/fakecuda-runtime.md). Read once.
+bool LoggingCalls() {
+  static const bool on = [] {
+    const char* setting = std::getenv("FAKECUDA_LOG_CALLS");
+    return setting != nullptr && std::strcmp(setting, "1") == 0;
+  }();
+  return on;
+}
+
 CUresult EnterCall(const char* symbol) {
+  if (LoggingCalls()) std::fprintf(stderr, "fakecuda: call %s\n", symbol);
   const int injected = faults::Check(symbol, kFaultLibrary);
   return static_cast<CUresult>(injected);
 }
@@ -348,6 +359,11 @@ FAKECUDA_EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) 
     return CUDA_SUCCESS;
   }
   *table = RuntimeExportTable(*id);
+  if (LoggingCalls()) {
+    char text[33];
+    for (int i = 0; i < 16; ++i) std::snprintf(text + 2 * i, 3, "%02x", static_cast<unsigned char>(id->bytes[i]));
+    std::fprintf(stderr, "fakecuda: export table %s %s\n", text, *table != nullptr ? "given" : "refused");
+  }
   return *table != nullptr ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
 }
 

@@ -1026,6 +1026,31 @@ FAKECUDA_EXPORT CUresult cuKernelGetFunction(CUfunction* out, CUkernel kernel) {
   return CUDA_SUCCESS;
 }
 
+// A kernel's attributes are its function's (the kernel is the function of the current context's module); `device`
+// must be a device of the machine.
+FAKECUDA_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel,
+                                              CUdevice device) {
+  FAKECUDA_ENTER("cuKernelSetAttribute");
+  std::uint32_t physical = 0;
+  if (!PhysicalDevice(TheDriver(), device, physical)) return CUDA_ERROR_INVALID_DEVICE;
+  return cuFuncSetAttribute(reinterpret_cast<CUfunction>(kernel), attribute, value);
+}
+
+FAKECUDA_EXPORT CUresult cuKernelGetAttribute(int* value, CUfunction_attribute attribute, CUkernel kernel,
+                                              CUdevice device) {
+  FAKECUDA_ENTER("cuKernelGetAttribute");
+  std::uint32_t physical = 0;
+  if (!PhysicalDevice(TheDriver(), device, physical)) return CUDA_ERROR_INVALID_DEVICE;
+  return cuFuncGetAttribute(value, attribute, reinterpret_cast<CUfunction>(kernel));
+}
+
+FAKECUDA_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice device) {
+  FAKECUDA_ENTER("cuKernelSetCacheConfig");
+  std::uint32_t physical = 0;
+  if (!PhysicalDevice(TheDriver(), device, physical)) return CUDA_ERROR_INVALID_DEVICE;
+  return cuFuncSetCacheConfig(reinterpret_cast<CUfunction>(kernel), config);
+}
+
 FAKECUDA_EXPORT CUresult cuKernelGetName(const char** name, CUkernel kernel) {
   FAKECUDA_ENTER("cuKernelGetName");
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1148,7 +1173,20 @@ FAKECUDA_EXPORT CUresult cuFuncSetAttribute(CUfunction handle, CUfunction_attrib
     f->carveout = value;
     return CUDA_SUCCESS;
   }
-  return CUDA_ERROR_INVALID_VALUE;
+  // Thread block clusters (sm_90 on): accepted within the driver's bounds; the model runs blocks, not clusters.
+  const bool clusters = spec.cc_major >= 9;
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+      return clusters && value >= 0 && value <= 16 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+      return clusters && (value == 0 || value == 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      return clusters && value >= 0 && value <= 2 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
 }
 
 FAKECUDA_EXPORT CUresult cuFuncSetCacheConfig(CUfunction handle, CUfunc_cache config) {
@@ -1170,9 +1208,8 @@ FAKECUDA_EXPORT CUresult cuFuncGetName(const char** name, CUfunction handle) {
   return CUDA_SUCCESS;
 }
 
-FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction handle, int block_size,
-                                                                     size_t dynamic_shared) {
-  FAKECUDA_ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+namespace {
+CUresult MaxActiveBlocks(int* blocks, CUfunction handle, int block_size, size_t dynamic_shared) {
   if (blocks == nullptr || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
@@ -1181,6 +1218,66 @@ FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks
   model::LaunchShape shape{
       {1, 1, 1}, {static_cast<std::uint32_t>(block_size), 1, 1}, static_cast<std::uint32_t>(dynamic_shared)};
   *blocks = static_cast<int>(model::ResidentBlocksPerSm(Spec(d, f->module->context->device), shape));
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction handle, int block_size,
+                                                                     size_t dynamic_shared) {
+  FAKECUDA_ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  return MaxActiveBlocks(blocks, handle, block_size, dynamic_shared);
+}
+
+// The flags (CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE) concern the L1 cache, which the model has not.
+FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfunction handle,
+                                                                              int block_size, size_t dynamic_shared,
+                                                                              unsigned int flags) {
+  FAKECUDA_ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags");
+  if (flags > CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE) return CUDA_ERROR_INVALID_VALUE;
+  return MaxActiveBlocks(blocks, handle, block_size, dynamic_shared);
+}
+
+// How many clusters of the launch's shape can be resident at once: the blocks the SMs hold together, in clusters of the
+// launch's cluster dimension (1 without one). The model does not place clusters in GPCs.
+FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveClusters(int* clusters, CUfunction handle, const CUlaunchConfig* config) {
+  FAKECUDA_ENTER("cuOccupancyMaxActiveClusters");
+  if (clusters == nullptr || config == nullptr || (config->numAttrs > 0 && config->attrs == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::uint64_t cluster_blocks = 1;
+  for (unsigned int i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id != CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) continue;
+    const auto& dim = config->attrs[i].value.clusterDim;
+    cluster_blocks = std::uint64_t{dim.x} * dim.y * dim.z;
+  }
+  if (cluster_blocks == 0 || cluster_blocks > 16) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  int per_sm = 0;
+  const int block = static_cast<int>(config->blockDimX * config->blockDimY * config->blockDimZ);
+  if (const CUresult r = MaxActiveBlocks(&per_sm, handle, block, config->sharedMemBytes); r != CUDA_SUCCESS) return r;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, handle, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const std::uint64_t resident = std::uint64_t{Spec(d, f->module->context->device).sm_count} * per_sm;
+  *clusters = static_cast<int>(resident / cluster_blocks);
+  return CUDA_SUCCESS;
+}
+
+// The most dynamic shared memory a block may ask for with `blocks` of `block_size` threads resident on an SM: the SM's
+// shared memory split among them, less the 1 KiB each block reserves, at most the per-block opt-in maximum.
+FAKECUDA_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, CUfunction handle, int blocks,
+                                                                 int block_size) {
+  FAKECUDA_ENTER("cuOccupancyAvailableDynamicSMemPerBlock");
+  if (bytes == nullptr || blocks <= 0 || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Function* f = Lookup<Function>(d, handle, Kind::function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const model::DeviceSpec& spec = Spec(d, f->module->context->device);
+  constexpr std::uint64_t kReservedPerBlock = 1024;
+  const std::uint64_t share = spec.shared_bytes_per_sm / static_cast<std::uint64_t>(blocks);
+  const std::uint64_t per_block_max = spec.shared_bytes_per_sm - kReservedPerBlock;
+  *bytes = share > kReservedPerBlock ? std::min(share - kReservedPerBlock, per_block_max) : 0;
   return CUDA_SUCCESS;
 }
 
