@@ -623,6 +623,23 @@ int DeviceSm(const Driver& d, std::uint32_t physical) {
   return static_cast<int>(spec.cc_major * 10 + spec.cc_minor);
 }
 
+// The module's variables, each 256-byte aligned in one mapping, their initial bytes copied in.
+CUresult PlaceVariables(Driver& d, Context* c, const ptx::Module& parsed, Module& module) {
+  constexpr std::uint64_t kAlign = 256;
+  std::uint64_t total = 0;
+  for (const ptx::Global& global : parsed.globals) total += (global.bytes + kAlign - 1) / kAlign * kAlign;
+  if (total == 0) return CUDA_SUCCESS;
+  if (const CUresult r = MapModuleData(d, c, total, module.data_base); r != CUDA_SUCCESS) return r;
+  std::uint64_t offset = 0;
+  for (const ptx::Global& global : parsed.globals) {
+    auto* at = reinterpret_cast<std::uint8_t*>(module.data_base + offset);
+    std::memcpy(at, global.initial.data(), std::min<std::size_t>(global.initial.size(), global.bytes));
+    module.variables[global.name] = Module::Variable{reinterpret_cast<CUdeviceptr>(at), global.bytes};
+    offset += (global.bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  return CUDA_SUCCESS;
+}
+
 // The module of `parsed` in context `c`, its functions registered. Caller holds d.mutex.
 CUresult MakeModule(Driver& d, Context* c, const ptx::Module& parsed, Module*& out) {
   auto module = std::make_unique<Module>();
@@ -630,8 +647,12 @@ CUresult MakeModule(Driver& d, Context* c, const ptx::Module& parsed, Module*& o
   module->ptx_version = parsed.version;
   module->target_sm = parsed.target_sm;
   module->footprint_bytes = kModuleCodeBytes + RoundUpToPage(parsed.data_bytes);
+  if (const CUresult r = PlaceVariables(d, c, parsed, *module); r != CUDA_SUCCESS) return r;
   if (d.eager_loading) {
-    if (const CUresult r = LoadModuleFootprint(d, *module); r != CUDA_SUCCESS) return r;
+    if (const CUresult r = LoadModuleFootprint(d, *module); r != CUDA_SUCCESS) {
+      if (module->data_base != 0) UnmapModuleData(d, module->data_base);
+      return r;
+    }
   }
   for (const ptx::Entry& entry : parsed.entries) {
     auto* f = new Function();
@@ -669,6 +690,7 @@ CUresult LoadModule(CUmodule* out, const void* image, const char* symbol) {
 // Frees the module's objects; its footprint is the caller's to give back (UnloadModule, or the context's teardown).
 void DestroyModule(Driver& d, Module* module) {
   if (module->library != nullptr) module->library->modules.erase(module->context);
+  if (module->data_base != 0) UnmapModuleData(d, module->data_base);
   for (auto& [name, f] : module->functions) {
     Unregister(d, f);
     delete f;
@@ -1099,15 +1121,37 @@ FAKECUDA_EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule hand
   return CUDA_SUCCESS;
 }
 
+namespace {
+// A module variable's address and size, either optional. Caller holds d.mutex.
+CUresult FindVariable(const Module& module, const char* name, CUdeviceptr* address, size_t* bytes) {
+  const auto it = module.variables.find(name);
+  if (it == module.variables.end()) return CUDA_ERROR_NOT_FOUND;
+  if (address != nullptr) *address = it->second.address;
+  if (bytes != nullptr) *bytes = it->second.bytes;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
 FAKECUDA_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr* address, size_t* bytes, CUmodule handle, const char* name) {
   FAKECUDA_ENTER("cuModuleGetGlobal_v2");
-  (void)address;
-  (void)bytes;
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  if (Lookup<Module>(d, handle, Kind::module) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  return CUDA_ERROR_NOT_FOUND;  // module globals are not modelled
+  const Module* module = Lookup<Module>(d, handle, Kind::module);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return FindVariable(*module, name, address, bytes);
+}
+
+FAKECUDA_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr* address, size_t* bytes, CUlibrary handle, const char* name) {
+  FAKECUDA_ENTER("cuLibraryGetGlobal");
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  Library* library = Lookup<Library>(d, handle, Kind::library);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Module* module = nullptr;
+  if (const CUresult r = LibraryModule(d, *library, module); r != CUDA_SUCCESS) return r;
+  return FindVariable(*module, name, address, bytes);
 }
 
 FAKECUDA_EXPORT CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction handle) {

@@ -527,6 +527,25 @@ void TearDownContext(Driver& d, Context* c) {
   delete c;
 }
 
+CUresult MapModuleData(Driver& d, Context* c, std::size_t bytes, std::uintptr_t& base) {
+  void* p = MapAnonymous(bytes);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation a;
+  a.bytes = bytes;
+  a.mapped_bytes = PageRound(bytes);
+  a.device = c->device;
+  a.kind = AllocationKind::module_data;
+  a.context = c;
+  base = reinterpret_cast<std::uintptr_t>(p);
+  d.allocations[base] = a;
+  return CUDA_SUCCESS;
+}
+
+void UnmapModuleData(Driver& d, std::uintptr_t base) {
+  const auto it = d.allocations.find(base);
+  if (it != d.allocations.end() && it->second.kind == AllocationKind::module_data) ReleaseAllocation(d, it);
+}
+
 }  // namespace fakecuda::driver
 
 using namespace fakecuda::driver;
@@ -605,8 +624,9 @@ CUresult FreeDevice(CUdeviceptr pointer) {
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
   auto it = d.allocations.find(static_cast<std::uintptr_t>(pointer));
-  if (it == d.allocations.end() || it->second.kind == AllocationKind::host || it->second.cached) {
-    return CUDA_ERROR_INVALID_VALUE;  // unknown, host, or a stream-ordered block already freed
+  if (it == d.allocations.end() || it->second.kind == AllocationKind::host ||
+      it->second.kind == AllocationKind::module_data || it->second.cached) {
+    return CUDA_ERROR_INVALID_VALUE;  // unknown, host, a module's variables, or a stream-ordered block already freed
   }
   if (it->second.pool != nullptr) {
     Pool& pool = *it->second.pool;

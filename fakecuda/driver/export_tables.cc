@@ -6,7 +6,9 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -91,10 +93,18 @@ const Word kHooksTable[kHooksWords] = {
     Size(kHooksWords), Entry(&HooksEvent),  Entry(&HooksBuffer1), nullptr, Entry(&HooksSpan),
     nullptr,           Entry(&HooksBuffer2)};
 
-// ---- 42d85a81: tools' thread-local storage: present, never called on the paths fakecuda runs ------------------------
+// ---- 42d85a81: tools' thread-local storage ------------------------------------------------------------------------
+
+// Entry 2, which cuBLASLt calls while it picks a matmul: the calling thread's current context.
+CUresult ToolsTlsCurrentContext(CUcontext* context) {
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cuCtxGetCurrent(context);
+}
+CUresult ToolsTlsNothing() { return CUDA_SUCCESS; }  // entries 1 and 3: not seen called
 
 constexpr std::size_t kToolsTlsWords = 4;
-const Word kToolsTlsTable[kToolsTlsWords] = {Size(kToolsTlsWords), nullptr, nullptr, nullptr};
+const Word kToolsTlsTable[kToolsTlsWords] = {Size(kToolsTlsWords), Entry(&ToolsTlsNothing),
+                                             Entry(&ToolsTlsCurrentContext), Entry(&ToolsTlsNothing)};
 
 // ---- c693336e: context-local storage ------------------------------------------------------------------------------
 
@@ -201,6 +211,28 @@ CUresult IntegrityCheck(std::uint32_t version, std::uint64_t unix_seconds, std::
   return CUDA_SUCCESS;
 }
 
+// ---- 21318c60: cuBLASLt's table (context identity and more) ---------------------------------------------------------
+
+// Entry 4: the context's unique id (as cuCtxGetId). Every other entry is unknown: it logs its index under
+// FAKECUDA_LOG_CALLS and succeeds without writing anything.
+CUresult ContextIdentity(CUcontext context, unsigned long long* id) {
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cuCtxGetId(context, id);
+}
+
+template <std::size_t Index>
+CUresult UnknownEntry() {
+  if (LoggingCalls()) std::fprintf(stderr, "fakecuda: export table 21318c60 entry %zu (not modelled)\n", Index);
+  return CUDA_SUCCESS;
+}
+
+constexpr std::size_t kLtWords = 95;
+template <std::size_t... Index>
+constexpr std::array<Word, kLtWords> MakeLtTable(std::index_sequence<Index...>) {
+  return {(Index == 0 ? Size(kLtWords) : Index == 4 ? Entry(&ContextIdentity) : Entry(&UnknownEntry<Index>))...};
+}
+const std::array<Word, kLtWords> kLtTable = MakeLtTable(std::make_index_sequence<kLtWords>{});
+
 // ---- the tables by id --------------------------------------------------------------------------------------------
 
 struct Table {
@@ -216,6 +248,7 @@ const Table kTables[] = {
     {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e},
      kContextChecksTable},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}, kIntegrityTable},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}, kLtTable.data()},
 };
 
 }  // namespace

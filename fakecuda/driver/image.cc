@@ -77,6 +77,7 @@ struct Section {
   std::uint32_t type = 0;
   std::uint64_t offset = 0;
   std::uint64_t size = 0;
+  std::uint32_t link = 0;  // for the symbol table: its names' section
   std::uint32_t info = 0;  // for .nv.info.<kernel>: the kernel's .text section
 };
 
@@ -110,6 +111,7 @@ bool Sections(std::span<const std::uint8_t> elf, std::vector<Section>& sections,
     section.type = Load<std::uint32_t>(s + 4);
     section.offset = Load<std::uint64_t>(s + 24);
     section.size = Load<std::uint64_t>(s + 32);
+    section.link = Load<std::uint32_t>(s + 40);
     section.info = Load<std::uint32_t>(s + 44);
     if (section.type != kNoBits && (section.offset > elf.size() || section.size > elf.size() - section.offset)) {
       error = "ELF section " + std::to_string(i) + " lies outside the file";
@@ -129,18 +131,57 @@ bool Sections(std::span<const std::uint8_t> elf, std::vector<Section>& sections,
   return true;
 }
 
-// The section each symbol is defined in (.symtab's st_shndx), by symbol index.
-std::vector<std::uint16_t> SymbolSections(std::span<const std::uint8_t> elf, const std::vector<Section>& sections) {
+struct Symbol {
+  std::string_view name;
+  std::uint8_t type = 0;      // st_info's low bits: 1 an object, 2 a function
+  std::uint16_t section = 0;  // st_shndx
+  std::uint64_t value = 0;    // the offset in its section
+  std::uint64_t size = 0;
+};
+
+// The symbol table (.symtab, names from the section it links to), by symbol index; empty where it is malformed.
+std::vector<Symbol> Symbols(std::span<const std::uint8_t> elf, const std::vector<Section>& sections) {
   constexpr std::uint32_t kSymbolTable = 2;  // SHT_SYMTAB
   constexpr std::size_t kSymbolBytes = 24;
-  std::vector<std::uint16_t> out;
+  std::vector<Symbol> out;
   for (const Section& s : sections) {
-    if (s.type != kSymbolTable) continue;
+    if (s.type != kSymbolTable || s.link >= sections.size()) continue;
+    const Section& names = sections[s.link];
     for (std::uint64_t at = 0; at + kSymbolBytes <= s.size; at += kSymbolBytes) {
-      out.push_back(Load<std::uint16_t>(elf.data() + s.offset + at + 6));
+      const std::uint8_t* entry = elf.data() + s.offset + at;
+      Symbol symbol;
+      const auto name_at = Load<std::uint32_t>(entry);
+      if (names.type != kNoBits && name_at < names.size) {
+        const char* name = reinterpret_cast<const char*>(elf.data() + names.offset + name_at);
+        symbol.name = std::string_view(name, strnlen(name, names.size - name_at));
+      }
+      symbol.type = entry[4] & 0x0f;
+      symbol.section = Load<std::uint16_t>(entry + 6);
+      symbol.value = Load<std::uint64_t>(entry + 8);
+      symbol.size = Load<std::uint64_t>(entry + 16);
+      out.push_back(symbol);
     }
   }
   return out;
+}
+
+// Module-scope variables: object symbols in .nv.global, .nv.global.init (with their initial bytes) or .nv.constant3.
+void ReadGlobals(std::span<const std::uint8_t> elf, const std::vector<Section>& sections,
+                 const std::vector<Symbol>& symbols, ptx::Module& module) {
+  constexpr std::uint8_t kObject = 1;
+  for (const Symbol& symbol : symbols) {
+    if (symbol.type != kObject || symbol.section >= sections.size() || symbol.name.empty() || symbol.size == 0) {
+      continue;
+    }
+    const Section& in = sections[symbol.section];
+    if (in.name != ".nv.global" && in.name != ".nv.global.init" && in.name != ".nv.constant3") continue;
+    ptx::Global global{std::string(symbol.name), symbol.size, {}};
+    if (in.type != kNoBits && symbol.value <= in.size && symbol.size <= in.size - symbol.value) {
+      const std::uint8_t* first = elf.data() + in.offset + symbol.value;
+      global.initial.assign(first, first + symbol.size);
+    }
+    module.globals.push_back(std::move(global));
+  }
 }
 
 // One kernel's attributes (.nv.info.<kernel>): its parameters and the size of their bank.
@@ -310,7 +351,8 @@ bool ReadCubin(std::span<const std::uint8_t> elf, ptx::Module& module, std::stri
       module.data_bytes += s.size;
     }
   }
-  const std::vector<std::uint16_t> symbol_sections = SymbolSections(elf, sections);
+  const std::vector<Symbol> symbols = Symbols(elf, sections);
+  ReadGlobals(elf, sections, symbols, module);
   for (std::size_t i = 0; i < sections.size(); ++i) {
     constexpr std::string_view kText = ".text.";
     if (!sections[i].name.starts_with(kText)) continue;
@@ -321,7 +363,7 @@ bool ReadCubin(std::span<const std::uint8_t> elf, ptx::Module& module, std::stri
       if (s.name == info_name && !ReadKernelInfo(elf.subspan(s.offset, s.size), entry, error)) return false;
     }
     for (const auto& [symbol, bytes] : frames) {
-      if (symbol < symbol_sections.size() && symbol_sections[symbol] == i) entry.local_bytes = bytes;
+      if (symbol < symbols.size() && symbols[symbol].section == i) entry.local_bytes = bytes;
     }
     module.entries.push_back(std::move(entry));
   }

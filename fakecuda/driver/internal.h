@@ -136,7 +136,13 @@ struct Module : Object {
   int target_sm = 0;           // e.g. 75 for .target sm_75
   std::map<std::string, Function*> functions;
   std::uint64_t footprint_bytes = 0;  // what the driver takes when it loads the module (code and data)
-  bool loaded = false;                // footprint charged: at load (eager) or a function's first launch (lazy)
+  std::uintptr_t data_base = 0;       // its variables' memory (an Allocation of kind module_data), or 0
+  struct Variable {
+    CUdeviceptr address;
+    std::size_t bytes;
+  };
+  std::map<std::string, Variable> variables;  // cuModuleGetGlobal
+  bool loaded = false;                        // footprint charged: at load (eager) or a function's first launch (lazy)
 };
 
 // A context-independent library (cuLibraryLoadData): what each device architecture of the machine runs from it,
@@ -195,7 +201,9 @@ struct Array : Object {
   unsigned int levels = 1;
 };
 
-enum class AllocationKind : std::uint32_t { device, pitch, managed, pool, host };
+// module_data: a module's variables (__device__, __constant__), mapped when the module is made, charged with its
+// footprint, not freeable.
+enum class AllocationKind : std::uint32_t { device, pitch, managed, pool, host, module_data };
 
 struct Allocation {
   std::size_t bytes = 0;         // what the caller asked for (pitch * height for pitch)
@@ -304,6 +312,14 @@ Context* CurrentContext(Driver& d);
 // What a call needing a context returns when CurrentContext is null: CUDA_ERROR_CONTEXT_IS_DESTROYED if the
 // thread's current context was destroyed, else CUDA_ERROR_INVALID_CONTEXT (as the real driver).
 CUresult NoContextError(Driver& d);
+
+// A module's variables' memory, `bytes` long, in context `c` (uncharged: the module's footprint counts it), and its
+// release. Caller holds d.mutex.
+CUresult MapModuleData(Driver& d, Context* c, std::size_t bytes, std::uintptr_t& base);
+void UnmapModuleData(Driver& d, std::uintptr_t base);
+
+// FAKECUDA_LOG_CALLS=1 (api_core.cc): entry points and export tables logged on stderr as they are asked for.
+bool LoggingCalls();
 
 // The CUDA runtime's export tables (export_tables.cc; docs/fakecuda-runtime.md): the table with this id, or null.
 const void* RuntimeExportTable(const CUuuid& id);

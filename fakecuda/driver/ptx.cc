@@ -86,6 +86,16 @@ std::uint64_t VariableBytes(const std::vector<std::string_view>& tokens, std::si
   return element * count;
 }
 
+// The name a variable declared from tokens[i] is given: the last identifier before its '[', '=' or ';'.
+std::string_view VariableName(const std::vector<std::string_view>& tokens, std::size_t i) {
+  std::string_view name;
+  for (std::size_t j = i + 1; j < tokens.size() && tokens[j] != ";" && tokens[j] != "=" && tokens[j] != "["; ++j) {
+    const char c = tokens[j].front();
+    if (std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '$') name = tokens[j];
+  }
+  return name;
+}
+
 // What the driver takes for the module and its kernels, in a pass of its own over the tokens (`out.entries` already
 // read, in order): module-scope .global/.const variables (not parameter qualifiers, not .extern), and in each .entry's
 // body its largest .local array and whether it calls malloc (a .func's body belongs to no entry).
@@ -115,7 +125,11 @@ void ReadFootprints(const std::vector<std::string_view>& tokens, Module& out) {
       body->uses_malloc = true;
     } else if ((t == ".global" || t == ".const") && depth == 0 && parens == 0 &&
                (i == 0 || tokens[i - 1] != ".extern")) {
-      out.data_bytes += VariableBytes(tokens, i);
+      const std::uint64_t bytes = VariableBytes(tokens, i);
+      out.data_bytes += bytes;
+      if (const std::string_view name = VariableName(tokens, i); !name.empty() && bytes > 0) {
+        out.globals.push_back(Global{std::string(name), bytes, {}});
+      }
     }
   }
 }

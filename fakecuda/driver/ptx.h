@@ -22,11 +22,19 @@ struct Entry {
   bool uses_malloc = false;       // its body calls the device-side malloc (the driver then sets up the heap)
 };
 
+// A module-scope variable (__device__, __constant__): what cuModuleGetGlobal finds.
+struct Global {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::vector<std::uint8_t> initial;  // its first bytes' initial value (a cubin's .nv.global.init); the rest is zero
+};
+
 struct Module {
   int version = 0;    // 88 for ".version 8.8"
   int target_sm = 0;  // 90 for ".target sm_90" or "sm_90a"
   std::vector<Entry> entries;
   std::uint64_t data_bytes = 0;  // module-scope .global and .const variables: loaded with the module's code
+  std::vector<Global> globals;   // those variables by name (PTX initializers are not read: they start at zero)
 };
 
 // Returns false with a message naming the line and what was expected when the text is not PTX fakecuda
