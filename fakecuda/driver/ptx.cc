@@ -96,6 +96,43 @@ std::string_view VariableName(const std::vector<std::string_view>& tokens, std::
   return name;
 }
 
+// The initial bytes of a variable declared from tokens[i] ("= {7, 0, 8}", "= 0f3FC00000"): each value little endian in
+// the element's size (0fXXXXXXXX and 0dXXXXXXXXXXXXXXXX are a float's and a double's bits). Empty without an
+// initializer or with one fakecuda does not read (addresses of other variables, say).
+std::vector<std::uint8_t> VariableInitial(const std::vector<std::string_view>& tokens, std::size_t i) {
+  std::uint32_t element = 0;
+  std::size_t j = i + 1;
+  for (; j < tokens.size() && tokens[j] != ";" && tokens[j] != "="; ++j) {
+    if (const std::uint32_t s = TypeSize(tokens[j]); s != 0 && element == 0) element = s;
+  }
+  std::vector<std::uint8_t> bytes;
+  if (j >= tokens.size() || tokens[j] != "=" || element == 0) return bytes;
+  bool negative = false;
+  for (++j; j < tokens.size() && tokens[j] != ";"; ++j) {
+    std::string_view t = tokens[j];
+    if (t == "{" || t == "}" || t == ",") continue;
+    if (t == "-") {
+      negative = true;
+      continue;
+    }
+    std::uint64_t value = 0;
+    std::uint32_t size = element;
+    int base = 10;
+    if (t.size() == 10 && (t.starts_with("0f") || t.starts_with("0F"))) {
+      t.remove_prefix(2), size = 4, base = 16;
+    } else if (t.size() == 18 && (t.starts_with("0d") || t.starts_with("0D"))) {
+      t.remove_prefix(2), size = 8, base = 16;
+    } else if (t.starts_with("0x") || t.starts_with("0X")) {
+      t.remove_prefix(2), base = 16;
+    }
+    if (std::from_chars(t.data(), t.data() + t.size(), value, base).ptr != t.data() + t.size()) return {};
+    if (negative) value = ~value + 1;
+    negative = false;
+    for (std::uint32_t b = 0; b < size; ++b) bytes.push_back(static_cast<std::uint8_t>(value >> (8 * b)));
+  }
+  return bytes;
+}
+
 // What the driver takes for the module and its kernels, in a pass of its own over the tokens (`out.entries` already
 // read, in order): module-scope .global/.const variables (not parameter qualifiers, not .extern), and in each .entry's
 // body its largest .local array and whether it calls malloc (a .func's body belongs to no entry).
@@ -128,7 +165,7 @@ void ReadFootprints(const std::vector<std::string_view>& tokens, Module& out) {
       const std::uint64_t bytes = VariableBytes(tokens, i);
       out.data_bytes += bytes;
       if (const std::string_view name = VariableName(tokens, i); !name.empty() && bytes > 0) {
-        out.globals.push_back(Global{std::string(name), bytes, {}});
+        out.globals.push_back(Global{std::string(name), bytes, VariableInitial(tokens, i)});
       }
     }
   }

@@ -26,7 +26,8 @@ struct Entry {
 struct Global {
   std::string name;
   std::uint64_t bytes = 0;
-  std::vector<std::uint8_t> initial;  // its first bytes' initial value (a cubin's .nv.global.init); the rest is zero
+  std::vector<std::uint8_t> initial;  // its first bytes' initial value (a cubin's .nv.global.init, PTX's "= ..."); the
+                                      // rest is zero
 };
 
 struct Module {
@@ -34,7 +35,7 @@ struct Module {
   int target_sm = 0;  // 90 for ".target sm_90" or "sm_90a"
   std::vector<Entry> entries;
   std::uint64_t data_bytes = 0;  // module-scope .global and .const variables: loaded with the module's code
-  std::vector<Global> globals;   // those variables by name (PTX initializers are not read: they start at zero)
+  std::vector<Global> globals;   // those variables by name, with their initial values
 };
 
 // Returns false with a message naming the line and what was expected when the text is not PTX fakecuda

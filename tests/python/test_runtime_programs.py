@@ -70,6 +70,7 @@ def test_a_runtime_program_runs_its_everyday_calls_on_fakecuda(fake_gpu, program
     assert seen["graph_nodes"] == 4, "four captured launches make four graph nodes"
     assert seen["free_mib"] - seen["free_after_alloc_mib"] >= 8, "two 4 MiB allocations show in cudaMemGetInfo"
     assert seen["kernel_ms"] > 0, "events around a launch measure its modelled run time"
+    assert seen["variables_ok"], "__device__ initial values read back; a __constant__ written and read back"
 
 
 def test_a_runtime_program_sees_its_slice_under_the_shim(fake_gpu, programs, runtime, shim_path):
@@ -110,7 +111,7 @@ def test_a_runtime_program_is_held_to_its_compute_cap(fake_gpu, programs, runtim
 
 def test_a_ptx_only_program_runs_from_its_compressed_ptx(fake_gpu, programs):
     seen = fake_gpu.run(programs[("basics", "ptx")]).json
-    assert seen["contents_kept"] and seen["graph_nodes"] == 4, seen
+    assert seen["contents_kept"] and seen["graph_nodes"] == 4 and seen["variables_ok"], seen
 
 
 def test_a_cubin_runs_only_on_its_architecture_as_on_the_real_driver(fake_gpu, programs):

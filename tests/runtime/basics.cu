@@ -6,13 +6,18 @@
 
 #include "check.h"
 
+__device__ int counter[4] = {7, 8, 9, 10};
+__device__ float scale_factor = 1.5f;
+__constant__ float coefficients[8];
+
 struct Wide {
   double a[3];
 };
 
 __global__ void scale(float* out, const float* in, float factor, int n, char tag, Wide wide) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = in[i] * factor + tag + static_cast<float>(wide.a[2]);
+  if (i < n)
+    out[i] = in[i] * factor * scale_factor + tag + static_cast<float>(wide.a[2]) + coefficients[i % 8] + counter[0];
 }
 
 int main() {
@@ -57,6 +62,18 @@ int main() {
   CHECK(cudaMemsetAsync(pooled, 1, 64 << 20, stream));
   CHECK(cudaFreeAsync(pooled, stream));
 
+  // Module variables: initial values as compiled, and a round trip through a __constant__.
+  int initial[4] = {};
+  float scale_read = 0;
+  CHECK(cudaMemcpyFromSymbol(initial, counter, sizeof initial));
+  CHECK(cudaMemcpyFromSymbol(&scale_read, scale_factor, sizeof scale_read));
+  const float written[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  float read[8] = {};
+  CHECK(cudaMemcpyToSymbol(coefficients, written, sizeof written));
+  CHECK(cudaMemcpyFromSymbol(read, coefficients, sizeof read));
+  const bool variables_ok =
+      initial[0] == 7 && initial[3] == 10 && scale_read == 1.5f && std::memcmp(read, written, sizeof read) == 0;
+
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -78,8 +95,9 @@ int main() {
   CHECK(cudaDeviceSynchronize());
   std::printf(
       "{\"devices\": %d, \"name\": \"%s\", \"sm\": %d, \"total_mib\": %zu, \"free_mib\": %zu, "
-      "\"free_after_alloc_mib\": %zu, \"kernel_ms\": %.3f, \"contents_kept\": %s, \"graph_nodes\": %zu}\n",
+      "\"free_after_alloc_mib\": %zu, \"kernel_ms\": %.3f, \"contents_kept\": %s, \"graph_nodes\": %zu, "
+      "\"variables_ok\": %s}\n",
       count, prop.name, prop.major * 10 + prop.minor, total_bytes >> 20, free_bytes >> 20, free_after >> 20, kernel_ms,
-      contents_kept ? "true" : "false", nodes);
+      contents_kept ? "true" : "false", nodes, variables_ok ? "true" : "false");
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace fakecuda::ptx {
 namespace {
@@ -118,6 +119,33 @@ TEST(PtxTest, ReadsModuleDataLocalMemoryAndMalloc) {
   EXPECT_FALSE(module.entries[1].uses_malloc);
   EXPECT_TRUE(module.entries[2].uses_malloc);
   EXPECT_EQ(module.entries[2].local_bytes, 0u);
+}
+
+// Module variables as nvcc writes them: byte arrays with trailing zeros left out, a float's bits, a negative value.
+TEST(PtxTest, ReadsModuleVariablesAndTheirInitialValues) {
+  const char* text = R"(.version 9.0
+.target sm_90
+.address_size 64
+.global .align 4 .b8 counter[16] = {7, 0, 0, 0, 8, 0, 0, 0, 9, 0, 0, 0, 10};
+.global .align 4 .f32 scale_f = 0f3FC00000;
+.global .align 4 .u32 offset = -2;
+.const .align 4 .b8 coeffs[32];
+.extern .global .align 4 .u32 elsewhere;
+.visible .entry k(.param .u64 p) { ret; }
+)";
+  Module module;
+  std::string error;
+  ASSERT_TRUE(Parse(text, module, error)) << error;
+  ASSERT_EQ(module.globals.size(), 4u);
+  EXPECT_EQ(module.globals[0].name, "counter");
+  EXPECT_EQ(module.globals[0].bytes, 16u);
+  EXPECT_EQ(module.globals[0].initial, (std::vector<std::uint8_t>{7, 0, 0, 0, 8, 0, 0, 0, 9, 0, 0, 0, 10}));
+  EXPECT_EQ(module.globals[1].name, "scale_f");
+  EXPECT_EQ(module.globals[1].initial, (std::vector<std::uint8_t>{0x00, 0x00, 0xc0, 0x3f}));  // 1.5f
+  EXPECT_EQ(module.globals[2].initial, (std::vector<std::uint8_t>{0xfe, 0xff, 0xff, 0xff}));
+  EXPECT_EQ(module.globals[3].name, "coeffs");
+  EXPECT_TRUE(module.globals[3].initial.empty());
+  EXPECT_EQ(module.data_bytes, 16u + 4 + 4 + 32);
 }
 
 }  // namespace
