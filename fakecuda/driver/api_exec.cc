@@ -1785,6 +1785,39 @@ CUresult IsCapturing(CUstream handle, CUstreamCaptureStatus* status, bool per_th
   return CUDA_SUCCESS;
 }
 
+// A stream's capture as cuStreamGetCaptureInfo (and its _v2, _v3) tells it: the status and capture id; from _v2 the
+// graph being built and what the next node captured will depend on (the last node: a stream's capture is a chain);
+// from _v3 that edge's data (the default). Each output but the status is optional.
+struct CaptureInfoOut {
+  CUstreamCaptureStatus* status = nullptr;
+  cuuint64_t* id = nullptr;
+  CUgraph* graph = nullptr;
+  const CUgraphNode** dependencies = nullptr;
+  const CUgraphEdgeData** edges = nullptr;
+  size_t* count = nullptr;
+};
+
+CUresult CaptureInfo(CUstream handle, bool per_thread, const CaptureInfoOut& out) {
+  if (out.status == nullptr || (out.edges != nullptr && out.count == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = TheDriver();
+  std::lock_guard<std::mutex> guard(d.mutex);
+  ResolvedStream rs;
+  if (const CUresult r = ResolveStream(d, handle, per_thread, rs); r != CUDA_SUCCESS) return r;
+  Stream* s = rs.stream;
+  const bool active = s != nullptr && s->capture != nullptr;
+  *out.status = active ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (!active) return CUDA_SUCCESS;  // the other outputs are undefined when nothing is captured
+  if (out.id != nullptr) *out.id = s->capture_id;
+  if (out.graph != nullptr) *out.graph = reinterpret_cast<CUgraph>(s->capture);
+  const bool any = !s->capture->node_tokens.empty();
+  s->capture_dependency = any ? reinterpret_cast<CUgraphNode>(s->capture->node_tokens.back().get()) : nullptr;
+  s->capture_edge = CUgraphEdgeData{};
+  if (out.dependencies != nullptr) *out.dependencies = any ? &s->capture_dependency : nullptr;
+  if (out.edges != nullptr) *out.edges = any ? &s->capture_edge : nullptr;
+  if (out.count != nullptr) *out.count = any ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
 CUresult Instantiate(CUgraphExec* exec, CUgraph handle) {
   if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
@@ -1869,6 +1902,39 @@ extern "C" __attribute__((visibility("default"))) CUresult cuStreamIsCapturing_p
   FAKECUDA_ENTER("cuStreamIsCapturing_ptsz");
   return IsCapturing(stream, status, true);
 }
+
+#define FAKECUDA_CAPTURE_INFO(symbol, per_thread)                                                                   \
+  extern "C" __attribute__((visibility("default"))) CUresult symbol(CUstream stream, CUstreamCaptureStatus* status, \
+                                                                    cuuint64_t* id) {                               \
+    FAKECUDA_ENTER(#symbol);                                                                                        \
+    return CaptureInfo(stream, per_thread, {status, id});                                                           \
+  }
+#undef cuStreamGetCaptureInfo  // cuda.h maps the name to its newest version; this defines the oldest symbol
+FAKECUDA_CAPTURE_INFO(cuStreamGetCaptureInfo, false)
+FAKECUDA_CAPTURE_INFO(cuStreamGetCaptureInfo_ptsz, true)
+#undef FAKECUDA_CAPTURE_INFO
+
+#define FAKECUDA_CAPTURE_INFO_V2(symbol, per_thread)                                                                   \
+  extern "C" __attribute__((visibility("default"))) CUresult symbol(CUstream stream, CUstreamCaptureStatus* status,    \
+                                                                    cuuint64_t* id, CUgraph* graph,                    \
+                                                                    const CUgraphNode** dependencies, size_t* count) { \
+    FAKECUDA_ENTER(#symbol);                                                                                           \
+    return CaptureInfo(stream, per_thread, {status, id, graph, dependencies, nullptr, count});                         \
+  }
+FAKECUDA_CAPTURE_INFO_V2(cuStreamGetCaptureInfo_v2, false)
+FAKECUDA_CAPTURE_INFO_V2(cuStreamGetCaptureInfo_v2_ptsz, true)
+#undef FAKECUDA_CAPTURE_INFO_V2
+
+#define FAKECUDA_CAPTURE_INFO_V3(symbol, per_thread)                                         \
+  extern "C" __attribute__((visibility("default"))) CUresult symbol(                         \
+      CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,        \
+      const CUgraphNode** dependencies, const CUgraphEdgeData** edges, size_t* count) {      \
+    FAKECUDA_ENTER(#symbol);                                                                 \
+    return CaptureInfo(stream, per_thread, {status, id, graph, dependencies, edges, count}); \
+  }
+FAKECUDA_CAPTURE_INFO_V3(cuStreamGetCaptureInfo_v3, false)
+FAKECUDA_CAPTURE_INFO_V3(cuStreamGetCaptureInfo_v3_ptsz, true)
+#undef FAKECUDA_CAPTURE_INFO_V3
 
 FAKECUDA_EXPORT CUresult cuGraphCreate(CUgraph* graph, unsigned int flags) {
   FAKECUDA_ENTER("cuGraphCreate");

@@ -89,6 +89,8 @@ struct Stream : Object {
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   bool capture_invalidated = false;  // an illegal call during capture: EndCapture fails
   std::uint64_t capture_id = 0;
+  CUgraphNode capture_dependency = nullptr;  // what cuStreamGetCaptureInfo_v2/_v3 hand out: the last node captured
+  CUgraphEdgeData capture_edge{};            // its edge: the default (full dependency)
 };
 
 struct Event : Object {

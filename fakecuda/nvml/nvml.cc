@@ -891,6 +891,60 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlCompu
   return NVML_SUCCESS;
 }
 
+// The model has no NVLink: its devices talk over PCIe, as boards without NVLink report (PyTorch asks at start-up,
+// with expandable segments, whether a peer sits behind NVSwitch).
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t* active) {
+  state::Attachment* attachment = nullptr;
+  std::uint32_t index = 0;
+  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  (void)link;
+  if (active == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return NVML_ERROR_NOT_SUPPORTED;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                             nvmlIntNvLinkDeviceType_t* type) {
+  state::Attachment* attachment = nullptr;
+  std::uint32_t index = 0;
+  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  (void)link;
+  if (type == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return NVML_ERROR_NOT_SUPPORTED;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                             nvmlPciInfo_t* pci) {
+  state::Attachment* attachment = nullptr;
+  std::uint32_t index = 0;
+  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  (void)link;
+  if (pci == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return NVML_ERROR_NOT_SUPPORTED;
+}
+
+// No NVSwitch fabric either, as on a machine without one.
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t* info) {
+  state::Attachment* attachment = nullptr;
+  std::uint32_t index = 0;
+  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (info == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return NVML_ERROR_NOT_SUPPORTED;
+}
+
+// Two devices of the machine reach each other over PCIe (cuDeviceCanAccessPeer says the same), not over NVLink.
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t first, nvmlDevice_t second, nvmlGpuP2PCapsIndex_t what,
+                                                nvmlGpuP2PStatus_t* status) {
+  state::Attachment* attachment = nullptr;
+  std::uint32_t one = 0, other = 0;
+  if (const nvmlReturn_t r = EnterDevice(__func__, first, attachment, one); r != NVML_SUCCESS) return r;
+  if (const nvmlReturn_t r = EnterDevice(__func__, second, attachment, other); r != NVML_SUCCESS) return r;
+  if (status == nullptr || static_cast<int>(what) < 0 || what > NVML_P2P_CAPS_INDEX_PCI) {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  *status = what == NVML_P2P_CAPS_INDEX_NVLINK ? NVML_P2P_STATUS_NOT_SUPPORTED : NVML_P2P_STATUS_OK;
+  return NVML_SUCCESS;
+}
+
 // MIG exists from Ampere data-centre boards on (A100, H100) and is off; a T4 does not have it.
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* current_mode,
                                               unsigned int* pending_mode) {

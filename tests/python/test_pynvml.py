@@ -164,3 +164,32 @@ def test_an_nvml_only_process_in_a_container_sees_the_containers_usage(fake_gpu,
     assert view["total"] == 4 * 1024 ** 3, view
     assert view["used"] >= 1024 ** 3, view
     assert view["used"] + view["free"] == view["total"], view
+
+
+LINKS = """
+import json, pynvml
+pynvml.nvmlInit()
+first, second = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+
+def outcome(call):
+    try:
+        return call()
+    except pynvml.NVMLError as error:
+        return str(error)
+
+print(json.dumps({
+    "nvlink_state": outcome(lambda: pynvml.nvmlDeviceGetNvLinkState(first, 0)),
+    "nvlink_remote_pci": outcome(lambda: str(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(first, 0))),
+    # (nvidia-ml-py 13.615 spells NVML_P2P_CAPS_INDEX_READ as the tuple (0,): the indices are written out here.)
+    "p2p_read": pynvml.nvmlDeviceGetP2PStatus(first, second, pynvml._nvmlGpuP2PCapsIndex_t(0)),
+    "p2p_nvlink": pynvml.nvmlDeviceGetP2PStatus(first, second, pynvml._nvmlGpuP2PCapsIndex_t(2)),
+}))
+"""
+
+
+def test_devices_are_pcie_peers_without_nvlink(fake_gpu):
+    """What PyTorch asks NVML at start-up (docs/fakecuda-runtime.md): no NVLink, peers over PCIe."""
+    fake_gpu.env["FAKECUDA_DEVICES"] = "2*h100-80gb"
+    seen = fake_gpu.run_py(LINKS).json
+    assert seen["nvlink_state"] == "Not Supported" and seen["nvlink_remote_pci"] == "Not Supported", seen
+    assert seen["p2p_read"] == 0 and seen["p2p_nvlink"] == 5, seen  # NVML_P2P_STATUS_OK, _NOT_SUPPORTED

@@ -1,0 +1,107 @@
+"""PyTorch on fakecuda, with and without the shim (issue 23, stage 3; docs/fakecuda-runtime.md).
+
+PyTorch's CUDA wheels weigh 4.6 GB installed (torch 2.11.0 and its nvidia-* libraries), so CI does not install
+them: `bash .ci/nightly-torch` does, then runs this file. Everywhere else it is skipped, saying so. Each test runs
+PyTorch in a process of its own on a fake machine of its own; kernels do not compute there, so the tests check what
+a platform engineer relies on: the calls succeed, copies keep their bytes, the slice shows and the limits hold.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch is not installed: bash .ci/nightly-torch installs it and runs these")
+
+CONTEXT_MIB = 518  # the h100-80gb preset's context, charged to the container under the shim
+
+
+def with_shim(fake_gpu, shim_path, **limits: str) -> None:
+    fake_gpu.env["LD_PRELOAD"] = str(shim_path)
+    fake_gpu.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(fake_gpu.work_dir / "region")
+    fake_gpu.env.update(limits)
+
+
+EVERYDAY = """
+import json, torch
+out = {"available": torch.cuda.is_available(), "devices": torch.cuda.device_count()}
+free_start, total = torch.cuda.mem_get_info()
+x = torch.arange(1 << 20, dtype=torch.float32)
+d = x.cuda()
+out["copy_kept"] = bool(torch.equal(d.cpu(), x))               # the bytes are real
+out["elementwise"] = list((d * 2 + 1).shape)
+a = torch.ones(512, 512, device="cuda")
+out["matmul"] = list((a @ a).shape)                             # cuBLAS
+out["linear"] = list(torch.relu(torch.nn.Linear(512, 512).cuda()(a)).shape)
+static = torch.zeros(1024, device="cuda")
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):                                   # warm-up off the capture stream, as PyTorch asks
+    static.add_(1)
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    static.mul_(2)
+graph.replay()
+torch.cuda.synchronize()
+out["graph"] = True
+held, error = [], None
+try:
+    while True:
+        held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+except torch.OutOfMemoryError:
+    error = "OutOfMemoryError"
+out.update(held_mib=len(held) * 256, oom=error, total_mib=total >> 20, free_start_mib=free_start >> 20)
+del held
+torch.cuda.empty_cache()
+out["free_after_release_mib"] = torch.cuda.mem_get_info()[0] >> 20
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("expandable", [False, True], ids=["segments", "expandable-segments"])
+def test_pytorch_runs_tensors_a_matmul_and_a_graph_on_fakecuda(fake_gpu, expandable):
+    fake_gpu.env["PYTORCH_CUDA_ALLOC_CONF"] = f"expandable_segments:{expandable}"
+    seen = fake_gpu.run_py(EVERYDAY, timeout=300).json
+    print(f"\n{seen}")
+    assert seen["available"] and seen["devices"] == 1, seen
+    assert seen["copy_kept"] and seen["graph"], seen
+    assert seen["matmul"] == [512, 512] and seen["linear"] == [512, 512], seen
+    assert seen["total_mib"] == 81079 and seen["oom"] == "OutOfMemoryError", seen
+
+
+@pytest.mark.parametrize("expandable", [False, True], ids=["segments", "expandable-segments"])
+def test_pytorch_is_held_to_its_memory_limit(fake_gpu, shim_path, expandable):
+    fake_gpu.env["PYTORCH_CUDA_ALLOC_CONF"] = f"expandable_segments:{expandable}"
+    with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
+    seen = fake_gpu.run_py(EVERYDAY, timeout=300).json
+    print(f"\n{seen}")
+    assert seen["total_mib"] == 4096 and seen["free_start_mib"] == 4096 - CONTEXT_MIB, seen
+    assert seen["oom"] == "OutOfMemoryError", seen
+    # The context, the tensors made before, the modules loaded, and as many 256 MiB blocks as fit beside them.
+    assert 3072 <= seen["held_mib"] <= (4096 - CONTEXT_MIB) // 256 * 256, seen
+    assert seen["free_after_release_mib"] >= seen["held_mib"], "empty_cache gave the blocks back"
+
+
+BURN = """
+import json, sys, time, torch
+x = torch.zeros(32, device="cuda")
+x.add_(1); torch.cuda.synchronize()                 # its kernel loaded before the clock starts
+seconds, launched, start = float(sys.argv[1]), 0, time.monotonic()
+while time.monotonic() - start < seconds:
+    for _ in range(4):
+        x.add_(1)
+    torch.cuda.synchronize()
+    launched += 4
+print(json.dumps({"kernels": launched, "seconds": time.monotonic() - start}))
+"""
+
+
+def test_pytorchs_kernels_are_held_to_the_compute_cap(fake_gpu, shim_path):
+    fake_gpu.env["FAKECUDA_DEFAULT_KERNEL_NS"] = "1000000"  # every kernel 1 ms a wave; x.add_ is one wave
+    free = fake_gpu.run_py(BURN, "2", timeout=300).json
+    with_shim(fake_gpu, shim_path, CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    capped = fake_gpu.run_py(BURN, "3", timeout=300).json
+    free_rate = free["kernels"] / free["seconds"]
+    ratio = capped["kernels"] / capped["seconds"] / free_rate
+    print(f"\nPyTorch: {free_rate:.0f} kernels/s free, {ratio:.3f} of that at a 30 % cap")
+    assert free_rate > 600, f"1 ms kernels in groups of four ran at {free_rate:.0f}/s"
+    assert 0.20 <= ratio <= 0.36, f"at a 30 % cap PyTorch ran {ratio:.3f} of its free rate"
