@@ -951,6 +951,13 @@ CUresult LibraryModule(Driver& d, Library& library, Module*& module) {
   return CUDA_SUCCESS;
 }
 
+// The module of the library `handle` in the current context. Caller holds d.mutex.
+CUresult LibraryModuleOf(Driver& d, CUlibrary handle, Module*& module) {
+  Library* library = Lookup<Library>(d, handle, Kind::library);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return LibraryModule(d, *library, module);
+}
+
 // A kernel handle is a Function (of the library's module in some context), as cuKernelGetFunction gives it.
 Function* LookupKernel(Driver& d, CUkernel kernel) { return Lookup<Function>(d, kernel, Kind::function); }
 
@@ -1001,10 +1008,8 @@ FAKECUDA_EXPORT CUresult cuLibraryGetModule(CUmodule* out, CUlibrary handle) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Library* library = Lookup<Library>(d, handle, Kind::library);
-  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   Module* module = nullptr;
-  if (const CUresult r = LibraryModule(d, *library, module); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = LibraryModuleOf(d, handle, module); r != CUDA_SUCCESS) return r;
   *out = reinterpret_cast<CUmodule>(module);
   return CUDA_SUCCESS;
 }
@@ -1014,10 +1019,8 @@ FAKECUDA_EXPORT CUresult cuLibraryGetKernel(CUkernel* out, CUlibrary handle, con
   if (out == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Library* library = Lookup<Library>(d, handle, Kind::library);
-  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   Module* module = nullptr;
-  if (const CUresult r = LibraryModule(d, *library, module); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = LibraryModuleOf(d, handle, module); r != CUDA_SUCCESS) return r;
   const auto it = module->functions.find(name);
   if (it == module->functions.end()) return CUDA_ERROR_NOT_FOUND;
   *out = reinterpret_cast<CUkernel>(it->second);
@@ -1147,10 +1150,8 @@ FAKECUDA_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr* address, size_t* bytes,
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Library* library = Lookup<Library>(d, handle, Kind::library);
-  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   Module* module = nullptr;
-  if (const CUresult r = LibraryModule(d, *library, module); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = LibraryModuleOf(d, handle, module); r != CUDA_SUCCESS) return r;
   return FindVariable(*module, name, address, bytes);
 }
 

@@ -180,6 +180,13 @@ class FakeGpu:
     def tenant_path(self) -> Path:
         return self.build_dir / "bin" / "vgpu-tenant"
 
+    def use_shim(self, shim_path: Path, **settings: str) -> None:
+        """Every process started from now on loads the shim, its region in this machine's folder, with `settings`
+        (CUDA_DEVICE_MEMORY_LIMIT="4g", CUDA_DEVICE_SM_LIMIT="30", ...) in its environment."""
+        self.env["LD_PRELOAD"] = str(shim_path)
+        self.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(self.work_dir / "region")
+        self.env.update(settings)
+
     def enable_trace(self) -> Path:
         """Turns on FAKECUDA_TRACE (JSON lines) for every process started from now on."""
         trace_path = self.work_dir / "trace.jsonl"
@@ -240,6 +247,12 @@ class FakeGpu:
         """Test teardown: kills, by pid, whatever this fake machine's test left running."""
         for process in self._background:
             process.kill()
+
+
+def rate_ratio(free: dict, capped: dict) -> tuple[float, float]:
+    """Two runs' {"kernels", "seconds"}: the free run's rate, and the capped run's rate as a fraction of it."""
+    free_rate = free["kernels"] / free["seconds"]
+    return free_rate, capped["kernels"] / capped["seconds"] / free_rate
 
 
 def read_trace(trace_path: Path) -> list[dict]:

@@ -15,6 +15,8 @@ import os
 
 import pytest
 
+from fakegpu_harness import rate_ratio
+
 pytest.importorskip("cupy", reason="CuPy is not installed (pip install cupy-cuda13x, tests/python/requirements.txt)")
 
 CONTEXT_MIB = 518  # the h100-80gb preset's context, charged to the container under the shim
@@ -28,11 +30,6 @@ def toolkit_libraries(fake_gpu):
         pytest.skip(f"no libnvrtc in {cuda_home}/lib64 nor on the loader's path: CuPy compiles its kernels with it")
     fake_gpu.env.setdefault("CUDA_HOME", cuda_home)
 
-
-def with_shim(fake_gpu, shim_path, **limits: str) -> None:
-    fake_gpu.env["LD_PRELOAD"] = str(shim_path)
-    fake_gpu.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(fake_gpu.work_dir / "region")
-    fake_gpu.env.update(limits)
 
 
 EVERYDAY = """
@@ -63,7 +60,7 @@ def test_cupy_runs_arrays_kernels_and_a_matmul_on_fakecuda(fake_gpu):
 
 
 def test_cupy_sees_its_slice_under_the_shim(fake_gpu, shim_path):
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
     seen = fake_gpu.run_py(EVERYDAY, timeout=120).json
     assert seen["total_mib"] == 4096, seen
     assert seen["free_mib"] <= 4096 - CONTEXT_MIB - seen["pool_mib"], seen
@@ -90,7 +87,7 @@ print(json.dumps({"held_mib": count * 256, "error": error, "full_free_mib": full
 
 
 def test_cupys_memory_pool_is_held_to_the_memory_limit(fake_gpu, shim_path):
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
     seen = fake_gpu.run_py(POOL_TO_OOM, timeout=120).json
     print(f"\n{seen}")
     assert seen["error"] == "OutOfMemoryError", seen
@@ -118,10 +115,9 @@ print(json.dumps({"kernels": launched, "seconds": time.monotonic() - start}))
 def test_cupys_kernels_are_held_to_the_compute_cap(fake_gpu, shim_path):
     fake_gpu.env["FAKECUDA_KERNEL_COSTS"] = "burn=1000000"  # 1 ms a launch
     free = fake_gpu.run_py(BURN, "2", timeout=120).json
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
     capped = fake_gpu.run_py(BURN, "3", timeout=120).json
-    free_rate = free["kernels"] / free["seconds"]
-    ratio = capped["kernels"] / capped["seconds"] / free_rate
+    free_rate, ratio = rate_ratio(free, capped)
     print(f"\nCuPy: {free_rate:.0f} kernels/s free, {ratio:.3f} of that at a 30 % cap")
     assert free_rate > 600, f"1 ms kernels in groups of four ran at {free_rate:.0f}/s"
     assert 0.20 <= ratio <= 0.36, f"at a 30 % cap CuPy ran {ratio:.3f} of its free rate"

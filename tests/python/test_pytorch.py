@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from fakegpu_harness import rate_ratio
+
 pytest.importorskip("torch", reason="PyTorch is not installed: bash .ci/nightly-torch installs it and runs these")
 
 CONTEXT_MIB = 518  # the h100-80gb preset's context, charged to the container under the shim
 
-
-def with_shim(fake_gpu, shim_path, **limits: str) -> None:
-    fake_gpu.env["LD_PRELOAD"] = str(shim_path)
-    fake_gpu.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(fake_gpu.work_dir / "region")
-    fake_gpu.env.update(limits)
 
 
 EVERYDAY = """
@@ -71,7 +68,7 @@ def test_pytorch_runs_tensors_a_matmul_and_a_graph_on_fakecuda(fake_gpu, expanda
 @pytest.mark.parametrize("expandable", [False, True], ids=["segments", "expandable-segments"])
 def test_pytorch_is_held_to_its_memory_limit(fake_gpu, shim_path, expandable):
     fake_gpu.env["PYTORCH_CUDA_ALLOC_CONF"] = f"expandable_segments:{expandable}"
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
     seen = fake_gpu.run_py(EVERYDAY, timeout=300).json
     print(f"\n{seen}")
     assert seen["total_mib"] == 4096 and seen["free_start_mib"] == 4096 - CONTEXT_MIB, seen
@@ -98,10 +95,9 @@ print(json.dumps({"kernels": launched, "seconds": time.monotonic() - start}))
 def test_pytorchs_kernels_are_held_to_the_compute_cap(fake_gpu, shim_path):
     fake_gpu.env["FAKECUDA_DEFAULT_KERNEL_NS"] = "1000000"  # every kernel 1 ms a wave; x.add_ is one wave
     free = fake_gpu.run_py(BURN, "2", timeout=300).json
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
     capped = fake_gpu.run_py(BURN, "3", timeout=300).json
-    free_rate = free["kernels"] / free["seconds"]
-    ratio = capped["kernels"] / capped["seconds"] / free_rate
+    free_rate, ratio = rate_ratio(free, capped)
     print(f"\nPyTorch: {free_rate:.0f} kernels/s free, {ratio:.3f} of that at a 30 % cap")
     assert free_rate > 600, f"1 ms kernels in groups of four ran at {free_rate:.0f}/s"
     assert 0.20 <= ratio <= 0.36, f"at a 30 % cap PyTorch ran {ratio:.3f} of its free rate"

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from fakegpu_harness import rate_ratio
+
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
 PROGRAMS = ("basics", "fill", "burn", "hami")
 RUNTIMES = ("static", "shared")
@@ -56,11 +58,6 @@ def runtime(request) -> str:
     return request.param
 
 
-def with_shim(fake_gpu, shim_path: Path, **limits: str) -> None:
-    fake_gpu.env["LD_PRELOAD"] = str(shim_path)
-    fake_gpu.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(fake_gpu.work_dir / "region")
-    fake_gpu.env.update(limits)
-
 
 def test_a_runtime_program_runs_its_everyday_calls_on_fakecuda(fake_gpu, programs, runtime):
     seen = fake_gpu.run(programs[("basics", runtime)]).json
@@ -74,7 +71,7 @@ def test_a_runtime_program_runs_its_everyday_calls_on_fakecuda(fake_gpu, program
 
 
 def test_a_runtime_program_sees_its_slice_under_the_shim(fake_gpu, programs, runtime, shim_path):
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
     seen = fake_gpu.run(programs[("basics", runtime)]).json
     assert seen["total_mib"] == 4096, seen
     assert seen["free_mib"] == 4096 - CONTEXT_MIB, seen
@@ -83,7 +80,7 @@ def test_a_runtime_program_sees_its_slice_under_the_shim(fake_gpu, programs, run
 
 @pytest.mark.parametrize("kind", ["device", "managed", "pooled"])
 def test_a_runtime_program_is_held_to_its_memory_limit(fake_gpu, programs, runtime, shim_path, kind):
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_MEMORY_LIMIT="4g")
     seen = fake_gpu.run(programs[("fill", runtime)], kind, "256").json
     print(f"\n{runtime} runtime, {kind}: {seen}")
     assert seen["stopped_by"] == "cudaErrorMemoryAllocation", seen
@@ -100,10 +97,9 @@ def test_without_the_shim_a_runtime_program_gets_the_whole_device(fake_gpu, prog
 def test_a_runtime_program_is_held_to_its_compute_cap(fake_gpu, programs, runtime, shim_path):
     fake_gpu.env["FAKECUDA_KERNEL_COSTS"] = "burn=1000000"  # 1 ms a launch
     free = fake_gpu.run(programs[("burn", runtime)], "2", "4").json
-    with_shim(fake_gpu, shim_path, CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    fake_gpu.use_shim(shim_path, CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
     capped = fake_gpu.run(programs[("burn", runtime)], "3", "4").json
-    free_rate = free["kernels"] / free["seconds"]
-    ratio = capped["kernels"] / capped["seconds"] / free_rate
+    free_rate, ratio = rate_ratio(free, capped)
     print(f"\n{runtime} runtime: {free_rate:.0f} kernels/s free, {ratio:.3f} of that at a 30 % cap")
     assert free_rate > 700, f"1 ms kernels back to back ran at {free_rate:.0f}/s"
     assert 0.20 <= ratio <= 0.36, f"at a 30 % cap the program ran {ratio:.3f} of its free rate"
@@ -131,7 +127,7 @@ def test_an_sm80_cubin_runs_on_an_a100(fake_gpu, programs):
 def test_hami_cores_allocation_scenarios(fake_gpu, programs, shim_path, kind, shimmed):
     """HAMi-core's test_runtime_alloc*.c: 84 sizes around powers of two; device memory shows, host memory does not."""
     if shimmed:
-        with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="2g")
+        fake_gpu.use_shim(shim_path, CUDA_DEVICE_MEMORY_LIMIT="2g")
     seen = fake_gpu.run(programs[("hami", "static")], "alloc", kind).json
     assert seen == {"kind": kind, "checked": 84, "failure": ""}
 
@@ -140,5 +136,5 @@ def test_hami_cores_allocation_scenarios(fake_gpu, programs, shim_path, kind, sh
 def test_hami_cores_launch_scenario(fake_gpu, programs, shim_path, shimmed):
     """HAMi-core's test_runtime_launch.cu: a 1024-thread kernel, then 100 synchronized launches over 2^27 doubles."""
     if shimmed:
-        with_shim(fake_gpu, shim_path, CUDA_DEVICE_MEMORY_LIMIT="2g", CUDA_DEVICE_SM_LIMIT="50")
+        fake_gpu.use_shim(shim_path, CUDA_DEVICE_MEMORY_LIMIT="2g", CUDA_DEVICE_SM_LIMIT="50")
     assert fake_gpu.run(programs[("hami", "shared")], "launch").json == {"launches": 101}
