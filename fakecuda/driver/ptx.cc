@@ -96,9 +96,28 @@ std::string_view VariableName(const std::vector<std::string_view>& tokens, std::
   return name;
 }
 
-// The initial bytes of a variable declared from tokens[i] ("= {7, 0, 8}", "= 0f3FC00000"): each value little endian in
-// the element's size (0fXXXXXXXX and 0dXXXXXXXXXXXXXXXX are a float's and a double's bits). Empty without an
-// initializer or with one fakecuda does not read (addresses of other variables, say).
+// One initializer value onto `bytes`, little endian in `size` bytes: decimal, 0x hex, or a float's (0fXXXXXXXX) or
+// double's (0dXXXXXXXXXXXXXXXX) bits, which set their own size. False if it is none of these.
+bool AppendValue(std::string_view value, std::uint32_t size, bool negative, std::vector<std::uint8_t>& bytes) {
+  int base = 10;
+  const bool float_bits = value.size() == 10 && (value.starts_with("0f") || value.starts_with("0F"));
+  const bool double_bits = value.size() == 18 && (value.starts_with("0d") || value.starts_with("0D"));
+  if (float_bits || double_bits) {
+    value.remove_prefix(2), base = 16, size = float_bits ? 4 : 8;
+  } else if (value.starts_with("0x") || value.starts_with("0X")) {
+    value.remove_prefix(2), base = 16;
+  }
+  std::uint64_t number = 0;
+  if (std::from_chars(value.data(), value.data() + value.size(), number, base).ptr != value.data() + value.size()) {
+    return false;
+  }
+  if (negative) number = ~number + 1;
+  for (std::uint32_t b = 0; b < size; ++b) bytes.push_back(static_cast<std::uint8_t>(number >> (8 * b)));
+  return true;
+}
+
+// The initial bytes of a variable declared from tokens[i] ("= {7, 0, 8}", "= 0f3FC00000"), each value in the element's
+// size. Empty without an initializer or with one fakecuda does not read (addresses of other variables, say).
 std::vector<std::uint8_t> VariableInitial(const std::vector<std::string_view>& tokens, std::size_t i) {
   std::uint32_t element = 0;
   std::size_t j = i + 1;
@@ -109,26 +128,14 @@ std::vector<std::uint8_t> VariableInitial(const std::vector<std::string_view>& t
   if (j >= tokens.size() || tokens[j] != "=" || element == 0) return bytes;
   bool negative = false;
   for (++j; j < tokens.size() && tokens[j] != ";"; ++j) {
-    std::string_view t = tokens[j];
+    const std::string_view t = tokens[j];
     if (t == "{" || t == "}" || t == ",") continue;
     if (t == "-") {
       negative = true;
       continue;
     }
-    std::uint64_t value = 0;
-    std::uint32_t size = element;
-    int base = 10;
-    if (t.size() == 10 && (t.starts_with("0f") || t.starts_with("0F"))) {
-      t.remove_prefix(2), size = 4, base = 16;
-    } else if (t.size() == 18 && (t.starts_with("0d") || t.starts_with("0D"))) {
-      t.remove_prefix(2), size = 8, base = 16;
-    } else if (t.starts_with("0x") || t.starts_with("0X")) {
-      t.remove_prefix(2), base = 16;
-    }
-    if (std::from_chars(t.data(), t.data() + t.size(), value, base).ptr != t.data() + t.size()) return {};
-    if (negative) value = ~value + 1;
+    if (!AppendValue(t, element, negative, bytes)) return {};
     negative = false;
-    for (std::uint32_t b = 0; b < size; ++b) bytes.push_back(static_cast<std::uint8_t>(value >> (8 * b)));
   }
   return bytes;
 }
