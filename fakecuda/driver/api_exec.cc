@@ -633,7 +633,9 @@ CUresult PlaceVariables(Driver& d, Context* c, const ptx::Module& parsed, Module
   std::uint64_t offset = 0;
   for (const ptx::Global& global : parsed.globals) {
     auto* at = reinterpret_cast<std::uint8_t*>(module.data_base + offset);
-    std::memcpy(at, global.initial.data(), std::min<std::size_t>(global.initial.size(), global.bytes));
+    if (!global.initial.empty()) {
+      std::memcpy(at, global.initial.data(), std::min<std::size_t>(global.initial.size(), global.bytes));
+    }
     module.variables[global.name] = Module::Variable{reinterpret_cast<CUdeviceptr>(at), global.bytes};
     offset += (global.bytes + kAlign - 1) / kAlign * kAlign;
   }
