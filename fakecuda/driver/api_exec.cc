@@ -1311,7 +1311,7 @@ FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveClusters(int* clusters, CUfunction 
 }
 
 // The most dynamic shared memory a block may ask for with `blocks` of `block_size` threads resident on an SM: the SM's
-// shared memory split among them, less the 1 KiB each block reserves, at most the per-block opt-in maximum.
+// shared memory split among them, less the 1 KiB each block reserves, at most the function's maximum.
 FAKECUDA_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, CUfunction handle, int blocks,
                                                                  int block_size) {
   FAKECUDA_ENTER("cuOccupancyAvailableDynamicSMemPerBlock");
@@ -1323,7 +1323,8 @@ FAKECUDA_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, 
   const model::DeviceSpec& spec = Spec(d, f->module->context->device);
   constexpr std::uint64_t kReservedPerBlock = 1024;
   const std::uint64_t share = spec.shared_bytes_per_sm / static_cast<std::uint64_t>(blocks);
-  const std::uint64_t per_block_max = spec.shared_bytes_per_sm - kReservedPerBlock;
+  // At most what the function may ask for: 48 KiB unless CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES opted in.
+  const auto per_block_max = static_cast<std::uint64_t>(f->max_dynamic_shared);
   *bytes = share > kReservedPerBlock ? std::min(share - kReservedPerBlock, per_block_max) : 0;
   return CUDA_SUCCESS;
 }

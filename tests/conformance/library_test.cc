@@ -56,8 +56,7 @@ TEST_F(LibraryTest, AKernelFromALibraryIsAFunctionThatLaunches) {
   EXPECT_CU_OK(cuMemFree(out));
   CUkernel missing = nullptr;
   EXPECT_CU(CUDA_ERROR_NOT_FOUND, cuLibraryGetKernel(&missing, library, "vgpu_no_such_kernel"));
-  EXPECT_CU_OK(cuLibraryUnload(library));
-  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, cuLibraryUnload(library));
+  EXPECT_CU_OK(cuLibraryUnload(library));  // (a second unload crashes the real driver: not tried)
 }
 
 TEST_F(LibraryTest, KernelAttributesAreTheFunctions) {
@@ -104,7 +103,6 @@ TEST_F(LibraryTest, TheLoadingModeIsLazyOrEager) {
   CUmoduleLoadingMode mode{};
   ASSERT_CU_OK(cuModuleGetLoadingMode(&mode));
   EXPECT_TRUE(mode == CU_MODULE_LAZY_LOADING || mode == CU_MODULE_EAGER_LOADING);
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cuModuleGetLoadingMode(nullptr));
 }
 
 TEST_F(LibraryTest, OccupancyQueriesAgree) {
@@ -120,11 +118,20 @@ TEST_F(LibraryTest, OccupancyQueriesAgree) {
                                                                     CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE));
   EXPECT_GT(blocks, 0);
   EXPECT_EQ(with_flags, blocks);
-  size_t shared = 0;
+  // Without opting in, a block may have the default 48 KiB whatever shares the SM (an H200: 49152 for one block
+  // and for two). Opted in to the device's most, two resident blocks split the SM's shared memory.
+  size_t shared = 0, shared_for_two = 0;
   ASSERT_CU_OK(cuOccupancyAvailableDynamicSMemPerBlock(&shared, function, 1, 128));
-  size_t shared_for_two = 0;
   ASSERT_CU_OK(cuOccupancyAvailableDynamicSMemPerBlock(&shared_for_two, function, 2, 128));
-  EXPECT_GT(shared, 0u);
+  EXPECT_EQ(shared, 48u * 1024);
+  EXPECT_EQ(shared_for_two, 48u * 1024);
+  int most = 0;
+  ASSERT_CU_OK(cuDeviceGetAttribute(&most, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 0));
+  ASSERT_CU_OK(cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most));
+  ASSERT_CU_OK(cuOccupancyAvailableDynamicSMemPerBlock(&shared, function, 1, 128));
+  ASSERT_CU_OK(cuOccupancyAvailableDynamicSMemPerBlock(&shared_for_two, function, 2, 128));
+  EXPECT_GT(shared, 48u * 1024);
+  EXPECT_LE(shared, static_cast<size_t>(most));
   EXPECT_LT(shared_for_two, shared) << "two resident blocks share the SM's shared memory";
   EXPECT_CU_OK(cuLibraryUnload(library));
 }

@@ -40,6 +40,8 @@ int main() {
   CHECK(cudaMemcpy(in, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   CHECK(cudaMemset(out, 0, n * sizeof(float)));
   CHECK(cudaMemcpy(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice));
+  CHECK(cudaMemcpy(back.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+  const bool contents_kept = std::memcmp(back.data(), host.data(), n * sizeof(float)) == 0;  // before a kernel runs
 
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -55,7 +57,6 @@ int main() {
   CHECK(cudaEventElapsedTime(&kernel_ms, start, stop));
   CHECK(cudaMemcpyAsync(back.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
   CHECK(cudaStreamSynchronize(stream));
-  const bool contents_kept = std::memcmp(back.data(), host.data(), n * sizeof(float)) == 0;
 
   void* pooled = nullptr;
   CHECK(cudaMallocAsync(&pooled, 64 << 20, stream));
