@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <new>
 #include <utility>
 
@@ -331,20 +330,34 @@ FAKECUDA_EXPORT CUresult cuDriverGetVersion(int* version) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// The table's entry for `error`, or null. A caller may pass any number as a CUresult: it is compared as its bits,
+// never loaded as the enum (UBSan's enum check would refuse 12345).
+const ErrorEntry* FindError(CUresult error) {
+  int code = 0;
+  static_assert(sizeof code == sizeof error);
+  std::memcpy(&code, &error, sizeof code);
+  for (const ErrorEntry& e : kErrors) {
+    if (static_cast<int>(e.code) == code) return &e;
+  }
+  return nullptr;
+}
+}  // namespace
+
 FAKECUDA_EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
   if (const CUresult fault = EnterCall("cuGetErrorName"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const auto* e = std::find_if(std::begin(kErrors), std::end(kErrors), [&](const auto& x) { return x.code == error; });
-  *name = e == std::end(kErrors) ? nullptr : e->name;
-  return *name != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  const ErrorEntry* e = FindError(error);
+  *name = e != nullptr ? e->name : nullptr;
+  return e != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 FAKECUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
   if (const CUresult fault = EnterCall("cuGetErrorString"); fault != CUDA_SUCCESS) return fault;  // works uninitialized
   if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const auto* e = std::find_if(std::begin(kErrors), std::end(kErrors), [&](const auto& x) { return x.code == error; });
-  *text = e == std::end(kErrors) ? nullptr : e->description;
-  return *text != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  const ErrorEntry* e = FindError(error);
+  *text = e != nullptr ? e->description : nullptr;
+  return e != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 // The export tables: private interfaces between the driver and the CUDA runtime (export_tables.cc;
