@@ -177,9 +177,9 @@ namespace {
 
 // nvmlDeviceGetMemoryInfo and its _v2, one body: the real call's figures, then the slice's in a limited container.
 // On a failed slice nothing of the whole device's figures is left behind (a _v2's version is kept).
-// `real` is Real::'s pointer itself, read after ResolveRealNvml() has set it.
-template <typename Memory>
-nvmlReturn_t MemoryInfo(nvmlReturn_t (*const& real)(nvmlDevice_t, Memory*), nvmlDevice_t device, Memory* memory) {
+// `real` is Real::'s pointer itself (a reference), read after ResolveRealNvml() has set it.
+template <typename Memory, typename RealPointer>
+nvmlReturn_t MemoryInfo(const RealPointer& real, nvmlDevice_t device, Memory* memory) {
   if (!ResolveRealNvml() || real == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
   const Mode mode = CurrentMode();
   if (mode == Mode::failed) return kFailedClosedNvml;
