@@ -556,6 +556,20 @@ std::uint32_t ClaimSlot(Machine& m, std::int32_t pid, std::uint64_t now_ns) {
   return kNoSlot;
 }
 
+namespace {
+// Keeps what the slot's process did on the GPU past its slot (Machine::departed).
+void RecordDeparture(Machine& m, const ProcessSlot& slot) {
+  if (slot.pid <= 0) return;
+  DepartedProcess& record = m.departed[m.departed_count % kDepartedHistory];
+  ++m.departed_count;
+  record = DepartedProcess{};
+  record.pid = slot.pid;
+  record.started_ns = slot.started_ns;
+  for (const DeviceTimeline& d : m.devices) record.ended_ns = std::max(record.ended_ns, d.advanced_to_ns);
+  std::copy(std::begin(slot.busy_total_ns), std::end(slot.busy_total_ns), std::begin(record.busy_total_ns));
+}
+}  // namespace
+
 void ReleaseSlot(Machine& m, std::uint32_t slot_index, std::uint64_t returned_bytes[kMaxDevices]) {
   if (slot_index >= kMaxProcesses) return;
   ProcessSlot& slot = m.slots[slot_index];
@@ -591,6 +605,7 @@ void ReleaseSlot(Machine& m, std::uint32_t slot_index, std::uint64_t returned_by
       --m.groups_in_use;
     }
   }
+  RecordDeparture(m, slot);
   std::memset(&slot, 0, sizeof slot);
   slot.state = SlotState::free;
 }

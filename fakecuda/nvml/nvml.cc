@@ -34,6 +34,7 @@
 
 #include "fakecuda/model/layout.h"
 #include "fakecuda/model/model.h"
+#include "fakecuda/process_busy.h"
 #include "fakecuda/state/faults.h"
 #include "fakecuda/state/state.h"
 #include "figures.h"
@@ -1163,6 +1164,43 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t devi
                        info->procUtilArray[written++] = out;
                      });
   info->processSamplesCount = written;
+  return NVML_SUCCESS;
+}
+
+namespace {
+// Every process that has used device `index`: the slots (running, or dead and not yet reaped), then the departed.
+template <typename Visit>
+void ForEachProcessBusy(const model::Machine& machine, std::uint32_t index, Visit visit) {
+  for (const model::ProcessSlot& slot : machine.slots) {
+    if (slot.state != model::SlotState::live || slot.pid <= 0) continue;
+    visit(fakecudaProcessBusy_t{static_cast<unsigned int>(slot.pid), 1, slot.started_ns, slot.busy_total_ns[index]});
+  }
+  const std::uint64_t kept = std::min<std::uint64_t>(machine.departed_count, model::kDepartedHistory);
+  for (std::uint64_t k = machine.departed_count - kept; k < machine.departed_count; ++k) {
+    const model::DepartedProcess& record = machine.departed[k % model::kDepartedHistory];
+    if (record.pid <= 0) continue;
+    visit(fakecudaProcessBusy_t{static_cast<unsigned int>(record.pid), 0, record.started_ns,
+                                record.busy_total_ns[index]});
+  }
+}
+}  // namespace
+
+NVML_EXPORT nvmlReturn_t fakecudaDeviceGetProcessBusy(nvmlDevice_t device, unsigned int* count,
+                                                      fakecudaProcessBusy_t* entries) {
+  state::Attachment* attachment = nullptr;
+  std::uint32_t index = 0;
+  if (const nvmlReturn_t r = EnterDevice(__func__, device, attachment, index); r != NVML_SUCCESS) return r;
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  LiveDevice live(*attachment, index);
+  unsigned int needed = 0;
+  ForEachProcessBusy(live.machine(), index, [&](const fakecudaProcessBusy_t&) { ++needed; });
+  if (entries == nullptr || *count < needed) {
+    *count = needed;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  unsigned int written = 0;
+  ForEachProcessBusy(live.machine(), index, [&](const fakecudaProcessBusy_t& entry) { entries[written++] = entry; });
+  *count = written;
   return NVML_SUCCESS;
 }
 

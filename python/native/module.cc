@@ -108,7 +108,7 @@ py::dict ProcessDict(const sc::ProcessSpec& p) {
   for (const sc::Phase& phase : p.work) work.append(PhaseDict(phase));
   return py::dict("replicas"_a = p.replicas, "start_ns"_a = p.start_ns, "stop_ns"_a = p.stop_ns,
                   "crash_at_ns"_a = Optional(p.crash_at_ns), "device"_a = p.device, "alloc_bytes"_a = p.alloc_bytes,
-                  "work"_a = work, "repeat"_a = p.repeat, "line"_a = p.line);
+                  "work"_a = work, "repeat"_a = p.repeat, "program"_a = p.program, "line"_a = p.line);
 }
 
 py::dict ExpectationDict(const sc::Expectation& e) {
@@ -270,6 +270,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("alloc_bytes", &sc::ProcessSpec::alloc_bytes)
       .def_readonly("work", &sc::ProcessSpec::work)
       .def_readonly("repeat", &sc::ProcessSpec::repeat)
+      .def_readonly("program", &sc::ProcessSpec::program)
       .def_readonly("line", &sc::ProcessSpec::line)
       .def("to_dict", &ProcessDict);
 

@@ -89,7 +89,7 @@ class TenantSummary:
 
 @dataclass
 class Check:
-    kind: str                            # share | worst_window | min_share | max_share | oom | leaked_bytes
+    kind: str                            # share | worst_window | min_share | max_share | oom | programs | leaked_bytes
     tenant: str | None                   # None: about the whole run
     passed: bool
     expected: str                        # the promise, in words ("30 +/- 2 points")
@@ -217,6 +217,7 @@ def summarize(trace: Trace, scenario=None, mode: str | None = None, tolerance: f
             convergence_ns=convergence, worst_window=worst, oom_events=ooms, peak_memory_bytes=peak, exits=exits))
 
         checks += _tenant_checks(name, spec.get("expect", []), mine, settle, duration, tolerance, ooms)
+        checks += _program_checks(name, spec, events)
 
     capped = [t for t in tenants if t.cap_percent is not None and t.mean_share_percent is not None]
     fairness = jain_index(t.mean_share_percent / t.cap_percent for t in capped)
@@ -297,6 +298,34 @@ def _tenant_checks(name: str, expectations: list[dict], windows: pd.DataFrame, s
         checks.append(Check("oom", name, ooms == 0, "no OOM", float(ooms),
                             f"{ooms} OOM event{'s' if ooms != 1 else ''}", implicit=True))
     return checks
+
+
+def _program_indices(spec: dict) -> set[int]:
+    """The trace's process numbers of a tenant's `program:` processes (replicas in order, as the runner counts)."""
+    indices, index = set(), 0
+    for process in spec.get("processes", []):
+        replicas = int(process.get("replicas", 1) or 1)
+        if process.get("program"):
+            indices.update(range(index, index + replicas))
+        index += replicas
+    return indices
+
+
+def _program_checks(name: str, spec: dict, events) -> list[Check]:
+    """A tenant's programs judge themselves: each must end `ok` (exit 0, or ended when stopped at its stop)."""
+    programs = _program_indices(spec)
+    if not programs:
+        return []
+    exits = events[(events["ev"] == "exit") & np.isin(events["process"], sorted(programs))]
+    failed = [f"process {int(e['process'])}: {e['status']} (code {int(e['code'])})" for e in exits if e["status"] != "ok"]
+    ended = len(exits)
+    detail = (f"{ended} of {len(programs)} program{'s' if len(programs) != 1 else ''} ended ok" if not failed
+              else "; ".join(failed))
+    passed = not failed and ended == len(programs)
+    if not failed and ended != len(programs):
+        detail = f"only {ended} of {len(programs)} programs ended (the run was cut short)"
+    return [Check("programs", name, passed, "every program ends ok (exit 0, or stopped at its stop)",
+                  float(len(programs) - len(failed)), detail, implicit=True)]
 
 
 def format_bytes(value: int | float | None) -> str:

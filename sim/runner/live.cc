@@ -1,7 +1,8 @@
-// Live mode: every process replica is a real vgpu-tenant under the real shim (LD_PRELOAD=libvgpu.so), over a
-// private fake machine or the machine's driver. One thread runs the schedule: it starts and kills processes on
-// time, reads every pipe without ever blocking on one, and samples each tenant's busy time (from its processes'
-// reports), memory (from its region) and NVML's view (from vgpu-sampler) every sample period.
+// Live mode: every process replica is a real vgpu-tenant, or a scenario's own program, under the real shim
+// (LD_PRELOAD=libvgpu.so), over a private fake machine or the machine's driver. One thread runs the schedule: it
+// starts and kills processes on time, reads every pipe without ever blocking on one, and samples each tenant's busy
+// time (from its processes' reports; a program's from the fake GPU, through vgpu-sampler), memory (from its region)
+// and NVML's view (from vgpu-sampler) every sample period.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +32,7 @@
 #include "fakecuda/model/layout.h"
 #include "fakecuda/model/model.h"
 #include "internal.h"
+#include "programs.h"
 #include "vgpu/base/clock.h"
 #include "vgpu/base/duration.h"
 #include "vgpu/base/uuid.h"
@@ -177,12 +179,13 @@ void CloseBoth(int fds[2]) {
   }
 }
 
-// Starts `argv` with exactly `environment`, stdout and stderr on pipes, stdin on a pipe or /dev/null. The child
-// gets a process group of its own (a terminal's Ctrl-C goes to the runner, which kills its children itself) and
-// dies with the runner's thread (PR_SET_PDEATHSIG), so no tenant outlives a runner that was killed. fork + exec
-// rather than posix_spawn for those two; between them the child makes async-signal-safe calls only.
+// Starts `argv` with exactly `environment`, stdout and stderr on pipes, stdin on a pipe or /dev/null, in `folder`
+// ("" = the runner's). The child gets a process group of its own (a terminal's Ctrl-C goes to the runner, which kills
+// its children itself) and dies with the runner's thread (PR_SET_PDEATHSIG), so no tenant outlives a runner that was
+// killed. fork + exec rather than posix_spawn for those two; between them the child makes async-signal-safe calls
+// only.
 bool Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& environment, bool with_stdin,
-           Spawned& child, std::string& error) {
+           Spawned& child, std::string& error, const std::string& folder = {}) {
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
@@ -212,8 +215,8 @@ bool Spawn(const std::vector<std::string>& argv, const std::vector<std::string>&
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the runner died before the line above
     const int input = with_stdin ? in[0] : open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (input < 0 || dup2(input, STDIN_FILENO) < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
-        dup2(err[1], STDERR_FILENO) < 0) {
+    if (input < 0 || (!folder.empty() && chdir(folder.c_str()) != 0) || dup2(input, STDIN_FILENO) < 0 ||
+        dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) {
       const int e = errno;
       [[maybe_unused]] const ssize_t w = write(status[1], &e, sizeof e);
       _exit(127);
@@ -278,6 +281,10 @@ struct Child {
   bool killed_at_crash = false;
   bool killed_late = false;
   bool killed_on_cancel = false;
+  // A `program:`: its busy time comes from the sampler's lines, and it gets SIGTERM (its process group) at its stop.
+  bool program = false;
+  bool terminated_at_stop = false;
+  bool final_known = false;  // program: a sampler line read after its exit gave its busy time to its end
   std::uint64_t start_abs = 0;
   std::uint64_t kill_abs = 0;  // when we sent SIGKILL, if we did
   std::uint64_t exit_abs = 0;
@@ -289,6 +296,9 @@ struct Child {
   int wait_status = 0;
   bool reaped_elsewhere = false;  // waitpid said ECHILD: another part of the host process reaped it
 };
+
+// A program is signalled with its process group (what it started goes too); vgpu-tenant alone.
+void Signal(const Child& child, int signal_number) { kill(child.program ? -child.pid : child.pid, signal_number); }
 
 struct GpuView {
   std::uint64_t util_percent = 0;
@@ -316,7 +326,7 @@ class LiveRun {
     // Whatever happened (an exception included), no child outlives the run and none is left a zombie.
     for (Child& child : children_) {
       if (child.pid > 0 && !child.exited) {
-        kill(child.pid, SIGKILL);
+        Signal(child, SIGKILL);
         waitpid(child.pid, nullptr, 0);
       }
     }
@@ -437,6 +447,25 @@ class LiveRun {
     std::stable_sort(start_order_.begin(), start_order_.end(),
                      [&](std::size_t a, std::size_t b) { return runs_[a].spec->start_ns < runs_[b].spec->start_ns; });
     BuildEnvironments();
+    return FindPrograms(error);
+  }
+
+  // Every program's file, found before anything starts: a missing one refuses the run.
+  bool FindPrograms(std::string& error) {
+    program_folder_ = ProgramFolder(s_.file);
+    const bool any =
+        std::any_of(runs_.begin(), runs_.end(), [](const ProcessRun& run) { return !run.spec->program.empty(); });
+    if (!any) return true;
+    program_paths_.assign(runs_.size(), std::string());
+    for (const ProcessRun& run : runs_) {
+      if (run.spec->program.empty()) continue;
+      program_paths_[run.global] = FindProgram(run.spec->program[0], Env("PATH"), program_folder_, error);
+      if (program_paths_[run.global].empty()) {
+        error =
+            "tenant '" + s_.tenants[run.tenant].name + "' process " + std::to_string(run.index) + ": program " + error;
+        return false;
+      }
+    }
     return true;
   }
 
@@ -575,8 +604,9 @@ class LiveRun {
 
   bool StartSampler(std::string& error) {
     Spawned spawned;
-    const std::vector<std::string> argv = {sampler_binary_, "--devices", std::to_string(device_count_), "--every-ms",
-                                           std::to_string(s_.sample_ns / kMillisecondNs)};
+    std::vector<std::string> argv = {sampler_binary_, "--devices", std::to_string(device_count_), "--every-ms",
+                                     std::to_string(s_.sample_ns / kMillisecondNs)};
+    if (!program_paths_.empty()) argv.push_back("--processes");  // programs' busy time (fakecuda)
     if (!Spawn(argv, base_environment_, true, spawned, error)) return false;
     sampler_pid_ = spawned.pid;
     sampler_in_ = spawned.in;
@@ -610,7 +640,10 @@ class LiveRun {
   std::string SamplerStderr() const { return sampler_stderr_.empty() ? std::string() : ": " + sampler_stderr_; }
 
   void ReadSampler() {
-    sampler_out_.Drain([&](std::string_view line) { ParseSamplerLine(line, gpu_, &uuids_, &sampler_ready_); });
+    sampler_out_.Drain([&](std::string_view line) {
+      ParseSamplerLine(line, gpu_, &uuids_, &sampler_ready_);
+      if (!program_paths_.empty()) TakeProgramReports(line);
+    });
     sampler_err_.Drain([&](std::string_view line) {
       if (!line.empty()) sampler_stderr_ = std::string(line);
     });
@@ -706,6 +739,50 @@ class LiveRun {
     return got;
   }
 
+  // ---- programs' busy time ------------------------------------------------------------------------------
+
+  // A sampler line's figures as a report of each program running (or just ended): the GPU time on its device of
+  // every process that is it or in its process group. The first line read after its exit gives its final figure.
+  void TakeProgramReports(std::string_view line) {
+    std::vector<ProcessBusy> entries;
+    std::uint64_t t_abs = 0;
+    if (!FindNumber(line, "t_ns", t_abs) || !ParseProcessBusy(line, entries)) return;
+    for (std::size_t c = 0; c < children_.size(); ++c) {
+      Child& child = children_[c];
+      if (!child.program || !child.started || child.final_known) continue;
+      std::uint64_t busy = 0;
+      for (const ProcessBusy& entry : entries) {
+        if (entry.device == child.run->device && OwnerOf(static_cast<pid_t>(entry.pid)) == c) busy += entry.busy_ns;
+      }
+      child.busy_ns = std::max(child.busy_ns, busy);  // cumulative: never goes back (a departed entry can age out)
+      if (child.reports.empty() || t_abs > child.reports.back().t_ns) child.reports.push_back({t_abs, child.busy_ns});
+      if (child.exited && t_abs >= child.exit_abs) {
+        child.final_known = true;
+        child.last = {child.exit_abs, child.busy_ns};
+      }
+    }
+  }
+
+  // The child a GPU process belongs to: the one it is, or the program whose process group it is in, looked up in
+  // /proc when first seen (one gone before it was seen is nobody's). SIZE_MAX: none.
+  std::size_t OwnerOf(pid_t pid) {
+    for (const auto& [known, owner] : owners_) {
+      if (known == pid) return owner;
+    }
+    std::size_t owner = SIZE_MAX;
+    for (std::size_t c = 0; c < children_.size() && owner == SIZE_MAX; ++c) {
+      if (children_[c].started && children_[c].pid == pid) owner = c;
+    }
+    if (owner == SIZE_MAX) {
+      const pid_t group = ProcessGroupOf(pid);
+      for (std::size_t c = 0; c < children_.size() && owner == SIZE_MAX && group > 0; ++c) {
+        if (children_[c].program && children_[c].started && children_[c].pid == group) owner = c;
+      }
+    }
+    owners_.emplace_back(pid, owner);
+    return owner;
+  }
+
   // ---- the schedule -----------------------------------------------------------------------------------
 
   void Loop() {
@@ -729,7 +806,7 @@ class LiveRun {
           if (child.started && !child.exited && !child.killed_on_cancel && !child.killed_at_crash) {
             child.killed_on_cancel = true;
             child.kill_abs = now;
-            kill(child.pid, SIGKILL);
+            Signal(child, SIGKILL);
           }
         }
       }
@@ -747,12 +824,16 @@ class LiveRun {
         if (spec.crash_at_ns && !child.killed_at_crash && t0_ + *spec.crash_at_ns <= now) {
           child.killed_at_crash = true;
           child.kill_abs = now;
-          kill(child.pid, SIGKILL);
+          Signal(child, SIGKILL);
+        }
+        if (child.program && !child.terminated_at_stop && t0_ + spec.stop_ns <= now) {
+          child.terminated_at_stop = true;  // asked to end at its stop: vgpu-tenant ends there by itself
+          Signal(child, SIGTERM);
         }
         if (!child.killed_late && t0_ + spec.stop_ns + kGraceNs <= now) {
           child.killed_late = true;
           child.kill_abs = now;
-          kill(child.pid, SIGKILL);
+          Signal(child, SIGKILL);
         }
       }
       ReadChildren();
@@ -803,6 +884,9 @@ class LiveRun {
         if (child.started && !child.exited && child.run->spec->crash_at_ns && !child.killed_at_crash) {
           wake = std::min(wake, t0_ + *child.run->spec->crash_at_ns);
         }
+        if (child.started && !child.exited && child.program && !child.terminated_at_stop) {
+          wake = std::min(wake, t0_ + child.run->spec->stop_ns);
+        }
       }
       WaitForInput(wake);
     }
@@ -827,20 +911,14 @@ class LiveRun {
   void StartProcess(Child& child, std::uint64_t now) {
     const ProcessRun& run = *child.run;
     const scenario::ProcessSpec& spec = *run.spec;
-    std::vector<std::string> argv = {tenant_binary_, "--device", std::to_string(spec.device)};
-    if (spec.alloc_bytes != 0) argv.insert(argv.end(), {"--alloc", std::to_string(spec.alloc_bytes)});
-    argv.insert(argv.end(), {"--seconds", FormatSeconds(spec.stop_ns - spec.start_ns)});
-    for (std::size_t w = 0; w < spec.work.size(); ++w) {
-      // The tenant's ranks that run this phase form one group: the same id in each of them.
-      const std::uint64_t group = (run.tenant + 1ull) * 1000 + w + 1;
-      argv.insert(argv.end(), {"--phase", PhaseArgument(spec.work[w], group)});
-    }
-    if (spec.repeat) argv.push_back("--repeat");
-    argv.insert(argv.end(), {"--seed", std::to_string(s_.seed + run.global), "--report-ms",
-                             std::to_string(s_.sample_ns / kMillisecondNs)});
+    child.program = !spec.program.empty();
     Spawned spawned;
     std::string error;
-    if (!Spawn(argv, tenant_environments_[run.tenant], false, spawned, error)) {
+    const bool spawned_ok =
+        child.program
+            ? Spawn(ProgramArgv(run), tenant_environments_[run.tenant], false, spawned, error, program_folder_)
+            : Spawn(TenantArgv(run), tenant_environments_[run.tenant], false, spawned, error);
+    if (!spawned_ok) {
       Fail("tenant '" + s_.tenants[run.tenant].name + "' process " + std::to_string(run.index) + ": " + error);
       return;
     }
@@ -858,12 +936,36 @@ class LiveRun {
                   .Done());
   }
 
+  // The program's words, its first resolved when the run was prepared (program_paths_).
+  std::vector<std::string> ProgramArgv(const ProcessRun& run) const {
+    std::vector<std::string> argv = run.spec->program;
+    argv[0] = program_paths_[run.global];
+    return argv;
+  }
+
+  std::vector<std::string> TenantArgv(const ProcessRun& run) const {
+    const scenario::ProcessSpec& spec = *run.spec;
+    std::vector<std::string> argv = {tenant_binary_, "--device", std::to_string(spec.device)};
+    if (spec.alloc_bytes != 0) argv.insert(argv.end(), {"--alloc", std::to_string(spec.alloc_bytes)});
+    argv.insert(argv.end(), {"--seconds", FormatSeconds(spec.stop_ns - spec.start_ns)});
+    for (std::size_t w = 0; w < spec.work.size(); ++w) {
+      // The tenant's ranks that run this phase form one group: the same id in each of them.
+      const std::uint64_t group = (run.tenant + 1ull) * 1000 + w + 1;
+      argv.insert(argv.end(), {"--phase", PhaseArgument(spec.work[w], group)});
+    }
+    if (spec.repeat) argv.push_back("--repeat");
+    argv.insert(argv.end(), {"--seed", std::to_string(s_.seed + run.global), "--report-ms",
+                             std::to_string(s_.sample_ns / kMillisecondNs)});
+    return argv;
+  }
+
   void ReadChildren() {
     for (Child& child : children_) ReadChild(child);
   }
 
   void ReadChild(Child& child) {
     child.out.Drain([&](std::string_view line) {
+      if (child.program) return;  // a program's output is its own; its busy time comes from the sampler
       std::string event;
       if (FindText(line, "ev", event)) {
         Report report{};
@@ -902,8 +1004,11 @@ class LiveRun {
       child.exited = true;
       child.exit_abs = MonotonicNs();
       child.wait_status = status;
-      ReadChild(child);  // what it wrote before it ended
-      child.last = LastPoint(child);
+      ReadChild(child);                                   // what it wrote before it ended
+      if (!child.program) child.last = LastPoint(child);  // a program's comes with the next sampler line
+      // What a program leaves behind in its process group ends with it, as a container's processes end with its
+      // main one (else they would outlive the run: only the program itself dies with the runner).
+      if (child.program) kill(-child.pid, SIGKILL);
       WriteExit(child);
     }
   }
@@ -933,6 +1038,8 @@ class LiveRun {
       code = kKilledCode;
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
       text_status = "ok";
+    } else if (child.program && child.terminated_at_stop) {
+      text_status = "ok";  // it ran until its stop, and ended when asked to (the code says how)
     } else if (child.result_status == "oom") {
       text_status = "oom";
       Emit(child.exit_abs, Line("oom")
@@ -1010,10 +1117,12 @@ class LiveRun {
     return {child.kill_abs, child.busy_ns + std::min(more, since)};
   }
 
-  // Whether every process has told what it had done by `t_abs`: it reported at or after it, it has ended, it had
-  // not started, or we have waited long enough.
+  // Whether every process has told what it had done by `t_abs`: it reported at or after it, it has ended (a
+  // program: and a sampler line since gave its busy time to its end), it had not started, or we have waited long
+  // enough.
   bool Reported(const Child& child, std::uint64_t t_abs) const {
-    if (!child.started || child.start_abs > t_abs || child.exited) return true;
+    if (!child.started || child.start_abs > t_abs) return true;
+    if (child.exited && (!child.program || child.final_known)) return true;
     return !child.reports.empty() && child.reports.back().t_ns >= t_abs;
   }
 
@@ -1174,6 +1283,10 @@ class LiveRun {
   std::vector<ProcessRun> runs_;
   std::vector<Child> children_;
   std::vector<std::size_t> start_order_;
+  std::vector<std::string> program_paths_;  // by ProcessRun::global: a program's file ("" for vgpu-tenant); empty
+                                            // when the scenario has no program
+  std::string program_folder_;              // where programs run: the scenario file's folder
+  std::vector<std::pair<pid_t, std::size_t>> owners_;  // OwnerOf's answers
   pid_t sampler_pid_ = -1;
   int sampler_in_ = -1;
   LineReader sampler_out_, sampler_err_;

@@ -25,6 +25,14 @@ std::string Check(const scenario::Scenario& s, Mode mode) {
       return "faults: " + std::to_string(s.faults.size()) +
              " rule(s), but faults are not modelled in virtual mode; run the scenario live";
     }
+    for (const scenario::TenantSpec& tenant : s.tenants) {
+      for (const scenario::ProcessSpec& process : tenant.processes) {
+        if (!process.program.empty()) {
+          return "tenant '" + tenant.name + "' runs the program '" + process.program[0] +
+                 "', and a program runs as a real process; run the scenario live";
+        }
+      }
+    }
   } else {
     if (!s.live_mode) return "mode: the scenario is not meant for live mode (its mode list has no live)";
     if (s.real_gpu && !s.faults.empty()) return "faults: fault rules need the fake GPU, and gpu = 'real'";

@@ -2,8 +2,12 @@
 // libnvidia-ml.so.1 with dlopen, so LD_LIBRARY_PATH picks fakecuda's or the driver's, and it runs without the
 // shim: what it prints is the machine's view, not a container's.
 //
-//   vgpu-sampler [--devices K] [--every-ms N | --once]
+//   vgpu-sampler [--devices K] [--every-ms N | --once] [--processes]
 //   {"ev":"gpu","t_ns":<CLOCK_MONOTONIC>,"devices":[{"util_percent":..,"memory_used_bytes":..,"uuid":"GPU-.."},..]}
+//
+// --processes (fakecuda only) adds "processes":[[device,pid,busy_ns],..]: each process's exact GPU time
+// on each device, running or gone, from fakecuda's fakecudaDeviceGetProcessBusy (fakecuda/process_busy.h); the
+// runner measures its `program:` processes with it. With a real NVML, which has no such figure, it refuses.
 //
 // Prints until its standard input closes (the runner holds a pipe) or it is killed; --once prints one line and
 // exits. Errors: one line on stderr, exit status 1 (2 for a bad command line).
@@ -21,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fakecuda/process_busy.h"
 #include "nvml.h"
 #include "vgpu/base/clock.h"
 
@@ -37,6 +42,7 @@ struct Nvml {
   decltype(&nvmlDeviceGetUtilizationRates) utilization = nullptr;
   decltype(&nvmlDeviceGetMemoryInfo) memory = nullptr;
   decltype(&nvmlDeviceGetUUID) uuid = nullptr;
+  fakecudaDeviceGetProcessBusy_t process_busy = nullptr;  // --processes only
 };
 
 struct Device {
@@ -77,6 +83,31 @@ std::uint64_t WholeNumber(const char* flag, const char* text, std::uint64_t low,
 
 using vgpu::base::MonotonicNs;
 
+// "[device,pid,busy_ns],.." for every process fakecuda knows on each device.
+std::string ProcessBusy(const Nvml& nvml, const std::vector<Device>& devices) {
+  std::string text;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    std::vector<fakecudaProcessBusy_t> entries;
+    unsigned int count = 0;
+    nvmlReturn_t result = NVML_ERROR_INSUFFICIENT_SIZE;
+    // Processes may come between the size query and the read: ask again with the new size.
+    for (int attempt = 0; attempt < 8 && result == NVML_ERROR_INSUFFICIENT_SIZE; ++attempt) {
+      entries.resize(count + 8);
+      count = static_cast<unsigned int>(entries.size());
+      result = nvml.process_busy(devices[i].handle, &count, entries.data());
+    }
+    if (result != NVML_SUCCESS) {
+      Fail(1, NvmlError(nvml, "fakecudaDeviceGetProcessBusy", result, " (device " + std::to_string(i) + ")"));
+    }
+    for (unsigned int k = 0; k < count; ++k) {
+      if (!text.empty()) text += ',';
+      text += "[" + std::to_string(i) + "," + std::to_string(entries[k].pid) + "," +
+              std::to_string(entries[k].busy_ns) + "]";
+    }
+  }
+  return text;
+}
+
 std::string Line(const Nvml& nvml, const std::vector<Device>& devices) {
   std::string line = "{\"ev\":\"gpu\",\"t_ns\":" + std::to_string(MonotonicNs()) + ",\"devices\":[";
   for (std::size_t i = 0; i < devices.size(); ++i) {
@@ -94,7 +125,9 @@ std::string Line(const Nvml& nvml, const std::vector<Device>& devices) {
     line += "{\"util_percent\":" + std::to_string(utilization.gpu) +
             ",\"memory_used_bytes\":" + std::to_string(memory.used) + ",\"uuid\":\"" + devices[i].uuid + "\"}";
   }
-  return line + "]}\n";
+  line += ']';
+  if (nvml.process_busy != nullptr) line += ",\"processes\":[" + ProcessBusy(nvml, devices) + "]";
+  return line + "}\n";
 }
 
 void Print(const std::string& line) {
@@ -129,12 +162,15 @@ bool WaitUntil(std::uint64_t deadline_ns) {
 
 int main(int argc, char** argv) {
   bool once = false;
+  bool processes = false;
   std::uint64_t every_ms = 100;
   std::uint64_t wanted = 0;  // 0 = every device NVML has
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--once") {
       once = true;
+    } else if (flag == "--processes") {
+      processes = true;
     } else if (flag == "--every-ms" || flag == "--devices") {
       if (i + 1 >= argc) Fail(2, flag + " needs a value; e.g. " + flag + " 100");
       if (flag == "--every-ms") {
@@ -144,12 +180,13 @@ int main(int argc, char** argv) {
       }
     } else if (flag == "--help" || flag == "-h") {
       std::puts(
-          "usage: vgpu-sampler [--devices K] [--every-ms N | --once]\n"
+          "usage: vgpu-sampler [--devices K] [--every-ms N | --once] [--processes]\n"
           "Prints NVML's utilization and used memory of devices 0 .. K-1 as a JSON line every N ms (default\n"
-          "100) until standard input closes, or once with --once. Loads libnvidia-ml.so.1 (LD_LIBRARY_PATH).");
+          "100) until standard input closes, or once with --once. Loads libnvidia-ml.so.1 (LD_LIBRARY_PATH).\n"
+          "--processes adds each process's exact GPU time per device (fakecuda's NVML only).");
       return 0;
     } else {
-      Fail(2, "unknown argument '" + flag + "'; accepted: --devices K, --every-ms N, --once, --help");
+      Fail(2, "unknown argument '" + flag + "'; accepted: --devices K, --every-ms N, --once, --processes, --help");
     }
   }
 
@@ -167,6 +204,15 @@ int main(int argc, char** argv) {
   Resolve(library, "nvmlDeviceGetUtilizationRates", nvml.utilization);
   Resolve(library, "nvmlDeviceGetMemoryInfo", nvml.memory);
   Resolve(library, "nvmlDeviceGetUUID", nvml.uuid);
+  if (processes) {
+    nvml.process_busy =
+        reinterpret_cast<fakecudaDeviceGetProcessBusy_t>(dlsym(library, "fakecudaDeviceGetProcessBusy"));
+    if (nvml.process_busy == nullptr) {
+      Fail(1,
+           "--processes needs fakecuda's libnvidia-ml.so.1 (fakecudaDeviceGetProcessBusy): a real NVML does not tell "
+           "a process's GPU time");
+    }
+  }
   if (const nvmlReturn_t result = nvml.init(); result != NVML_SUCCESS) {
     Fail(1, NvmlError(nvml, "nvmlInit_v2", result, ""));
   }

@@ -59,6 +59,30 @@ std::string CheckPhase(const Phase& phase, const std::string& where) {
   return CheckCollective(phase, where);
 }
 
+// A `program:` process: live over fakecuda, its words within bounds, nothing of vgpu-tenant's work beside it.
+std::string CheckProgram(const Scenario& s, const ProcessSpec& process, const std::string& at) {
+  if (s.real_gpu) {
+    return at +
+           "program is set with gpu = 'real'; accepted: a program on the fake GPU only (a real NVML does not "
+           "tell a process's GPU time)";
+  }
+  if (process.program.size() > kMaxProgramWords) {
+    return Field(at, "program.size()", process.program.size(), "1 .. 64 words: the program and its arguments");
+  }
+  for (std::size_t i = 0; i < process.program.size(); ++i) {
+    const std::string& word = process.program[i];
+    if (word.empty() || word.size() > kMaxProgramWordBytes || word.find('\0') != std::string::npos) {
+      return Field(at, Index("program", i) + ".size()", word.size(), "1 .. 4096 bytes, no NUL");
+    }
+  }
+  if (!process.work.empty()) return Field(at, "work.size()", process.work.size(), "0 with a program");
+  if (process.alloc_bytes != 0) {
+    return Field(at, "alloc_bytes", process.alloc_bytes, "0 with a program (it allocates its own memory)");
+  }
+  if (process.repeat) return at + "repeat = true with a program; accepted: false (a program runs once)";
+  return {};
+}
+
 std::string CheckProcess(const Scenario& s, const TenantSpec& tenant, const ProcessSpec& process,
                          const std::string& at) {
   if (process.replicas < 1 || process.replicas > kMaxReplicas)
@@ -77,8 +101,9 @@ std::string CheckProcess(const Scenario& s, const TenantSpec& tenant, const Proc
     return Field(at, "device", process.device,
                  "a CUDA ordinal of the tenant's devices, 0 .. " + std::to_string(tenant.devices.size() - 1));
   }
+  if (!process.program.empty()) return CheckProgram(s, process, at);
   if (process.work.empty() || process.work.size() > kMaxPhases) {
-    return Field(at, "work.size()", process.work.size(), "1 .. 64 phases, e.g. [{kernels: 1ms}]");
+    return Field(at, "work.size()", process.work.size(), "1 .. 64 phases, e.g. [{kernels: 1ms}], or a program");
   }
   for (std::size_t w = 0; w < process.work.size(); ++w) {
     if (std::string error = CheckPhase(process.work[w], at + Index("work", w) + "."); !error.empty()) return error;

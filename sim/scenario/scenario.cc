@@ -37,6 +37,8 @@ static_assert(kMaxProcessesInAll == fakecuda::model::kMaxProcesses - 1, "limits.
 using limits::kMaxBlocks;
 using limits::kMaxPhases;
 using limits::kMaxProcessEntries;
+using limits::kMaxProgramWordBytes;
+using limits::kMaxProgramWords;
 using limits::kMaxRate;
 using limits::kMaxRealDevices;
 constexpr std::uint64_t kMaxInFlight = limits::kMaxDepth;
@@ -110,6 +112,7 @@ constexpr Misplaced kMisplaced[] = {
     {"replicas", "in a process (an item of a tenant's processes:)"},
     {"alloc", "in a process (an item of a tenant's processes:)"},
     {"crash_at", "in a process (an item of a tenant's processes:)"},
+    {"program", "in a process (an item of a tenant's processes:)"},
     {"share", "in an expectation (an item of a tenant's expect:)"},
     {"min_share", "in an expectation (an item of a tenant's expect:)"},
     {"max_share", "in an expectation (an item of a tenant's expect:)"},
@@ -352,7 +355,8 @@ class Checker {
     const Node* faults = root.Find("faults");
     CheckMode(root.Find("mode"),
               faults != nullptr && !(faults->kind == Node::Kind::null ||
-                                     (faults->kind == Node::Kind::sequence && faults->children.empty())));
+                                     (faults->kind == Node::Kind::sequence && faults->children.empty())),
+              HasPrograms(root.Find("tenants")));
     if (const Node* tenants = root.Find("tenants")) {
       CheckTenants(*tenants);
     } else {
@@ -559,10 +563,24 @@ class Checker {
     timeline_ok_ = fits;
   }
 
+  // Whether some process of some tenant has a program: (looked at before the tenants are checked: it sets the modes).
+  static bool HasPrograms(const Node* tenants) {
+    if (tenants == nullptr || tenants->kind != Node::Kind::sequence) return false;
+    for (const Node& tenant : tenants->children) {
+      const Node* processes = tenant.kind == Node::Kind::mapping ? tenant.Find("processes") : nullptr;
+      if (processes == nullptr || processes->kind != Node::Kind::sequence) continue;
+      for (const Node& process : processes->children) {
+        if (process.kind == Node::Kind::mapping && process.Find("program") != nullptr) return true;
+      }
+    }
+    return false;
+  }
+
   // Which modes the scenario is meant for. gpu: real exists only live; faults are not modelled in virtual time, so
-  // a scenario with faults defaults to live (listing virtual anyway runs it there without them).
-  void CheckMode(const Node* node, bool has_faults) {
-    const bool live_only = scenario_.real_gpu || has_faults;
+  // a scenario with faults defaults to live (listing virtual anyway runs it there without them). A program runs as
+  // a real process: live only, and virtual is refused.
+  void CheckMode(const Node* node, bool has_faults, bool has_programs) {
+    const bool live_only = scenario_.real_gpu || has_faults || has_programs;
     scenario_.virtual_mode = !live_only;
     scenario_.live_mode = true;
     if (node == nullptr) return;
@@ -592,6 +610,10 @@ class Checker {
       if (*choice == 0 && scenario_.real_gpu) {
         ok = false;
         Add(items[i]->line, path, "virtual with gpu: real; a real GPU runs live only (expected mode: [live])");
+      } else if (*choice == 0 && has_programs) {
+        ok = false;
+        Add(items[i]->line, path,
+            "virtual with program: processes; a program runs as a real process, live only (expected mode: [live])");
       }
     }
     if (!ok) return;
@@ -805,8 +827,9 @@ class Checker {
 
   bool CheckProcess(const Node& node, const std::string& path, bool devices_ok, const TenantSpec& tenant,
                     ProcessSpec& process) {
-    if (!CheckMapping(node, path, {"replicas", "start", "stop", "crash_at", "device", "alloc", "work", "repeat"},
-                      "a process (work:, start:, stop:, ...)")) {
+    if (!CheckMapping(node, path,
+                      {"replicas", "start", "stop", "crash_at", "device", "alloc", "work", "repeat", "program"},
+                      "a process (work: or program:, start:, stop:, ...)")) {
       return false;
     }
     const std::size_t problems_before = problems_.size();
@@ -839,15 +862,58 @@ class Checker {
         process.alloc_bytes = *bytes;
       }
     }
-    if (const Node* work = node.Find("work")) {
+    if (const Node* program = node.Find("program")) {
+      CheckProgram(node, *program, path, process);
+    } else if (const Node* work = node.Find("work")) {
       CheckWork(*work, Join(path, "work"), process);
     } else {
-      Add(node.line, Join(path, "work"), "missing; a process needs its work: a list of phases (e.g. - kernels: 1ms)");
+      Add(node.line, Join(path, "work"),
+          "missing; a process needs its work: a list of phases (e.g. - kernels: 1ms), or a program: to run");
     }
     if (const Node* repeat = node.Find("repeat")) {
       if (auto value = Bool(*repeat, Join(path, "repeat"))) process.repeat = *value;
     }
     return problems_.size() == problems_before;
+  }
+
+  // program: [python3, train.py, --steps, "100"]: run instead of vgpu-tenant; alone, with none of work:'s keys.
+  void CheckProgram(const Node& process_node, const Node& node, const std::string& process_path, ProcessSpec& process) {
+    const std::string path = Join(process_path, "program");
+    for (const char* other : {"work", "alloc", "repeat"}) {
+      if (const Node* found = process_node.Find(other)) {
+        Add(found->key_line, Join(process_path, other),
+            std::string("given with program:; ") + other +
+                ": belongs to a vgpu-tenant process (expected program: alone; a program allocates and loops as it "
+                "does itself)");
+      }
+    }
+    if (scenario_.real_gpu) {
+      Add(node.key_line, path,
+          "a program's GPU time is measured by the fake GPU, so it cannot run with gpu: real; expected work: phases, "
+          "or a fakecuda gpu");
+      return;
+    }
+    const std::vector<Node>* items =
+        Items(node, path, "a list of the program and its arguments (e.g. [python3, train.py, --steps, \"100\"])");
+    if (items == nullptr) return;
+    if (items->empty() || items->size() > kMaxProgramWords) {
+      Add(KeyLine(node), path,
+          Count(items->size(), "word", "words") + "; expected 1 .. " + std::to_string(kMaxProgramWords) +
+              " (the program, then its arguments)");
+      if (items->empty()) return;
+    }
+    for (std::size_t i = 0; i < std::min(items->size(), kMaxProgramWords); ++i) {
+      const std::string word_path = Index(path, i);
+      const std::string* word = Text((*items)[i], word_path, "a word of the command line (quote it if need be)");
+      if (word == nullptr) continue;
+      if (word->empty() || word->size() > kMaxProgramWordBytes) {
+        Add((*items)[i].line, word_path,
+            Shown((*items)[i]) + " is " + std::to_string(word->size()) + " bytes; expected 1 .. " +
+                std::to_string(kMaxProgramWordBytes));
+        continue;
+      }
+      process.program.push_back(*word);
+    }
   }
 
   // start < stop <= duration, crash_at in [start, stop).
@@ -1157,6 +1223,15 @@ class Checker {
     const Node& oom = *node.Find("oom");
     auto value = Bool(oom, Join(path, "oom"));
     if (!value) return;
+    const bool only_programs =
+        known.processes && std::all_of(tenant.processes.begin(), tenant.processes.end(),
+                                       [](const ProcessSpec& process) { return !process.program.empty(); });
+    if (*value && only_programs) {
+      Add(oom.line, Join(path, "oom"),
+          "true, but every process of the tenant is a program, and a program's out-of-memory errors are its own "
+          "(its exit status is checked instead); expected oom: false, or a work: process with alloc:");
+      return;
+    }
     if (*value && known.memory && tenant.memory_limit_bytes == 0) {
       Add(oom.line, Join(path, "oom"),
           "true, but the tenant has no memory limit, so nothing can run out of it; expected nvidia.com/gpumem under "

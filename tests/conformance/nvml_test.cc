@@ -1,4 +1,5 @@
 // Conformance: NVML as monitoring tools and the shim read it, cross-checked against the CUDA driver's view.
+#include <dlfcn.h>
 #include <nvml.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "conformance_support.h"
+#include "fakecuda/process_busy.h"
 #include "vgpu/base/uuid.h"
 
 namespace vgpu::conformance {
@@ -506,6 +508,42 @@ TEST_F(NvmlWithContextTest, BusyDeviceShowsUtilization) {
   EXPECT_LE(self->timeStamp, MicrosecondsSinceEpoch()) << "timestamps are CPU time in microseconds since the epoch";
 
   ASSERT_CU_OK(cuCtxSynchronize());
+  EXPECT_CU_OK(cuModuleUnload(module));
+}
+
+// fakecuda's one entry point beyond NVML (fakecuda/process_busy.h): this process's exact kernel time, found with
+// dlsym as its callers find it. A real NVML has none: skipped there.
+TEST_F(NvmlWithContextTest, FakecudaProcessBusyIsThisProcesssKernelTime) {
+  const auto busy_of =
+      reinterpret_cast<fakecudaDeviceGetProcessBusy_t>(dlsym(RTLD_DEFAULT, "fakecudaDeviceGetProcessBusy"));
+  if (busy_of == nullptr) GTEST_SKIP() << "not fakecuda's NVML: no fakecudaDeviceGetProcessBusy";
+  const nvmlDevice_t device = NvmlDeviceOfCudaDeviceZero();
+  ASSERT_NE(device, nullptr);
+  CUmodule module = nullptr;
+  CUfunction spin = nullptr;
+  ASSERT_CU_OK(cuModuleLoadData(&module, kSpinKernelPtx));
+  ASSERT_CU_OK(cuModuleGetFunction(&spin, module, kSpinKernelName));
+  std::uint64_t ns_per_block = 300 * kNanosecondsPerMillisecond;
+  void* parameters[] = {&ns_per_block};
+  ASSERT_CU_OK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, parameters, nullptr));
+  ASSERT_CU_OK(cuCtxSynchronize());
+
+  unsigned int count = 0;
+  ASSERT_NVML(NVML_ERROR_INSUFFICIENT_SIZE, busy_of(device, &count, nullptr));
+  ASSERT_GE(count, 1u) << "the size query counts this process";
+  std::vector<fakecudaProcessBusy_t> entries(count + 4);
+  unsigned int capacity = static_cast<unsigned int>(entries.size());
+  ASSERT_NVML_OK(busy_of(device, &capacity, entries.data()));
+  entries.resize(capacity);
+  const auto self = std::find_if(entries.begin(), entries.end(), [](const fakecudaProcessBusy_t& entry) {
+    return entry.pid == static_cast<unsigned int>(getpid()) && entry.running == 1;
+  });
+  ASSERT_NE(self, entries.end()) << "pid " << getpid() << " is not listed as running";
+  EXPECT_GE(self->busy_ns, 300 * kNanosecondsPerMillisecond);
+  EXPECT_LT(self->busy_ns, 310 * kNanosecondsPerMillisecond) << "its kernel's time, no more";
+  EXPECT_GT(self->started_ns, 0u);
+  EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, busy_of(device, nullptr, nullptr));
+  EXPECT_NVML(NVML_ERROR_INVALID_ARGUMENT, busy_of(nullptr, &capacity, entries.data()));
   EXPECT_CU_OK(cuModuleUnload(module));
 }
 

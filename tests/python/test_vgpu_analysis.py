@@ -171,6 +171,37 @@ def test_oom_expectations_and_the_default_that_none_may():
     assert report.tenants[0].exits == {"oom": 1}
 
 
+def test_every_program_must_end_ok_and_work_processes_are_not_judged_so():
+    """A tenant with `program:` processes gets an implicit check that each of them ended `ok` (docs/scenarios.md,
+    "Programs"); the trace's process numbers count replicas in order, so a program's replicas are found after a work
+    entry's."""
+    writer = TraceWriter().tenant("mixed").tenant("fine").tenant("plain")
+    for name in ("mixed", "fine", "plain"):
+        writer.window_shares(name, [10] * 6)
+    # mixed: process 0 is vgpu-tenant (its error is not the programs' business), 1 and 2 are a program's replicas.
+    writer.event(ev="exit", t_ns=SECOND, tenant="mixed", process=0, status="error", code=1)
+    writer.event(ev="exit", t_ns=SECOND, tenant="mixed", process=1, status="ok", code=143)
+    writer.event(ev="exit", t_ns=SECOND, tenant="mixed", process=2, status="error", code=4)
+    writer.event(ev="exit", t_ns=SECOND, tenant="fine", process=0, status="ok", code=0)
+    writer.event(ev="exit", t_ns=SECOND, tenant="plain", process=0, status="error", code=1)
+    writer.end()
+    spec = {"name": "synthetic", "tenants": [
+        {"name": "mixed", "expect": [], "processes": [{"replicas": 1, "program": []},
+                                                      {"replicas": 2, "program": ["python3", "job.py"]}]},
+        {"name": "fine", "expect": [], "processes": [{"replicas": 1, "program": ["/bin/true"]}]},
+        {"name": "plain", "expect": [], "processes": [{"replicas": 1, "program": []}]}]}
+    report = summarize(parse_trace(writer.text()), spec)
+    programs = {c.tenant: c for c in report.checks if c.kind == "programs"}
+    assert set(programs) == {"mixed", "fine"}, "a tenant without programs gets no such check"
+    assert not programs["mixed"].passed and programs["mixed"].detail == "process 2: error (code 4)"
+    assert programs["fine"].passed and programs["fine"].implicit and programs["fine"].detail == "1 of 1 program ended ok"
+    assert not report.passed
+    # A program that never ended (a run cut short) fails too.
+    writer = TraceWriter().tenant("fine").window_shares("fine", [10] * 6).end()
+    check = [c for c in summarize(parse_trace(writer.text()), spec).checks if c.kind == "programs"][0]
+    assert not check.passed and "only 0 of 1 programs ended" in check.detail
+
+
 def test_leaked_memory():
     writer = TraceWriter().tenant("a").window_shares("a", [10] * 6).end(leaked_bytes=4096)
     trace = parse_trace(writer.text())

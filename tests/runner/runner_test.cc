@@ -3,6 +3,7 @@
 // vgpu-tenant processes under the shim (a capped tenant, an OOM, a SIGKILL whose memory comes back).
 // Scenarios are built as structs here, as the parser (sim/scenario) would resolve them.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -795,6 +796,126 @@ TEST(RunnerLive, ACrashIsASigkillAtItsTimeAndItsMemoryComesBack) {
   EXPECT_GE(memory.at(kSecondNs), static_cast<std::int64_t>(256 * kMiB)) << "the allocation, and the context";
   EXPECT_EQ(memory.at(2 * kSecondNs), 0) << "a killed process holds nothing, reaped or not";
   EXPECT_EQ(trace.Of("end").at(0).Number("leaked_bytes"), 0);
+}
+
+// ---- programs (`program:`, docs/scenarios.md "Programs") ----------------------------------------------------------
+
+// A tenant whose one process is a program: these words, from 0 to `stop_ns`.
+scenario::TenantSpec ProgramTenant(const std::string& name, std::uint32_t cores, std::uint64_t stop_ns,
+                                   std::vector<std::string> program) {
+  scenario::TenantSpec tenant = Tenant(name, cores);
+  scenario::ProcessSpec process;
+  process.stop_ns = stop_ns;
+  process.program = std::move(program);
+  tenant.processes.push_back(std::move(process));
+  return tenant;
+}
+
+scenario::Scenario LiveOnly(scenario::Scenario s) {
+  s.virtual_mode = false;
+  return s;
+}
+
+// vgpu-tenant run as a program knows nothing of the runner: its busy time is read from the fake GPU. Asked for 10 s,
+// it is still running at its stop, gets SIGTERM there, and that end is `ok`.
+TEST(RunnerLive, AProgramsShareIsMeasuredOnTheFakeGpuAndItIsStoppedAtItsStop) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = LiveOnly(Base("live-program", 3 * kSecondNs));
+  s.tenants = {ProgramTenant("program", 40, s.duration_ns,
+                             {kInstall + "/bin/vgpu-tenant", "--seconds", "10", "--phase", "kernels=1ms"}),
+               Busy("tenant", 30, s.duration_ns)};
+  const Trace trace = Parse(MustRunLive(s).trace);
+  ExpectShares(trace, "program", 0, 40, 4);
+  ExpectShares(trace, "tenant", 0, 30, 4);
+  const std::vector<TraceLine> exits = trace.Of("exit", "program");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "ok") << exits[0].Text("message");
+  EXPECT_EQ(exits[0].Number("code"), 128 + SIGTERM);
+  EXPECT_GE(exits[0].Number("t_ns"), static_cast<std::int64_t>(s.duration_ns));
+  EXPECT_GT(trace.Memory("program", 0).at(2 * kSecondNs), 0) << "its context, from the tenant's region";
+  EXPECT_EQ(trace.Of("end").at(0).Number("leaked_bytes"), 0);
+}
+
+// A program that starts the GPU process as a child of its own (a shell, a launcher): the child is in the program's
+// process group and its GPU time counts for the program. It ends by itself before its stop: `ok`, code 0, and its
+// busy time stops growing there.
+TEST(RunnerLive, AProgramsChildProcessesCountForItAndItsOwnEndIsOk) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = LiveOnly(Base("live-program-child", 3 * kSecondNs));
+  s.tenants = {ProgramTenant(
+      "launcher", 50, s.duration_ns,
+      {"/bin/sh", "-c", "\"$0\" --seconds 2 --phase kernels=1ms; exit 0", kInstall + "/bin/vgpu-tenant"})};
+  const Trace trace = Parse(MustRunLive(s).trace);
+  const std::vector<double> shares = trace.Shares("launcher", 0, kSecondNs);
+  ASSERT_EQ(shares.size(), 3u);
+  EXPECT_NEAR(shares[1], 50, 4) << "the child's GPU time is the program's";
+  EXPECT_LT(shares[2], 10) << "nothing runs after the program's own end at ~2 s";
+  const std::vector<TraceLine> exits = trace.Of("exit", "launcher");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "ok") << exits[0].Text("message");
+  EXPECT_EQ(exits[0].Number("code"), 0);
+  EXPECT_LT(exits[0].Number("t_ns"), static_cast<std::int64_t>(2800 * kMillisecondNs));
+}
+
+// A program that fails is an error with its exit code and its last words on stderr; the run goes on.
+TEST(RunnerLive, AProgramThatFailsIsAnErrorNamingItsCodeAndItsLastWords) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = LiveOnly(Base("live-program-fails", 2 * kSecondNs));
+  s.tenants = {ProgramTenant("broken", 0, s.duration_ns, {"/bin/sh", "-c", "echo 'no model file' >&2; exit 4"})};
+  const Trace trace = Parse(MustRunLive(s).trace);
+  const std::vector<TraceLine> exits = trace.Of("exit", "broken");
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].Text("status"), "error");
+  EXPECT_EQ(exits[0].Number("code"), 4);
+  EXPECT_NE(exits[0].Text("message").find("no model file"), std::string::npos) << exits[0].Text("message");
+}
+
+// What a program leaves running in its process group when it ends is killed with it, as a container's processes
+// end with its main one: nothing of the run outlives it.
+TEST(RunnerLive, WhatAProgramLeavesBehindEndsWithIt) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  const std::string pid_file = ::testing::TempDir() + "/vgpu-leftover.pid";
+  std::remove(pid_file.c_str());
+  scenario::Scenario s = LiveOnly(Base("live-program-leftover", 2 * kSecondNs));
+  s.tenants = {ProgramTenant("parent", 0, s.duration_ns, {"/bin/sh", "-c", "sleep 60 & echo $! > \"$0\"", pid_file})};
+  const Trace trace = Parse(MustRunLive(s).trace);
+  ASSERT_EQ(trace.Of("exit", "parent").at(0).Text("status"), "ok");
+  std::ifstream file(pid_file);
+  pid_t leftover = 0;
+  ASSERT_TRUE(file >> leftover) << pid_file;
+  // Gone, or a zombie waiting for init to reap it.
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(leftover) + "/stat");
+    std::string text;
+    gone = !std::getline(stat, text) || text.find(") Z ") != std::string::npos;
+    if (!gone) usleep(20'000);
+  }
+  EXPECT_TRUE(gone) << "sleep (pid " << leftover << ") outlived its program";
+  if (!gone) kill(leftover, SIGKILL);
+}
+
+// A program that is not there refuses the run before anything starts, naming it and where it was looked for.
+TEST(RunnerLive, AMissingProgramRefusesTheRunNamingIt) {
+  SKIP_WITHOUT_LIVE_PIECES();
+  scenario::Scenario s = LiveOnly(Base("live-program-missing", 2 * kSecondNs));
+  s.tenants = {ProgramTenant("ghost", 0, s.duration_ns, {"no-such-program-vgpu"})};
+  Options options;
+  options.mode = Mode::live;
+  options.install_dir = kInstall;
+  options.environment = {"PATH=/usr/bin:/bin", "TMPDIR=" + ::testing::TempDir()};
+  const Outcome outcome = runner::Run(s, options);
+  EXPECT_FALSE(outcome.ok);
+  EXPECT_NE(outcome.error.find("tenant 'ghost' process 0: program 'no-such-program-vgpu' is not found on PATH "
+                               "(/usr/bin:/bin)"),
+            std::string::npos)
+      << outcome.error;
+  s.tenants[0].processes[0].program = {"./not-here.sh"};
+  s.file = "/nonexistent-folder/s.yaml";
+  const Outcome relative = runner::Run(s, options);
+  EXPECT_NE(relative.error.find("'./not-here.sh' (/nonexistent-folder/./not-here.sh) is not an executable file"),
+            std::string::npos)
+      << relative.error;
 }
 
 TEST(RunnerLive, CancellingKillsEveryProcessAndClosesTheTrace) {

@@ -84,6 +84,7 @@ tenants:
     processes:
     - work:
       - kernels: 20ms
+    - program: [python3, train.py, "--steps", '100']
     expect:
     - share: 70
 expect:
@@ -245,7 +246,7 @@ TEST(ScenarioFile, FullFileResolvesEveryField) {
   EXPECT_EQ(b.priority, 1u);
   EXPECT_EQ(b.policy, Policy::disable);
   EXPECT_EQ(b.devices, (std::vector<std::uint32_t>{0}));
-  ASSERT_EQ(b.processes.size(), 1u);
+  ASSERT_EQ(b.processes.size(), 2u);
   const ProcessSpec& q = b.processes[0];
   EXPECT_EQ(q.line, 53u);
   EXPECT_EQ(q.replicas, 1u);
@@ -259,6 +260,10 @@ TEST(ScenarioFile, FullFileResolvesEveryField) {
   EXPECT_EQ(q.work[0].sizes_ns, (std::vector<std::uint64_t>{20 * kMs}));
   EXPECT_EQ(q.work[0].for_ns, 0u);
   EXPECT_EQ(q.work[0].line, 54u);
+  EXPECT_TRUE(q.program.empty());
+  EXPECT_EQ(b.processes[1].program, (std::vector<std::string>{"python3", "train.py", "--steps", "100"}));
+  EXPECT_TRUE(b.processes[1].work.empty());
+  EXPECT_EQ(b.processes[1].line, 55u);
   ASSERT_EQ(b.expect.size(), 1u);
   EXPECT_EQ(b.expect[0].kind, Expectation::Kind::share);
   EXPECT_DOUBLE_EQ(b.expect[0].percent, 70);
@@ -266,7 +271,7 @@ TEST(ScenarioFile, FullFileResolvesEveryField) {
   EXPECT_FALSE(b.expect[0].worst_window_points.has_value());
   EXPECT_EQ(b.expect[0].from_ns, 2 * kS);
   EXPECT_EQ(b.expect[0].to_ns, 8 * kS);
-  EXPECT_EQ(b.expect[0].line, 56u);
+  EXPECT_EQ(b.expect[0].line, 57u);
 }
 
 TEST(ScenarioFile, MinimalFileTakesTheDefaults) {
@@ -559,6 +564,63 @@ TEST(ScenarioRules, RealGpu) {
   EXPECT_PROBLEM(With("gpu: real", 0) + "faults:\n  - cuMemAlloc_v2:error=CUDA_ERROR_OUT_OF_MEMORY\n", 8, "faults",
                  "faults are injected by fakecuda, so they cannot be with gpu: real");
   Valid(With("gpu: real\nmode: [live]", 0));
+}
+
+// A program: instead of work: (docs/scenarios.md, "Programs"): its words as written, live only, nothing of
+// vgpu-tenant's work beside it.
+const char* const kProgram = R"(duration: 6s
+tenants:
+  - name: a
+    processes:
+      - program: [python3, programs/loop.py, --steps, "100", 'a b']
+        stop: 5s
+)";
+
+TEST(ScenarioRules, ProgramsAreRunLiveAsWritten) {
+  const Scenario s = Valid(kProgram);
+  const ProcessSpec& process = s.tenants[0].processes[0];
+  EXPECT_EQ(process.program, (std::vector<std::string>{"python3", "programs/loop.py", "--steps", "100", "a b"}));
+  EXPECT_TRUE(process.work.empty());
+  EXPECT_EQ(process.stop_ns, 5 * kS);
+  EXPECT_TRUE(s.live_mode);
+  EXPECT_FALSE(s.virtual_mode) << "a program runs as a real process: live only";
+  Valid(std::string(kProgram) + "mode: live\n");
+  const Scenario block = Valid(
+      "duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program:\n"
+      "          - /bin/true\n      - work: [{kernels: 1ms}]\n");
+  EXPECT_EQ(block.tenants[0].processes[0].program, std::vector<std::string>{"/bin/true"});
+  EXPECT_TRUE(block.tenants[0].processes[1].program.empty());
+}
+
+TEST(ScenarioRules, ProgramsRefuseWhatTheyCannotDo) {
+  EXPECT_PROBLEM(std::string(kProgram) + "mode: [virtual, live]\n", 7, "mode[0]",
+                 "virtual with program: processes; a program runs as a real process, live only");
+  EXPECT_PROBLEM("gpu: real\n" + std::string(kProgram), 6, "tenants[0].processes[0].program",
+                 "cannot run with gpu: real");
+  EXPECT_PROBLEM(With("        program: [/bin/true]", 6), 5, "tenants[0].processes[0].work",
+                 "given with program:; work: belongs to a vgpu-tenant process");
+  EXPECT_PROBLEM(std::string(kProgram) + "        alloc: 1Gi\n", 7, "tenants[0].processes[0].alloc",
+                 "given with program:");
+  EXPECT_PROBLEM(std::string(kProgram) + "        repeat: true\n", 7, "tenants[0].processes[0].repeat",
+                 "given with program:");
+  EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: []\n", 5,
+                 "tenants[0].processes[0].program", "no words; expected 1 .. 64");
+  EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: [python3, '']\n", 5,
+                 "tenants[0].processes[0].program[1]", "is 0 bytes; expected 1 .. 4096");
+  EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: python3 x.py\n", 5,
+                 "tenants[0].processes[0].program", "expected a list of the program and its arguments");
+  EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: [[a]]\n", 5,
+                 "tenants[0].processes[0].program[0]", "a word of the command line");
+  EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - {}\n", 5, "tenants[0].processes[0].work",
+                 "or a program: to run");
+  // A program's out-of-memory errors are its own: the tenant's oom expectation counts vgpu-tenant's only.
+  const std::string limited =
+      "duration: 6s\ntenants:\n  - name: a\n    limits: {nvidia.com/gpumem: 2Gi}\n"
+      "    processes:\n      - program: [/bin/true]\n";
+  EXPECT_PROBLEM(limited + "    expect:\n      - oom: true\n", 8, "tenants[0].expect[0].oom",
+                 "every process of the tenant is a program");
+  Valid(limited + "    expect:\n      - oom: false\n");
+  Valid(limited + "      - alloc: 3Gi\n        work: [{kernels: 1ms}]\n    expect:\n      - oom: true\n");
 }
 
 TEST(ScenarioRules, Phases) {
@@ -1116,6 +1178,36 @@ TEST(ScenarioCheck, RefusesWhatAFileCouldNotSayNamingTheField) {
       {"gpu = '9*h100-80gb': the repeat count", [](Scenario& s) { s.gpu = "9*h100-80gb"; }},
       {"gpu = '8*h100-80gb,h100-80gb' names 9 devices", [](Scenario& s) { s.gpu = "8*h100-80gb,h100-80gb"; }},
       {"device_count = 17", [](Scenario& s) { s.gpu = "real", s.real_gpu = true, s.device_count = 17; }},
+      {"program is set with gpu = 'real'",
+       [](Scenario& s) {
+         s.gpu = "real", s.real_gpu = true, s.device_count = 1;
+         s.tenants[0].processes[0].work.clear();
+         s.tenants[0].processes[0].program = {"/bin/true"};
+       }},
+      {"work.size() = 1; accepted: 0 with a program",
+       [](Scenario& s) { s.tenants[0].processes[0].program = {"/bin/true"}; }},
+      {"alloc_bytes = 1; accepted: 0 with a program",
+       [](Scenario& s) {
+         s.tenants[0].processes[0].work.clear();
+         s.tenants[0].processes[0].program = {"/bin/true"};
+         s.tenants[0].processes[0].alloc_bytes = 1;
+       }},
+      {"repeat = true with a program",
+       [](Scenario& s) {
+         s.tenants[0].processes[0].work.clear();
+         s.tenants[0].processes[0].program = {"/bin/true"};
+         s.tenants[0].processes[0].repeat = true;
+       }},
+      {"program.size() = 65",
+       [](Scenario& s) {
+         s.tenants[0].processes[0].work.clear();
+         s.tenants[0].processes[0].program.assign(65, "x");
+       }},
+      {"program[1].size() = 0",
+       [](Scenario& s) {
+         s.tenants[0].processes[0].work.clear();
+         s.tenants[0].processes[0].program = {"/bin/true", ""};
+       }},
   };
   for (const Case& c : cases) {
     Scenario s = base;

@@ -934,6 +934,30 @@ TEST_F(Timeline, ReleaseSlotReturnsMemoryAndDropsStreams) {
   EXPECT_EQ(ClaimSlot(m(), 300, kStart), a);  // the slot is free for the next process
 }
 
+// What a process did on the GPU outlives its slot (Machine::departed): the scenario runner reads a program's GPU
+// time after the program has gone. The ring keeps the last kDepartedHistory, oldest overwritten.
+TEST_F(Timeline, ReleaseSlotKeepsWhatTheProcessDidInTheDepartedRing) {
+  const std::uint32_t a = NewProcess(100);
+  Kernels(NewStream(a), kMs, 3);
+  Advance(kStart + 10 * kMs);
+  ASSERT_EQ(m().slots[a].busy_total_ns[0], 3 * kMs);
+  const std::uint64_t started = m().slots[a].started_ns;
+  ReleaseSlot(m(), a, nullptr);
+  ASSERT_EQ(m().departed_count, 1u);
+  const DepartedProcess& record = m().departed[0];
+  EXPECT_EQ(record.pid, 100);
+  EXPECT_EQ(record.started_ns, started);
+  EXPECT_EQ(record.ended_ns, kStart + 10 * kMs) << "the device's time when it left";
+  EXPECT_EQ(record.busy_total_ns[0], 3 * kMs);
+  EXPECT_EQ(record.busy_total_ns[1], 0u);
+  for (std::uint32_t i = 0; i < kDepartedHistory; ++i) {
+    ReleaseSlot(m(), ClaimSlot(m(), static_cast<std::int32_t>(1000 + i), kStart), nullptr);
+  }
+  EXPECT_EQ(m().departed_count, 1u + kDepartedHistory);
+  EXPECT_EQ(m().departed[0].pid, static_cast<std::int32_t>(1000 + kDepartedHistory - 1)) << "the oldest is overwritten";
+  EXPECT_EQ(m().departed[1].pid, 1000);
+}
+
 TEST_F(Timeline, ClaimSlotRunsOutCleanly) {
   for (std::uint32_t i = 0; i < kMaxProcesses; ++i) {
     ASSERT_EQ(ClaimSlot(m(), static_cast<std::int32_t>(i), kStart), i);

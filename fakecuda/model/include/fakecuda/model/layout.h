@@ -13,7 +13,7 @@
 namespace fakecuda::model {
 
 inline constexpr std::uint64_t kMagic = 0x4144554345'4b4146ULL;  // "FAKECUDA" little-endian
-inline constexpr std::uint32_t kLayoutVersion = 4;               // 4: collective kernels (Op::group, Machine::groups)
+inline constexpr std::uint32_t kLayoutVersion = 5;  // 5: Machine::departed (4: collective kernels, Machine::groups)
 
 inline constexpr std::uint32_t kMaxDevices = 8;
 inline constexpr std::uint32_t kMaxProcesses = 256;
@@ -133,6 +133,17 @@ struct ProcessSlot {
   NvmlSample latest_sample[kMaxDevices];
 };
 
+// What a process that has gone did on the GPU, kept after its slot is freed (ReleaseSlot), so that its GPU time
+// can still be read once it has exited (the scenario runner's `program:` processes, docs/scenarios.md).
+struct DepartedProcess {
+  std::int32_t pid;  // 0: an unused entry
+  std::uint32_t reserved0;
+  std::uint64_t started_ns;  // CLOCK_MONOTONIC: its slot's claim
+  std::uint64_t ended_ns;    // the latest time any device had been advanced to when the slot was freed
+  std::uint64_t busy_total_ns[kMaxDevices];
+};
+inline constexpr std::uint32_t kDepartedHistory = kMaxProcesses;  // the last this many, a ring
+
 struct UtilWindow {
   std::uint64_t end_ns;
   std::uint32_t percent;
@@ -189,6 +200,8 @@ struct Machine {
   std::uint32_t groups_in_use;  // entries of `groups` with an id: 0 keeps Advance off the lockstep path
   std::uint32_t reserved1;
   CollectiveGroup groups[kMaxGroups];
+  std::uint64_t departed_count;                // processes departed so far; entry = count % kDepartedHistory
+  DepartedProcess departed[kDepartedHistory];  // the latest processes to have gone
 };
 
 static_assert(std::is_trivially_copyable_v<Machine>);

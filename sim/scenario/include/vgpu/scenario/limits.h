@@ -31,6 +31,8 @@ inline constexpr double kMaxRate = 1e6;
 inline constexpr std::uint64_t kMinTimesliceNs = 1'000;          // 1 us
 inline constexpr std::uint64_t kMaxTimesliceNs = 1'000'000'000;  // 1 s
 inline constexpr std::uint64_t kMaxSwitchNs = 100'000'000;       // 100 ms
+inline constexpr std::size_t kMaxProgramWords = 64;              // a `program:` list: the program and its arguments
+inline constexpr std::size_t kMaxProgramWordBytes = 4096;        // one of them
 
 inline bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';

@@ -42,8 +42,11 @@ struct ProcessSpec {
   std::optional<std::uint64_t> crash_at_ns;  // SIGKILL (live) / stop dead (virtual), in [start, stop)
   std::uint32_t device = 0;                  // CUDA ordinal inside the container (index into TenantSpec::devices)
   std::uint64_t alloc_bytes = 0;             // allocated at start and held until exit
-  std::vector<Phase> work;                   // at least one phase
+  std::vector<Phase> work;                   // at least one phase, unless `program` is set
   bool repeat = false;                       // loop the phases until stop
+  // A program run as this process instead of vgpu-tenant: its path and arguments, no shell (docs/scenarios.md,
+  // "Programs"). Live over fakecuda only; with it, `work` is empty, `alloc_bytes` 0 and `repeat` false.
+  std::vector<std::string> program;
   std::uint32_t line = 0;
 };
 
