@@ -8,9 +8,15 @@ a platform engineer relies on: the calls succeed, copies keep their bytes, the s
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from fakegpu_harness import rate_ratio
+from vgpu_fixtures import REPO_ROOT
 
 pytest.importorskip("torch", reason="PyTorch is not installed: bash .ci/nightly-torch installs it and runs these")
 
@@ -101,3 +107,47 @@ def test_pytorchs_kernels_are_held_to_the_compute_cap(fake_gpu, shim_path):
     print(f"\nPyTorch: {free_rate:.0f} kernels/s free, {ratio:.3f} of that at a 30 % cap")
     assert free_rate > 600, f"1 ms kernels in groups of four ran at {free_rate:.0f}/s"
     assert 0.20 <= ratio <= 0.36, f"at a 30 % cap PyTorch ran {ratio:.3f} of its free rate"
+
+
+def _python_with_vgpus_dependencies() -> str:
+    """A Python that can run `vgpu` (pandas, matplotlib): this one, else the system's python3 (.ci/setup installed
+    them there; .ci/nightly-torch's virtual environment has PyTorch only)."""
+    import importlib.util
+    import shutil
+
+    if all(importlib.util.find_spec(name) is not None for name in ("pandas", "matplotlib")):
+        return sys.executable
+    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
+
+
+def test_a_pytorch_job_in_a_scenario_keeps_its_share_beside_vgpu_tenant(tmp_path):
+    """Stage 4 with PyTorch: a training loop (scenarios/programs/torch_loop.py) as a scenario's `program:`, capped at
+    30 % and 4 GiB, beside a vgpu-tenant container at 60 %, under time division; `vgpu run` judges both shares (the
+    job's GPU time read from the fake GPU) and that the job ended ok, and exits 0 only if all held."""
+    program = REPO_ROOT / "scenarios" / "programs" / "torch_loop.py"
+    scenario = tmp_path / "torch-beside-tenant.yaml"
+    scenario.write_text(f"""name: torch-beside-tenant
+gpu: h100-80gb
+duration: 10s
+settle: 4s
+sharing: time-division
+tenants:
+  - name: torch
+    limits: {{nvidia.com/gpucores: 30, nvidia.com/gpumem: 4Gi}}
+    processes:
+      - program: [{json.dumps(sys.executable)}, {json.dumps(str(program))}]
+    expect:
+      - share: 30
+  - name: spin
+    limits: {{nvidia.com/gpucores: 60}}
+    processes:
+      - work: [{{kernels: 1ms}}]
+    expect:
+      - share: 60
+""")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"))
+    result = subprocess.run([_python_with_vgpus_dependencies(), "-m", "vgpu", "run", str(scenario), "--quiet",
+                             "--plot", str(tmp_path / "torch-beside-tenant.png")],
+                            capture_output=True, text=True, env=env, timeout=180)
+    print(result.stdout + result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
