@@ -365,13 +365,13 @@ CUresult Launch(const LaunchRequest& r) {
   Driver& d = TheDriver();
   SpendLaunchCall(d.launch_call_ns);
   std::unique_lock<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, r.function, Kind::function);
+  Function* f = LookupFunction(d, r.function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (!std::exchange(f->launched, true) && d.lazy_load_ns > 0) {
     guard.unlock();  // loading it: host time inside the call, outside the lock
     SpendLaunchCall(d.lazy_load_ns);
     guard.lock();
-    f = Lookup<Function>(d, r.function, Kind::function);  // (its module may have gone meanwhile)
+    f = LookupFunction(d, r.function);  // (its module may have gone meanwhile)
     if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   }
   Context* c = CurrentContext(d);
@@ -960,10 +960,20 @@ CUresult LibraryModuleOf(Driver& d, CUlibrary handle, Module*& module) {
   return LibraryModule(d, *library, module);
 }
 
-// A kernel handle is a Function (of the library's module in some context), as cuKernelGetFunction gives it.
-Function* LookupKernel(Driver& d, CUkernel kernel) { return Lookup<Function>(d, kernel, Kind::function); }
-
 }  // namespace
+
+// What a CUfunction or a CUkernel handle stands for (the driver takes a CUkernel wherever it takes a CUfunction): the
+// function itself, or a library kernel's function in the current context. Null if neither, or a kernel with no
+// context current. Caller holds d.mutex.
+Function* fakecuda::driver::LookupFunction(Driver& d, const void* handle) {
+  if (Function* f = Lookup<Function>(d, handle, Kind::function)) return f;
+  Kernel* kernel = Lookup<Kernel>(d, handle, Kind::kernel);
+  if (kernel == nullptr) return nullptr;
+  Module* module = nullptr;
+  if (LibraryModule(d, *kernel->library, module) != CUDA_SUCCESS) return nullptr;
+  const auto it = module->functions.find(kernel->name);
+  return it == module->functions.end() ? nullptr : it->second;
+}
 
 // Reads the image for every device architecture of the machine (the image need not outlive the call). Library and
 // JIT options change nothing fakecuda models.
@@ -1000,6 +1010,10 @@ FAKECUDA_EXPORT CUresult cuLibraryUnload(CUlibrary handle) {
     if (module->loaded) UnchargeDevice(d, module->context->device, module->footprint_bytes);
     DestroyModule(d, module);  // erases itself from library->modules
   }
+  for (const auto& [name, kernel] : library->kernels) {
+    Unregister(d, kernel);
+    delete kernel;
+  }
   Unregister(d, library);
   delete library;
   return CUDA_SUCCESS;
@@ -1016,16 +1030,31 @@ FAKECUDA_EXPORT CUresult cuLibraryGetModule(CUmodule* out, CUlibrary handle) {
   return CUDA_SUCCESS;
 }
 
+// Needs no context (the runtime asks for a kernel on a thread before it makes a context current there): the handle
+// is the library's, one per name.
 FAKECUDA_EXPORT CUresult cuLibraryGetKernel(CUkernel* out, CUlibrary handle, const char* name) {
   FAKECUDA_ENTER("cuLibraryGetKernel");
   if (out == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Module* module = nullptr;
-  if (const CUresult r = LibraryModuleOf(d, handle, module); r != CUDA_SUCCESS) return r;
-  const auto it = module->functions.find(name);
-  if (it == module->functions.end()) return CUDA_ERROR_NOT_FOUND;
-  *out = reinterpret_cast<CUkernel>(it->second);
+  Library* library = Lookup<Library>(d, handle, Kind::library);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const auto has_entry = [&](const auto& description) {
+    const std::vector<fakecuda::ptx::Entry>& entries = description.second.entries;
+    return std::any_of(entries.begin(), entries.end(),
+                       [&](const fakecuda::ptx::Entry& entry) { return entry.name == name; });
+  };
+  if (std::none_of(library->descriptions.begin(), library->descriptions.end(), has_entry)) {
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  Kernel*& kernel = library->kernels[name];
+  if (kernel == nullptr) {
+    kernel = new Kernel();
+    kernel->library = library;
+    kernel->name = name;
+    Register(d, kernel);
+  }
+  *out = reinterpret_cast<CUkernel>(kernel);
   return CUDA_SUCCESS;
 }
 
@@ -1047,7 +1076,10 @@ FAKECUDA_EXPORT CUresult cuKernelGetFunction(CUfunction* out, CUkernel kernel) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = LookupKernel(d, kernel);
+  Function* f = LookupFunction(d, kernel);
+  if (f == nullptr && Lookup<Kernel>(d, kernel, Kind::kernel) != nullptr && CurrentContext(d) == nullptr) {
+    return NoContextError(d);
+  }
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   *out = reinterpret_cast<CUfunction>(f);
   return CUDA_SUCCESS;
@@ -1083,7 +1115,11 @@ FAKECUDA_EXPORT CUresult cuKernelGetName(const char** name, CUkernel kernel) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = LookupKernel(d, kernel);
+  if (Kernel* k = Lookup<Kernel>(d, kernel, Kind::kernel)) {  // its name needs no context
+    *name = k->name.c_str();
+    return CUDA_SUCCESS;
+  }
+  Function* f = LookupFunction(d, kernel);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   *name = f->name.c_str();
   return CUDA_SUCCESS;
@@ -1094,7 +1130,7 @@ FAKECUDA_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, siz
   if (offset == nullptr && size == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = LookupKernel(d, kernel);
+  Function* f = LookupFunction(d, kernel);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (index >= f->params.size()) return CUDA_ERROR_INVALID_VALUE;
   if (offset != nullptr) *offset = f->params[index].offset;
@@ -1162,7 +1198,7 @@ FAKECUDA_EXPORT CUresult cuFuncGetAttribute(int* value, CUfunction_attribute att
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, handle, Kind::function);
+  Function* f = LookupFunction(d, handle);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const model::DeviceSpec& spec = Spec(d, f->module->context->device);
   switch (attribute) {
@@ -1207,7 +1243,7 @@ FAKECUDA_EXPORT CUresult cuFuncSetAttribute(CUfunction handle, CUfunction_attrib
   FAKECUDA_ENTER("cuFuncSetAttribute");
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, handle, Kind::function);
+  Function* f = LookupFunction(d, handle);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const model::DeviceSpec& spec = Spec(d, f->module->context->device);
   if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
@@ -1240,7 +1276,7 @@ FAKECUDA_EXPORT CUresult cuFuncSetCacheConfig(CUfunction handle, CUfunc_cache co
   FAKECUDA_ENTER("cuFuncSetCacheConfig");
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  if (Lookup<Function>(d, handle, Kind::function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (LookupFunction(d, handle) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   return static_cast<int>(config) < 0 || config > CU_FUNC_CACHE_PREFER_EQUAL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
@@ -1249,7 +1285,7 @@ FAKECUDA_EXPORT CUresult cuFuncGetName(const char** name, CUfunction handle) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, handle, Kind::function);
+  Function* f = LookupFunction(d, handle);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   *name = f->name.c_str();
   return CUDA_SUCCESS;
@@ -1260,7 +1296,7 @@ CUresult MaxActiveBlocks(int* blocks, CUfunction handle, int block_size, size_t 
   if (blocks == nullptr || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, handle, Kind::function);
+  Function* f = LookupFunction(d, handle);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   model::LaunchShape shape{
       {1, 1, 1}, {static_cast<std::uint32_t>(block_size), 1, 1}, static_cast<std::uint32_t>(dynamic_shared)};
@@ -1303,7 +1339,7 @@ FAKECUDA_EXPORT CUresult cuOccupancyMaxActiveClusters(int* clusters, CUfunction 
   if (const CUresult r = MaxActiveBlocks(&per_sm, handle, block, config->sharedMemBytes); r != CUDA_SUCCESS) return r;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, handle, Kind::function);
+  Function* f = LookupFunction(d, handle);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const std::uint64_t resident = std::uint64_t{Spec(d, f->module->context->device).sm_count} * per_sm;
   *clusters = static_cast<int>(resident / cluster_blocks);
@@ -1318,7 +1354,7 @@ FAKECUDA_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, 
   if (bytes == nullptr || blocks <= 0 || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, handle, Kind::function);
+  Function* f = LookupFunction(d, handle);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const model::DeviceSpec& spec = Spec(d, f->module->context->device);
   constexpr std::uint64_t kReservedPerBlock = 1024;
@@ -1957,7 +1993,7 @@ FAKECUDA_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph hand
   std::lock_guard<std::mutex> guard(d.mutex);
   Graph* g = Lookup<Graph>(d, handle, Kind::graph);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Function* f = Lookup<Function>(d, params->func, Kind::function);
+  Function* f = LookupFunction(d, params->func);
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const LaunchRequest shape_check{"cuGraphAddKernelNode_v2",
                                   params->func,
@@ -2076,7 +2112,7 @@ FAKECUDA_EXPORT CUresult cuFuncGetParamInfo(CUfunction handle, size_t index, siz
   if (offset == nullptr && size == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = TheDriver();
   std::lock_guard<std::mutex> guard(d.mutex);
-  Function* f = Lookup<Function>(d, handle, Kind::function);
+  Function* f = LookupFunction(d, handle);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (index >= f->params.size()) return CUDA_ERROR_INVALID_VALUE;
   if (offset != nullptr) *offset = f->params[index].offset;

@@ -49,7 +49,8 @@ enum class Kind : std::uint32_t {
   pool,
   array,
   mipmapped_array,
-  library
+  library,
+  kernel
 };
 
 struct Context;
@@ -150,10 +151,21 @@ struct Module : Object {
 // A context-independent library (cuLibraryLoadData): what each device architecture of the machine runs from it,
 // read at load, and its module in each context that has used it (made on first use). A CUkernel is the Function of
 // that module in the calling thread's context.
+struct Kernel;
+
 struct Library : Object {
   Library() : Object(Kind::library) {}
   std::map<int, ptx::Module> descriptions;  // by device architecture (90: sm_90)
   std::map<Context*, Module*> modules;
+  std::map<std::string, Kernel*> kernels;  // handed out by cuLibraryGetKernel, owned here
+};
+
+// A library's kernel (cuLibraryGetKernel): context-independent, as the driver's CUkernel. Used (launched, asked
+// about), it is the function of its name in the library's module of the current context, made there on first use.
+struct Kernel : Object {
+  Kernel() : Object(Kind::kernel) {}
+  Library* library = nullptr;
+  std::string name;
 };
 
 struct KernelNode {
@@ -314,6 +326,9 @@ Context* CurrentContext(Driver& d);
 // What a call needing a context returns when CurrentContext is null: CUDA_ERROR_CONTEXT_IS_DESTROYED if the
 // thread's current context was destroyed, else CUDA_ERROR_INVALID_CONTEXT (as the real driver).
 CUresult NoContextError(Driver& d);
+// What a CUfunction or CUkernel handle stands for (api_exec.cc): the function, or a library kernel's function in the
+// current context; null if neither. Caller holds d.mutex.
+Function* LookupFunction(Driver& d, const void* handle);
 
 // A module's variables' memory, `bytes` long, in context `c` (uncharged: the module's footprint counts it), and its
 // release. Caller holds d.mutex.

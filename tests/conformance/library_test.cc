@@ -3,6 +3,7 @@
 // so the same test runs on a real driver.
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "conformance_support.h"
 
@@ -57,6 +58,39 @@ TEST_F(LibraryTest, AKernelFromALibraryIsAFunctionThatLaunches) {
   CUkernel missing = nullptr;
   EXPECT_CU(CUDA_ERROR_NOT_FOUND, cuLibraryGetKernel(&missing, library, "vgpu_no_such_kernel"));
   EXPECT_CU_OK(cuLibraryUnload(library));  // (a second unload crashes the real driver: not tried)
+}
+
+// The runtime asks for a library's kernel on a thread before it makes a context current there (PyTorch's autograd
+// thread; fakecuda answered CUDA_ERROR_INVALID_CONTEXT, which PyTorch showed as "invalid device context"): a CUkernel
+// needs no context, and once one is current it launches there, passed where a CUfunction goes.
+TEST_F(LibraryTest, AKernelNeedsNoContextAndLaunchesInTheOneCurrentWhenUsed) {
+  CUlibrary library = nullptr;
+  ASSERT_CU_OK(cuLibraryLoadData(&library, kLibraryPtx, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUcontext context = nullptr;
+  ASSERT_CU_OK(cuCtxGetCurrent(&context));
+  std::thread worker([&] {
+    CUcontext none = context;
+    EXPECT_CU_OK(cuCtxGetCurrent(&none));
+    EXPECT_EQ(none, nullptr) << "a new thread has no current context";
+    CUkernel kernel = nullptr;
+    ASSERT_CU_OK(cuLibraryGetKernel(&kernel, library, "vgpu_library_kernel"));
+    const char* name = nullptr;
+    EXPECT_CU_OK(cuKernelGetName(&name, kernel));
+    EXPECT_STREQ(name, "vgpu_library_kernel");
+    ASSERT_CU_OK(cuCtxSetCurrent(context));
+    CUdeviceptr out = 0;
+    ASSERT_CU_OK(cuMemAlloc(&out, 64));
+    unsigned int n = 16;
+    void* params[] = {&out, &n};
+    EXPECT_CU_OK(cuLaunchKernel(reinterpret_cast<CUfunction>(kernel), 1, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr));
+    EXPECT_CU_OK(cuCtxSynchronize());
+    EXPECT_CU_OK(cuMemFree(out));
+    CUfunction function = nullptr;
+    EXPECT_CU_OK(cuKernelGetFunction(&function, kernel));
+    EXPECT_NE(function, nullptr);
+  });
+  worker.join();
+  EXPECT_CU_OK(cuLibraryUnload(library));
 }
 
 TEST_F(LibraryTest, KernelAttributesAreTheFunctions) {

@@ -110,18 +110,19 @@ def test_pytorchs_kernels_are_held_to_the_compute_cap(fake_gpu, shim_path):
 
 
 def _python_with_vgpus_dependencies() -> str:
-    """A Python that can run `vgpu` (pandas, matplotlib): this one, else the system's python3 (.ci/setup installed
-    them there; .ci/nightly-torch's virtual environment has PyTorch only)."""
+    """A Python that can run `vgpu` (numpy, pandas, matplotlib): this one if it can, else $VGPU_PYTHON
+    (.ci/nightly-torch sets it to the python3 .ci/setup installed them for: its virtual environment has PyTorch only),
+    else python3 on PATH."""
     import importlib.util
     import shutil
 
-    if all(importlib.util.find_spec(name) is not None for name in ("pandas", "matplotlib")):
+    if all(importlib.util.find_spec(name) is not None for name in ("numpy", "pandas", "matplotlib")):
         return sys.executable
-    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
+    return os.environ.get("VGPU_PYTHON") or shutil.which("python3") or "python3"
 
 
 def test_a_pytorch_job_in_a_scenario_keeps_its_share_beside_vgpu_tenant(tmp_path):
-    """Stage 4 with PyTorch: a training loop (scenarios/programs/torch_loop.py) as a scenario's `program:`, capped at
+    """Stage 4 with PyTorch: an inference loop (scenarios/programs/torch_loop.py) as a scenario's `program:`, capped at
     30 % and 4 GiB, beside a vgpu-tenant container at 60 %, under time division; `vgpu run` judges both shares (the
     job's GPU time read from the fake GPU) and that the job ended ok, and exits 0 only if all held."""
     program = REPO_ROOT / "scenarios" / "programs" / "torch_loop.py"
