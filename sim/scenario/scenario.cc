@@ -912,6 +912,10 @@ class Checker {
                 std::to_string(kMaxProgramWordBytes));
         continue;
       }
+      if (word->find('\0') != std::string::npos) {  // a command line's words are C strings
+        Add((*items)[i].line, word_path, Shown((*items)[i]) + " holds a NUL byte; expected a word without one");
+        continue;
+      }
       process.program.push_back(*word);
     }
   }

@@ -607,6 +607,8 @@ TEST(ScenarioRules, ProgramsRefuseWhatTheyCannotDo) {
                  "tenants[0].processes[0].program", "no words; expected 1 .. 64");
   EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: [python3, '']\n", 5,
                  "tenants[0].processes[0].program[1]", "is 0 bytes; expected 1 .. 4096");
+  EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: [\"py\\0thon\"]\n", 5,
+                 "tenants[0].processes[0].program[0]", "holds a NUL byte");
   EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: python3 x.py\n", 5,
                  "tenants[0].processes[0].program", "expected a list of the program and its arguments");
   EXPECT_PROBLEM("duration: 6s\ntenants:\n  - name: a\n    processes:\n      - program: [[a]]\n", 5,
